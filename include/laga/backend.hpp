@@ -1,0 +1,146 @@
+// The backend interface: the few ops every MLA form is written against. Each form is an orchestration of
+// these calls (src/mla), so CPU, CUDA and the shape-only meta backend run exactly the same sequence.
+//
+// Conventions: row-major; all strides and leading dimensions are in elements; pointers are device
+// pointers of the backend's device and hold `dtype` elements unless a field says otherwise.
+// Activations use Megatron-Core's token-major layout [tokens, batch, ...] ("sbhd").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "laga/tensor.hpp"
+
+namespace laga {
+
+enum class Trans { no, yes };
+
+// Strided-batched GEMM: for b < batch, C_b = alpha * op(A_b) * op(B_b) + beta * C_b, with op(A_b) [m, k],
+// op(B_b) [k, n], C_b [m, n]. A_b = a + b * stride_a (stride 0 broadcasts one matrix to every batch).
+struct GemmArgs {
+  DType dtype = DType::f32;
+  Trans trans_a = Trans::no, trans_b = Trans::no;
+  std::int64_t m = 0, n = 0, k = 0, batch = 1;
+  const void* a = nullptr;  // [m, k] (or [k, m] when trans_a)
+  std::int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;  // [k, n] (or [n, k] when trans_b)
+  std::int64_t ldb = 0, stride_b = 0;
+  void* c = nullptr;  // [m, n]
+  std::int64_t ldc = 0, stride_c = 0;
+  double alpha = 1.0, beta = 0.0;
+};
+
+enum class CopyMode { assign, accumulate };
+
+// dst[b][r][c] (+)= src[b][r][c] for b < batch, r < rows, c < cols. A src batch stride of 0 broadcasts;
+// with CopyMode::accumulate a dst batch stride of 0 sums over the batch (a reduction).
+struct CopyArgs {
+  DType dtype = DType::f32;
+  std::int64_t batch = 1, rows = 0, cols = 0;
+  const void* src = nullptr;
+  std::int64_t src_ld = 0, src_batch_stride = 0;
+  void* dst = nullptr;
+  std::int64_t dst_ld = 0, dst_batch_stride = 0;
+  CopyMode mode = CopyMode::assign;
+};
+
+// RMSNorm over rows: y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps).
+struct RmsNormArgs {
+  DType dtype = DType::f32;
+  std::int64_t rows = 0, cols = 0;
+  double eps = 1e-6;
+  const void* x = nullptr;  // [rows, cols], row stride x_ld
+  std::int64_t x_ld = 0;
+  const void* gamma = nullptr;  // [cols]
+  void* y = nullptr;  // [rows, cols], row stride y_ld (forward output)
+  std::int64_t y_ld = 0;
+  void* rstd = nullptr;  // [rows], accum_dtype(dtype); written by forward, read by backward
+  // Backward only:
+  const void* dy = nullptr;  // [rows, cols], row stride dy_ld
+  std::int64_t dy_ld = 0;
+  void* dx = nullptr;  // [rows, cols], row stride dx_ld; overwritten
+  std::int64_t dx_ld = 0;
+  void* dgamma = nullptr;  // [cols]; accumulated into
+};
+
+// Rotary embedding with DeepSeek's interleaved pairing (Hugging Face DeepseekV3 apply_rotary_pos_emb):
+// the pair (x[2i], x[2i+1]) is rotated by angle pos * inv_freq[i] and written to (y[i], y[i + dim/2]);
+// cos and sin are multiplied by `mscale` (YaRN). Position of token t is pos_offset + t.
+// Backward applies the transpose: dx from dy (same strides, x->dy, y->dx).
+struct RopeArgs {
+  DType dtype = DType::f32;
+  std::int64_t tokens = 0, batch = 0, heads = 0, dim = 0;
+  std::int64_t pos_offset = 0;
+  const double* inv_freq = nullptr;  // [dim / 2], host memory
+  double mscale = 1.0;
+  const void* x = nullptr;  // [tokens, batch, heads, dim] with the strides below
+  std::int64_t x_token_stride = 0, x_batch_stride = 0, x_head_stride = 0;
+  void* y = nullptr;
+  std::int64_t y_token_stride = 0, y_batch_stride = 0, y_head_stride = 0;
+};
+
+enum class AttentionKernel {
+  eager,  // scores materialised; softmax output [batch, heads, q_len, kv_len] kept for backward
+  fused,  // flash-style online softmax; only the output and the log-sum-exp kept
+};
+
+// Causal attention. Query i (0-based in this call) sees key j iff j <= i + q_offset: in the all_gather
+// layout rank r's queries sit at global positions r*s.. while keys cover the whole sequence.
+// kv_heads is q_heads (MHA) or 1 (MQA: every query head attends to the one shared key/value).
+struct AttentionFwdParams {
+  DType dtype = DType::f32;
+  AttentionKernel kernel = AttentionKernel::fused;
+  std::int64_t batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, d_qk = 0, d_v = 0;
+  std::int64_t q_offset = 0;
+  double scale = 1.0;
+  const void* q = nullptr;  // [q_len, batch, q_heads, d_qk]
+  std::int64_t q_token_stride = 0, q_batch_stride = 0, q_head_stride = 0;
+  const void* k = nullptr;  // [kv_len, batch, kv_heads, d_qk]
+  std::int64_t k_token_stride = 0, k_batch_stride = 0, k_head_stride = 0;
+  const void* v = nullptr;  // [kv_len, batch, kv_heads, d_v]; may alias k (absorbed: v = k[..., :d_v])
+  std::int64_t v_token_stride = 0, v_batch_stride = 0, v_head_stride = 0;
+  void* o = nullptr;  // [q_len, batch, q_heads, d_v]
+  std::int64_t o_token_stride = 0, o_batch_stride = 0, o_head_stride = 0;
+  void* lse = nullptr;    // [batch, q_heads, q_len], accum_dtype; fused only (may be null for eager)
+  void* probs = nullptr;  // [batch, q_heads, q_len, kv_len], dtype; eager only (may be null for fused)
+};
+
+struct AttentionBwdParams : AttentionFwdParams {
+  const void* dout = nullptr;  // [q_len, batch, q_heads, d_v]
+  std::int64_t dout_token_stride = 0, dout_batch_stride = 0, dout_head_stride = 0;
+  void* dq = nullptr;  // like q; overwritten
+  std::int64_t dq_token_stride = 0, dq_batch_stride = 0, dq_head_stride = 0;
+  void* dk = nullptr;  // like k; overwritten (MQA: summed over query heads)
+  std::int64_t dk_token_stride = 0, dk_batch_stride = 0, dk_head_stride = 0;
+  void* dv = nullptr;  // like v; overwritten; must not alias dk
+  std::int64_t dv_token_stride = 0, dv_batch_stride = 0, dv_head_stride = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual const char* name() const = 0;
+  virtual Allocator& allocator() = 0;
+
+  virtual void gemm(const GemmArgs&) = 0;
+  virtual void copy(const CopyArgs&) = 0;
+  virtual void fill(const Tensor& t, double value) = 0;
+  virtual void rmsnorm_forward(const RmsNormArgs&) = 0;
+  virtual void rmsnorm_backward(const RmsNormArgs&) = 0;
+  virtual void rope_forward(const RopeArgs&) = 0;
+  virtual void rope_backward(const RopeArgs&) = 0;
+  virtual void attention_forward(const AttentionFwdParams&) = 0;
+  virtual void attention_backward(const AttentionBwdParams&) = 0;
+  // Raw transfers of t.bytes() between host memory and a tensor of this backend (memcpy for host backends,
+  // nothing on the meta device).
+  virtual void copy_from_host(const Tensor& dst, const void* host);
+  virtual void copy_to_host(void* host, const Tensor& src);
+  // Waits for queued work (device backends); a host clock read after it times the work.
+  virtual void synchronize() {}
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+std::unique_ptr<Backend> make_meta_backend();
+
+}  // namespace laga

@@ -1,0 +1,141 @@
+// The MLA attention block for training under sequence parallelism: three forms x two layouts, forward and
+// backward, written once as an orchestration of Backend ops and Communicator collectives.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "laga/backend.hpp"
+#include "laga/comm.hpp"
+#include "laga/config.hpp"
+#include "laga/tensor.hpp"
+
+namespace laga {
+
+enum class Form {
+  Explicit,  // per-head K/V built locally and exchanged (Megatron-Core's training path)
+  Absorbed,  // latent exchanged; W_UK folded into the query, W_UV after attention (MQA over the latent)
+  Laga,      // latent exchanged; per-head K/V rebuilt locally from the gathered latent
+};
+enum class Layout {
+  A2A,        // Ulysses: attention over the full sequence for n_h/P heads
+  AllGather,  // context parallel: local queries, keys/values over the whole sequence
+};
+enum class Recompute { None, KV };  // KV: LAGA keeps only the gathered latent, rebuilds K/V in backward
+// How the absorbed form runs attention: natively as MQA over the shared latent, or with the latent
+// expanded to every head (what a kernel without MQA or without head dim 576 forces).
+enum class AbsorbedAttention { Mqa, Expanded };
+
+const char* form_name(Form);
+const char* layout_name(Layout);
+const char* kernel_name(AttentionKernel);
+const char* recompute_name(Recompute);
+const char* absorbed_attention_name(AbsorbedAttention);
+Form parse_form(const std::string&);
+Layout parse_layout(const std::string&);
+AttentionKernel parse_kernel(const std::string&);
+Recompute parse_recompute(const std::string&);
+AbsorbedAttention parse_absorbed_attention(const std::string&);
+DType parse_dtype(const std::string&);
+inline constexpr std::array<Form, 3> kAllForms = {Form::Explicit, Form::Absorbed, Form::Laga};
+inline constexpr std::array<Layout, 2> kAllLayouts = {Layout::A2A, Layout::AllGather};
+inline constexpr std::array<AttentionKernel, 2> kAllKernels = {AttentionKernel::eager,
+                                                               AttentionKernel::fused};
+
+struct BlockOptions {
+  Form form = Form::Laga;
+  Layout layout = Layout::A2A;
+  AttentionKernel kernel = AttentionKernel::fused;
+  Recompute recompute = Recompute::None;
+  AbsorbedAttention absorbed_attention = AbsorbedAttention::Mqa;
+  DType dtype = DType::f32;
+};
+
+// The problem one rank sees: `seq` is the full sequence S; each rank holds s = S / ranks tokens.
+struct BlockShape {
+  std::int64_t batch = 1;
+  std::int64_t seq = 0;
+  int ranks = 1;
+  int rank = 0;
+  std::int64_t local_seq() const { return seq / ranks; }
+};
+
+// Throws InvalidArgument for what the strategy cannot run: S divisible by P, P <= S, n_h divisible by P
+// for a2a, recompute only with LAGA, dtype supported by the device. Call on every rank before any
+// collective.
+void validate(const MlaConfig&, const BlockOptions&, const BlockShape&);
+
+// Weights are [in, out] (x W), replicated over the SP group. Names match the .npy files.
+struct MlaWeights {
+  Tensor w_dq;     // [d, r_q]; undefined when q_lora_rank is null
+  Tensor q_norm;   // [r_q]; undefined when q_lora_rank is null
+  Tensor w_uq;     // [r_q or d, n_h * (d_n + d_r)]: per head [nope | rope]
+  Tensor w_dkv;    // [d, r_kv + d_r]: [c_kv | k_pe]
+  Tensor kv_norm;  // [r_kv]
+  Tensor w_uk;     // [r_kv, n_h * d_n]
+  Tensor w_uv;     // [r_kv, n_h * d_v]
+  Tensor w_o;      // [n_h * d_v, d]
+
+  // (name, tensor) pairs in a fixed order, undefined ones skipped.
+  std::vector<std::pair<std::string, Tensor*>> named();
+  std::vector<std::pair<std::string, const Tensor*>> named() const;
+};
+using MlaGrads = MlaWeights;  // same shapes and names
+
+// Allocate weights (or gradients) of the configuration as external memory, uninitialised.
+MlaWeights allocate_weights(const MlaConfig&, DType, Allocator&, const std::string& prefix = "");
+
+// Counters of one forward or backward pass on one rank.
+enum class OpPhase { projections, up_projections, attention, communication, other };
+inline constexpr int kOpPhaseCount = 5;
+const char* op_phase_name(OpPhase);
+
+struct PassStats {
+  std::array<double, kOpPhaseCount> flops{};    // by OpPhase
+  std::array<double, kOpPhaseCount> seconds{};  // host wall time by OpPhase (synchronized)
+  std::size_t peak_bytes = 0;                   // peak live activation bytes during the pass
+  double total_flops() const;
+  double total_seconds() const;
+};
+
+// What forward keeps for backward. The tensors are flagged as saved in the allocator under their names.
+struct SavedContext {
+  std::map<std::string, Tensor> tensors;
+  void save(const std::string& name, const Tensor& t);
+  const Tensor& get(const std::string& name) const;
+  void clear() { tensors.clear(); }
+};
+
+class MlaBlock {
+ public:
+  MlaBlock(const MlaConfig& cfg, const BlockOptions& opts, const BlockShape& shape, Backend& backend,
+           CountingCommunicator& comm);
+
+  // x: this rank's tokens [s, batch, d] (Megatron's sbhd layout). Returns y [s, batch, d]; fills ctx.
+  Tensor forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w);
+  // dy [s, batch, d]. Consumes ctx; writes this rank's weight gradients into grads (overwritten) and
+  // returns dx [s, batch, d]. The sum of grads over ranks is the single-rank gradient.
+  Tensor backward(MlaGrads& grads, SavedContext& ctx, const Tensor& dy, const Tensor& x,
+                  const MlaWeights& w);
+
+  const PassStats& forward_stats() const { return fwd_; }
+  const PassStats& backward_stats() const { return bwd_; }
+  const MlaConfig& config() const { return cfg_; }
+  const BlockOptions& options() const { return opts_; }
+  const BlockShape& shape() const { return shape_; }
+
+ private:
+  friend struct BlockImpl;
+  MlaConfig cfg_;
+  BlockOptions opts_;
+  BlockShape shape_;
+  Backend& backend_;
+  CountingCommunicator& comm_;
+  RopeTables rope_;
+  PassStats fwd_, bwd_;
+};
+
+}  // namespace laga

@@ -1,0 +1,101 @@
+// One communicator interface for the sequence-parallel group: MPI (CPU buffers), NCCL (GPU buffers,
+// later), a single rank, and phantom ranks; a counting wrapper records the bytes each collective moves.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "laga/tensor.hpp"
+
+namespace laga {
+
+class Backend;
+
+// Counts are elements per rank chunk. Buffers live on the device the communicator serves.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* name() const = 0;
+
+  // recv = [size][count]: chunk p is rank p's send.
+  virtual void all_gather(const void* send, void* recv, std::size_t count, DType) = 0;
+  // send = [size][count]; recv = sum over ranks of their chunk `rank()`.
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType) = 0;
+  // send = [size][count]: chunk p goes to rank p; recv chunk p came from rank p.
+  virtual void all_to_all(const void* send, void* recv, std::size_t count, DType) = 0;
+  // In-place sum over ranks.
+  virtual void all_reduce(void* buf, std::size_t count, DType) = 0;
+  virtual void barrier() = 0;
+  // True when collectives really move data between processes (false for phantom ranks).
+  virtual bool performs_traffic() const { return true; }
+};
+
+// P = 1: every collective is a copy (or nothing).
+std::unique_ptr<Communicator> make_single_rank_communicator(Backend& backend);
+
+// Rank `rank` of `size` run alone: collectives return correctly sized, deterministic data (every chunk
+// received is a copy of this rank's own send chunk) and no traffic is performed.
+std::unique_ptr<Communicator> make_phantom_communicator(Backend& backend, int rank, int size);
+
+// P ranks as threads of this process sharing host memory (the demo and in-process tests). Element i of
+// the result is rank i's communicator; each must be used from its own thread.
+std::vector<std::unique_ptr<Communicator>> make_thread_group(int size);
+
+enum class Phase { forward, backward };
+const char* phase_name(Phase);
+
+enum class CollectiveKind { all_gather, reduce_scatter, all_to_all, all_reduce };
+const char* collective_name(CollectiveKind);
+
+// One collective call as counted. Bytes are the logical bytes that cross between distinct ranks
+// (independent of the algorithm): all_gather and reduce_scatter send and receive (P-1) * chunk;
+// all_to_all sends and receives (P-1) * chunk; all_reduce is counted as reduce_scatter + all_gather.
+struct CollectiveRecord {
+  Phase phase = Phase::forward;
+  CollectiveKind kind = CollectiveKind::all_gather;
+  std::string tensor;  // what was exchanged, e.g. "q", "kv_latent", "o"
+  std::size_t bytes_sent = 0;
+  std::size_t bytes_received = 0;
+  int calls = 1;
+};
+
+std::size_t collective_bytes_sent(CollectiveKind, std::size_t chunk_bytes, int ranks);
+
+// Wraps any communicator and records every call under the label set with label().
+class CountingCommunicator final : public Communicator {
+ public:
+  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const char* name() const override { return inner_.name(); }
+  bool performs_traffic() const override { return inner_.performs_traffic(); }
+
+  void label(Phase phase, std::string tensor) {
+    phase_ = phase;
+    tensor_ = std::move(tensor);
+  }
+  void all_gather(const void* send, void* recv, std::size_t count, DType) override;
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType) override;
+  void all_to_all(const void* send, void* recv, std::size_t count, DType) override;
+  void all_reduce(void* buf, std::size_t count, DType) override;
+  void barrier() override { inner_.barrier(); }
+
+  // Calls with the same (phase, kind, tensor) are merged, in order of first appearance.
+  const std::vector<CollectiveRecord>& records() const { return records_; }
+  std::size_t total_sent(Phase) const;
+  std::size_t total_received(Phase) const;
+  void clear() { records_.clear(); }
+
+ private:
+  void record(CollectiveKind kind, std::size_t chunk_bytes);
+  Communicator& inner_;
+  Phase phase_ = Phase::forward;
+  std::string tensor_ = "unlabelled";
+  std::vector<CollectiveRecord> records_;
+};
+
+}  // namespace laga

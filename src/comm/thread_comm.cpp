@@ -1,0 +1,95 @@
+// In-process ranks: P threads exchange host buffers directly. Each collective publishes the send pointers,
+// waits, reads the peers' buffers, and waits again so no buffer is reused while a peer still reads it.
+#include <barrier>
+#include <cstring>
+#include <vector>
+
+#include "laga/comm.hpp"
+#include "laga/errors.hpp"
+
+namespace laga {
+namespace {
+
+struct Shared {
+  explicit Shared(int size) : bar(size), send(size), recv(size) {}
+  std::barrier<> bar;
+  std::vector<const void*> send;
+  std::vector<void*> recv;
+};
+
+template <typename T>
+void sum_chunks(const std::vector<const void*>& srcs, std::size_t offset, std::size_t count, void* dst) {
+  T* out = static_cast<T*>(dst);
+  for (std::size_t i = 0; i < count; ++i) {
+    T acc = 0;
+    for (const void* s : srcs) acc += static_cast<const T*>(s)[offset + i];
+    out[i] = acc;
+  }
+}
+
+void sum_into(DType dt, const std::vector<const void*>& srcs, std::size_t offset, std::size_t count, void* dst) {
+  switch (dt) {
+    case DType::f32: sum_chunks<float>(srcs, offset, count, dst); return;
+    case DType::f64: sum_chunks<double>(srcs, offset, count, dst); return;
+    default: LAGA_REQUIRE(false, "dtype ", dtype_name(dt), ": the thread communicator sums float32 and float64 only");
+  }
+}
+
+class ThreadCommunicator final : public Communicator {
+ public:
+  ThreadCommunicator(std::shared_ptr<Shared> shared, int rank) : sh_(std::move(shared)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return int(sh_->send.size()); }
+  const char* name() const override { return "threads"; }
+
+  void all_gather(const void* send, void* recv, std::size_t count, DType dt) override {
+    const std::size_t bytes = count * dtype_size(dt);
+    publish(send);
+    if (recv)
+      for (int p = 0; p < size(); ++p)
+        if (sh_->send[p]) std::memcpy(static_cast<char*>(recv) + p * bytes, sh_->send[p], bytes);
+    sh_->bar.arrive_and_wait();
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dt) override {
+    publish(send);
+    if (recv) sum_into(dt, sh_->send, std::size_t(rank_) * count, count, recv);
+    sh_->bar.arrive_and_wait();
+  }
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dt) override {
+    const std::size_t bytes = count * dtype_size(dt);
+    publish(send);
+    if (recv)
+      for (int p = 0; p < size(); ++p)
+        if (sh_->send[p])
+          std::memcpy(static_cast<char*>(recv) + p * bytes, static_cast<const char*>(sh_->send[p]) + rank_ * bytes, bytes);
+    sh_->bar.arrive_and_wait();
+  }
+  void all_reduce(void* buf, std::size_t count, DType dt) override {
+    std::vector<char> sum(count * dtype_size(dt));
+    publish(buf);
+    if (buf) sum_into(dt, sh_->send, 0, count, sum.data());
+    sh_->bar.arrive_and_wait();  // every rank has read every buffer before any is overwritten
+    if (buf) std::memcpy(buf, sum.data(), sum.size());
+  }
+  void barrier() override { sh_->bar.arrive_and_wait(); }
+
+ private:
+  void publish(const void* send) {
+    sh_->send[rank_] = send;
+    sh_->bar.arrive_and_wait();
+  }
+  std::shared_ptr<Shared> sh_;
+  int rank_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_thread_group(int size) {
+  LAGA_REQUIRE(size >= 1, "thread group size = ", size, ": must be >= 1");
+  auto shared = std::make_shared<Shared>(size);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < size; ++r) out.push_back(std::make_unique<ThreadCommunicator>(shared, r));
+  return out;
+}
+
+}  // namespace laga

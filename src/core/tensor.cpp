@@ -1,0 +1,167 @@
+#include "laga/tensor.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+#include "laga/backend.hpp"
+#include "laga/errors.hpp"
+#include <cstring>
+
+namespace laga {
+
+std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::bf16: return 2;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::f64: return "float64";
+    case DType::bf16: return "bfloat16";
+  }
+  return "?";
+}
+
+const char* device_name(Device d) {
+  switch (d) {
+    case Device::cpu: return "cpu";
+    case Device::cuda: return "cuda";
+    case Device::meta: return "meta";
+  }
+  return "?";
+}
+
+DType accum_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+std::uint64_t Allocator::allocate(std::size_t bytes, const std::string& name, MemoryKind kind,
+                                  void** ptr) {
+  *ptr = bytes ? raw_allocate(bytes) : nullptr;
+  LAGA_CHECK(bytes == 0 || *ptr != nullptr || device() == Device::meta, "out of memory allocating ",
+             bytes, " bytes for '", name, "' on ", device_name(device()));
+  const std::uint64_t id = next_id_++;
+  records_[id] = AllocationRecord{name, bytes, kind, false};
+  if (kind == MemoryKind::activation) {
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
+  }
+  return id;
+}
+
+void Allocator::free(std::uint64_t id, void* ptr) {
+  auto it = records_.find(id);
+  LAGA_CHECK(it != records_.end(), "free of unknown allocation id ", id);
+  if (it->second.kind == MemoryKind::activation) live_ -= it->second.bytes;
+  records_.erase(it);
+  if (ptr) raw_free(ptr);
+}
+
+void Allocator::mark_saved(std::uint64_t id, const std::string& name) {
+  auto it = records_.find(id);
+  LAGA_CHECK(it != records_.end(), "mark_saved of unknown allocation id ", id);
+  it->second.saved = true;
+  it->second.name = name;
+}
+
+void Allocator::unmark_saved(std::uint64_t id) {
+  auto it = records_.find(id);
+  if (it != records_.end()) it->second.saved = false;
+}
+
+std::vector<AllocationRecord> Allocator::saved_tensors() const {
+  std::vector<AllocationRecord> out;
+  for (const auto& [id, r] : records_)
+    if (r.saved && r.kind == MemoryKind::activation) out.push_back(r);
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
+
+std::size_t Allocator::saved_bytes() const {
+  std::size_t total = 0;
+  for (const auto& r : saved_tensors()) total += r.bytes;
+  return total;
+}
+
+std::vector<AllocationRecord> Allocator::live_activations() const {
+  std::vector<AllocationRecord> out;
+  for (const auto& [id, r] : records_)
+    if (r.kind == MemoryKind::activation) out.push_back(r);
+  return out;
+}
+
+void* CpuAllocator::raw_allocate(std::size_t bytes) {
+  const std::size_t rounded = (bytes + 63) / 64 * 64;
+  return std::aligned_alloc(64, rounded);
+}
+
+void CpuAllocator::raw_free(void* ptr) { std::free(ptr); }
+
+std::string shape_string(const Shape& s) {
+  std::ostringstream os;
+  os << "[";
+  for (std::size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+std::int64_t shape_numel(const Shape& s) {
+  std::int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+Tensor::Storage::~Storage() {
+  if (alloc) alloc->free(id, ptr);
+}
+
+Tensor::Tensor(Allocator& alloc, DType dtype, Shape shape, const std::string& name, MemoryKind kind)
+    : dtype_(dtype), shape_(std::move(shape)) {
+  for (auto d : shape_) LAGA_CHECK(d >= 0, "negative dimension in shape ", shape_string(shape_), " of '", name, "'");
+  storage_ = std::make_shared<Storage>();
+  storage_->alloc = &alloc;
+  storage_->name = name;
+  storage_->id = alloc.allocate(bytes(), name, kind, &storage_->ptr);
+}
+
+Device Tensor::device() const {
+  LAGA_CHECK(storage_, "device() of an undefined tensor");
+  return storage_->alloc->device();
+}
+
+const std::string& Tensor::name() const {
+  static const std::string undefined = "<undefined>";
+  return storage_ ? storage_->name : undefined;
+}
+
+void* Tensor::at(std::int64_t offset) const {
+  if (!data()) return nullptr;  // meta tensors: offsets of nothing stay nothing
+  return static_cast<char*>(data()) + offset * static_cast<std::int64_t>(dtype_size(dtype_));
+}
+
+Tensor Tensor::reshaped(Shape shape) const {
+  LAGA_CHECK(shape_numel(shape) == numel(), "reshape of '", name(), "' from ", shape_string(shape_), " to ",
+             shape_string(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+void Tensor::mark_saved(const std::string& name) const {
+  LAGA_CHECK(storage_, "mark_saved of an undefined tensor");
+  storage_->alloc->mark_saved(storage_->id, name);
+}
+
+void Backend::copy_from_host(const Tensor& dst, const void* host) {
+  if (dst.data() && dst.bytes()) std::memcpy(dst.data(), host, dst.bytes());
+}
+
+void Backend::copy_to_host(void* host, const Tensor& src) {
+  if (src.data() && src.bytes()) std::memcpy(host, src.data(), src.bytes());
+}
+
+}  // namespace laga

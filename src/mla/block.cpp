@@ -1,0 +1,666 @@
+// The MLA block under sequence parallelism: every form and layout, forward and backward, as one
+// orchestration of Backend ops and Communicator collectives. Read forward() top to bottom, then
+// backward() as the same steps in reverse.
+//
+// Shapes (per rank): s = S/P local tokens, B batch, rows are tokens-major ([s, B, ...] = Megatron's sbhd).
+// The "attention layout" is where attention runs:
+//   a2a:        S tokens x H = n_h/P heads (heads h0 = rank*H ...), q_offset 0
+//   all_gather: s tokens x n_h heads, keys over all S tokens, q_offset = rank*s
+#include <chrono>
+
+#include "laga/block.hpp"
+#include "laga/errors.hpp"
+
+namespace laga {
+
+struct BlockImpl {
+  MlaBlock& blk;
+  const MlaConfig& cfg;
+  const BlockOptions& opts;
+  Backend& be;
+  CountingCommunicator& comm;
+  PassStats* stats = nullptr;
+  Phase phase = Phase::forward;
+
+  // Sizes.
+  const std::int64_t B, S, s, d, nh, dn, dr, dqk, dv, rkv, dl, rq_in;
+  const int P, r;
+  const std::int64_t H, h0;    // heads in the attention layout, first head
+  const std::int64_t Sq;       // query tokens in the attention layout
+  const std::int64_t q_offset;
+  const std::int64_t T, Tq, Tk;  // rows: local, attention-layout queries, keys (tokens x batch)
+  const DType dt;
+
+  explicit BlockImpl(MlaBlock& b)
+      : blk(b), cfg(b.cfg_), opts(b.opts_), be(b.backend_), comm(b.comm_),
+        B(b.shape_.batch), S(b.shape_.seq), s(b.shape_.local_seq()), d(cfg.hidden_size),
+        nh(cfg.num_attention_heads), dn(cfg.qk_nope_head_dim), dr(cfg.qk_rope_head_dim), dqk(cfg.qk_head_dim()),
+        dv(cfg.v_head_dim), rkv(cfg.kv_lora_rank), dl(cfg.latent_dim()), rq_in(cfg.q_up_input_dim()),
+        P(b.shape_.ranks), r(b.shape_.rank),
+        H(opts.layout == Layout::A2A ? nh / P : nh), h0(opts.layout == Layout::A2A ? r * H : 0),
+        Sq(opts.layout == Layout::A2A ? S : s), q_offset(opts.layout == Layout::A2A ? 0 : r * s),
+        T(s * B), Tq(Sq * B), Tk(S * B), dt(opts.dtype) {}
+
+  bool a2a() const { return opts.layout == Layout::A2A; }
+
+  // ---------------------------------------------------------------- op wrappers: count, time, run
+  struct Timer {
+    BlockImpl& self;
+    OpPhase ph;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~Timer() {
+      self.be.synchronize();
+      self.stats->seconds[int(ph)] +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  };
+
+  Tensor empty(Shape shape, const std::string& name) { return Tensor(be.allocator(), dt, std::move(shape), name); }
+  Tensor zeros(Shape shape, const std::string& name) {
+    Tensor t = empty(std::move(shape), name);
+    be.fill(t, 0.0);
+    return t;
+  }
+
+  void gemm(OpPhase ph, GemmArgs g) {
+    g.dtype = dt;
+    stats->flops[int(ph)] += 2.0 * double(g.m) * double(g.n) * double(g.k) * double(g.batch);
+    Timer timer{*this, ph};
+    be.gemm(g);
+  }
+  void copy(OpPhase ph, CopyArgs c) {
+    c.dtype = dt;
+    Timer timer{*this, ph};
+    be.copy(c);
+  }
+
+  // y[rows, n] (+)= x[rows, k] W[k, n]
+  void linear(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x, std::int64_t ldx,
+              const void* w, std::int64_t ldw, void* y, std::int64_t ldy, double beta = 0.0) {
+    gemm(ph, GemmArgs{.m = rows, .n = n, .k = k, .a = x, .lda = ldx, .b = w, .ldb = ldw, .c = y, .ldc = ldy,
+                      .beta = beta});
+  }
+  // dx[rows, k] (+)= dy[rows, n] W[k, n]^T
+  void linear_dx(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* dy, std::int64_t lddy,
+                 const void* w, std::int64_t ldw, void* dx, std::int64_t lddx, double beta = 0.0) {
+    gemm(ph, GemmArgs{.trans_b = Trans::yes, .m = rows, .n = k, .k = n, .a = dy, .lda = lddy, .b = w, .ldb = ldw,
+                      .c = dx, .ldc = lddx, .beta = beta});
+  }
+  // dW[k, n] += x[rows, k]^T dy[rows, n]
+  void linear_dw(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x, std::int64_t ldx,
+                 const void* dy, std::int64_t lddy, void* dw, std::int64_t lddw) {
+    gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = k, .n = n, .k = rows, .a = x, .lda = ldx, .b = dy, .ldb = lddy,
+                      .c = dw, .ldc = lddw, .beta = 1.0});
+  }
+
+  // ---------------------------------------------------------------- collectives
+  // a2a, forward direction: [s*B rows, n_h * w] (all heads, local tokens) -> [S*B rows, H * w] (own heads).
+  Tensor scatter_heads(const Tensor& local, std::int64_t w, const std::string& what) {
+    if (!a2a()) return local;
+    const std::int64_t chunk = T * H * w;
+    Tensor send = empty({P, chunk}, what + ".a2a_send");
+    copy(OpPhase::communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = local.data(), .src_ld = nh * w,
+                                          .src_batch_stride = H * w, .dst = send.data(), .dst_ld = H * w,
+                                          .dst_batch_stride = chunk});
+    Tensor recv = empty({Tk, H * w}, what + ".a2a");
+    comm.label(phase, what);
+    Timer timer{*this, OpPhase::communication};
+    comm.all_to_all(send.data(), recv.data(), chunk, dt);
+    return recv;
+  }
+  // a2a, the inverse: [S*B rows, H * w] -> [s*B rows, n_h * w].
+  Tensor gather_heads(const Tensor& att, std::int64_t w, const std::string& what) {
+    if (!a2a()) return att;
+    const std::int64_t chunk = T * H * w;
+    Tensor recv = empty({P, chunk}, what + ".a2a_recv");
+    {
+      comm.label(phase, what);
+      Timer timer{*this, OpPhase::communication};
+      comm.all_to_all(att.data(), recv.data(), chunk, dt);
+    }
+    Tensor local = empty({T, nh * w}, what + ".local");
+    copy(OpPhase::communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = recv.data(), .src_ld = H * w,
+                                          .src_batch_stride = chunk, .dst = local.data(), .dst_ld = nh * w,
+                                          .dst_batch_stride = H * w});
+    return local;
+  }
+  // [s*B, w] on every rank -> [S*B, w] (token-major, so rank chunks are contiguous).
+  Tensor all_gather(const Tensor& local, std::int64_t w, const std::string& what) {
+    Tensor full = empty({Tk, w}, what + ".gathered");
+    comm.label(phase, what);
+    Timer timer{*this, OpPhase::communication};
+    comm.all_gather(local.data(), full.data(), T * w, dt);
+    return full;
+  }
+  // The transpose of all_gather: sum over ranks of their [S*B, w], rank r keeps its [s*B, w] slice.
+  Tensor reduce_scatter(const Tensor& full, std::int64_t w, const std::string& what) {
+    Tensor local = empty({T, w}, what + ".scattered");
+    comm.label(phase, what);
+    Timer timer{*this, OpPhase::communication};
+    comm.reduce_scatter(full.data(), local.data(), T * w, dt);
+    return local;
+  }
+
+  // ---------------------------------------------------------------- RoPE
+  RopeArgs rope_args(std::int64_t heads, const void* x, std::int64_t x_row, const void* y, std::int64_t y_row,
+                     std::int64_t head_stride) {
+    return RopeArgs{.dtype = dt, .tokens = s, .batch = B, .heads = heads, .dim = dr, .pos_offset = r * s,
+                    .inv_freq = blk.rope_.inv_freq.data(), .mscale = blk.rope_.cos_sin_mscale, .x = x,
+                    .x_token_stride = B * x_row, .x_batch_stride = x_row, .x_head_stride = head_stride,
+                    .y = const_cast<void*>(y), .y_token_stride = B * y_row, .y_batch_stride = y_row,
+                    .y_head_stride = head_stride};
+  }
+
+  // ---------------------------------------------------------------- attention
+  AttentionFwdParams attention_params(std::int64_t kv_heads, std::int64_t d_qk, std::int64_t d_v) {
+    AttentionFwdParams p;
+    p.dtype = dt;
+    p.kernel = opts.kernel;
+    p.batch = B;
+    p.q_len = Sq;
+    p.kv_len = S;
+    p.q_heads = H;
+    p.kv_heads = kv_heads;
+    p.d_qk = d_qk;
+    p.d_v = d_v;
+    p.q_offset = q_offset;
+    p.scale = softmax_scale(cfg);
+    return p;
+  }
+  static void set_strides(std::int64_t heads, std::int64_t width, std::int64_t batch, std::int64_t& token,
+                          std::int64_t& b, std::int64_t& head) {
+    head = width;
+    b = heads * width;
+    token = batch * heads * width;
+  }
+  // Unmasked (query, key) pairs of the causal attention on this rank.
+  double causal_pairs() const {
+    double pairs = 0;
+    for (std::int64_t i = 0; i < Sq; ++i) pairs += double(std::min<std::int64_t>(S, i + q_offset + 1));
+    return pairs * double(B) * double(H);
+  }
+
+  struct Attn {
+    Tensor o, lse, probs;
+  };
+  // q [Tq, H, d_qk]; k [Tk, kv_heads, d_qk] with row width k_row; v = k when v is null (MQA over the latent).
+  Attn attention_forward(const Tensor& q, const Tensor& k, std::int64_t k_row, const Tensor* v, std::int64_t v_row,
+                         std::int64_t kv_heads, std::int64_t d_qk, std::int64_t d_v, const std::string& oname) {
+    AttentionFwdParams p = attention_params(kv_heads, d_qk, d_v);
+    Attn a;
+    a.o = empty({Tq, H * d_v}, oname);
+    if (opts.kernel == AttentionKernel::fused)
+      a.lse = Tensor(be.allocator(), accum_dtype(dt), {B, H, Sq}, "lse");
+    else
+      a.probs = empty({B, H, Sq, S}, "probs");
+    fill_attention_pointers(p, q, k, k_row, v, v_row, kv_heads, a);
+    stats->flops[int(OpPhase::attention)] += 2.0 * double(d_qk + d_v) * causal_pairs();
+    Timer timer{*this, OpPhase::attention};
+    be.attention_forward(p);
+    return a;
+  }
+  void fill_attention_pointers(AttentionFwdParams& p, const Tensor& q, const Tensor& k, std::int64_t k_row,
+                               const Tensor* v, std::int64_t v_row, std::int64_t kv_heads, const Attn& a) {
+    p.q = q.data();
+    set_strides(H, p.d_qk, B, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
+    p.k = k.data();
+    p.k_head_stride = kv_heads == 1 ? 0 : p.d_qk;
+    p.k_batch_stride = k_row;
+    p.k_token_stride = B * k_row;
+    p.v = v ? v->data() : k.data();
+    p.v_head_stride = kv_heads == 1 ? 0 : p.d_v;
+    p.v_batch_stride = v_row;
+    p.v_token_stride = B * v_row;
+    p.o = a.o.data();
+    set_strides(H, p.d_v, B, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
+    p.lse = a.lse.defined() ? a.lse.data() : nullptr;
+    p.probs = a.probs.defined() ? a.probs.data() : nullptr;
+  }
+  struct AttnGrads {
+    Tensor dq, dk, dv;
+  };
+  AttnGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, std::int64_t k_row,
+                               const Tensor* v, std::int64_t v_row, std::int64_t kv_heads, std::int64_t d_qk,
+                               std::int64_t d_v, const Attn& a) {
+    AttentionBwdParams p;
+    static_cast<AttentionFwdParams&>(p) = attention_params(kv_heads, d_qk, d_v);
+    fill_attention_pointers(p, q, k, k_row, v, v_row, kv_heads, a);
+    AttnGrads g;
+    g.dq = empty({Tq, H * d_qk}, "attn.dq");
+    g.dk = empty({Tk, kv_heads * d_qk}, "attn.dk");
+    g.dv = empty({Tk, kv_heads * d_v}, "attn.dv");
+    p.dout = dout.data();
+    set_strides(H, d_v, B, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
+    p.dq = g.dq.data();
+    set_strides(H, d_qk, B, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
+    p.dk = g.dk.data();
+    set_strides(kv_heads, d_qk, B, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
+    p.dv = g.dv.data();
+    set_strides(kv_heads, d_v, B, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+    const double per_pair = opts.kernel == AttentionKernel::fused ? 3.0 * d_qk + 2.0 * d_v : 2.0 * d_qk + 2.0 * d_v;
+    stats->flops[int(OpPhase::attention)] += 2.0 * per_pair * causal_pairs();
+    Timer timer{*this, OpPhase::attention};
+    be.attention_backward(p);
+    return g;
+  }
+
+  // ---------------------------------------------------------------- K/V up-projection
+  // From latent rows [rows, dl] build k [rows, heads, dqk] = [c_kv W_UK[h] | k_pe] and v [rows, heads * dv]
+  // for heads first .. first+heads.
+  void up_project(const Tensor& latent, std::int64_t rows, std::int64_t first, std::int64_t heads, const MlaWeights& w,
+                  Tensor& k, Tensor& v) {
+    k = empty({rows, heads * dqk}, "k");
+    v = empty({rows, heads * dv}, "v");
+    gemm(OpPhase::up_projections,
+         GemmArgs{.m = rows, .n = dn, .k = rkv, .batch = heads, .a = latent.data(), .lda = dl, .stride_a = 0,
+                  .b = w.w_uk.at(first * dn), .ldb = nh * dn, .stride_b = dn, .c = k.data(), .ldc = heads * dqk,
+                  .stride_c = dqk});
+    copy(OpPhase::up_projections, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = latent.at(rkv), .src_ld = dl,
+                                           .src_batch_stride = 0, .dst = k.at(dn), .dst_ld = heads * dqk,
+                                           .dst_batch_stride = dqk});
+    linear(OpPhase::up_projections, rows, rkv, heads * dv, latent.data(), dl, w.w_uv.at(first * dv), nh * dv, v.data(),
+           heads * dv);
+  }
+  // The transpose: accumulates into dlatent [rows, dl] and the weight gradients of those heads.
+  void up_project_backward(const Tensor& dk, const Tensor& dvv, const Tensor& latent, std::int64_t rows,
+                           std::int64_t first, std::int64_t heads, const MlaWeights& w, MlaGrads& g, Tensor& dlatent) {
+    // d c_kv = dv W_UV^T + sum_h dk_nope[h] W_UK[h]^T   (per head: dk_nope rows are interleaved with k_pe)
+    linear_dx(OpPhase::up_projections, rows, rkv, heads * dv, dvv.data(), heads * dv, w.w_uv.at(first * dv), nh * dv,
+              dlatent.data(), dl, 1.0);
+    for (std::int64_t h = 0; h < heads; ++h)
+      linear_dx(OpPhase::up_projections, rows, rkv, dn, dk.at(h * dqk), heads * dqk, w.w_uk.at((first + h) * dn),
+                nh * dn, dlatent.data(), dl, 1.0);
+    // d k_pe = sum over heads of the rope part of dk
+    copy(OpPhase::up_projections, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = dk.at(dn),
+                                           .src_ld = heads * dqk, .src_batch_stride = dqk, .dst = dlatent.at(rkv),
+                                           .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate});
+    linear_dw(OpPhase::up_projections, rows, rkv, heads * dv, latent.data(), dl, dvv.data(), heads * dv,
+              g.w_uv.at(first * dv), nh * dv);
+    gemm(OpPhase::up_projections,
+         GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = dn, .k = rows, .batch = heads, .a = latent.data(), .lda = dl,
+                  .stride_a = 0, .b = dk.data(), .ldb = heads * dqk, .stride_b = dqk, .c = g.w_uk.at(first * dn),
+                  .ldc = nh * dn, .stride_c = dn, .beta = 1.0});
+  }
+
+  // ---------------------------------------------------------------- forward
+  Tensor forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
+    const void* xp = x.data();
+    // Queries: q = RMSNorm(x W_DQ) W_UQ (or x W_Q), RoPE on the rope part, at global positions.
+    Tensor q_pre = empty({T, nh * dqk}, "q_pre");
+    if (cfg.q_lora_rank) {
+      Tensor q_down = empty({T, rq_in}, "q_down");
+      linear(OpPhase::projections, T, d, rq_in, xp, d, w.w_dq.data(), rq_in, q_down.data(), rq_in);
+      Tensor q_rstd = Tensor(be.allocator(), accum_dtype(dt), {T}, "q_rstd");
+      Tensor c_q = empty({T, rq_in}, "c_q");
+      {
+        Timer timer{*this, OpPhase::projections};
+        be.rmsnorm_forward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rq_in, .eps = cfg.rms_norm_eps, .x = q_down.data(),
+                                       .x_ld = rq_in, .gamma = w.q_norm.data(), .y = c_q.data(), .y_ld = rq_in,
+                                       .rstd = q_rstd.data()});
+      }
+      linear(OpPhase::projections, T, rq_in, nh * dqk, c_q.data(), rq_in, w.w_uq.data(), nh * dqk, q_pre.data(), nh * dqk);
+      ctx.save("q_down", q_down);
+      ctx.save("q_rstd", q_rstd);
+      ctx.save("c_q", c_q);
+    } else {
+      linear(OpPhase::projections, T, d, nh * dqk, xp, d, w.w_uq.data(), nh * dqk, q_pre.data(), nh * dqk);
+    }
+    Tensor q = empty({T, nh * dqk}, "q");
+    copy(OpPhase::projections, CopyArgs{.batch = nh, .rows = T, .cols = dn, .src = q_pre.data(), .src_ld = nh * dqk,
+                                        .src_batch_stride = dqk, .dst = q.data(), .dst_ld = nh * dqk,
+                                        .dst_batch_stride = dqk});
+    {
+      Timer timer{*this, OpPhase::projections};
+      be.rope_forward(rope_args(nh, q_pre.at(dn), nh * dqk, q.at(dn), nh * dqk, dqk));
+    }
+    q_pre = Tensor();
+
+    // Latent: [c_kv | k_pe] = x W_DKV; c_kv = RMSNorm(c_kv); RoPE on k_pe.
+    Tensor kv_down = empty({T, dl}, "kv_down");
+    linear(OpPhase::projections, T, d, dl, xp, d, w.w_dkv.data(), dl, kv_down.data(), dl);
+    Tensor kv_rstd = Tensor(be.allocator(), accum_dtype(dt), {T}, "kv_rstd");
+    Tensor latent = empty({T, dl}, "latent");
+    {
+      Timer timer{*this, OpPhase::projections};
+      be.rmsnorm_forward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rkv, .eps = cfg.rms_norm_eps, .x = kv_down.data(),
+                                     .x_ld = dl, .gamma = w.kv_norm.data(), .y = latent.data(), .y_ld = dl,
+                                     .rstd = kv_rstd.data()});
+      be.rope_forward(rope_args(1, kv_down.at(rkv), dl, latent.at(rkv), dl, 0));
+    }
+    ctx.save("kv_down", kv_down);
+    ctx.save("kv_rstd", kv_rstd);
+
+    // Queries to the attention layout.
+    Tensor q_att = scatter_heads(q, dqk, "q");
+    q = Tensor();
+    ctx.save("q_att", q_att);
+
+    Tensor o_att;
+    switch (opts.form) {
+      case Form::Explicit: {
+        Tensor k_loc, v_loc;
+        up_project(latent, T, 0, nh, w, k_loc, v_loc);
+        ctx.save("latent", latent);
+        Tensor k_att = a2a() ? scatter_heads(k_loc, dqk, "k") : all_gather(k_loc, nh * dqk, "k");
+        k_loc = Tensor();
+        Tensor v_att = a2a() ? scatter_heads(v_loc, dv, "v") : all_gather(v_loc, nh * dv, "v");
+        v_loc = Tensor();
+        Attn a = attention_forward(q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, "o_att");
+        save_attention(ctx, a);
+        ctx.save("k_att", k_att);
+        ctx.save("v_att", v_att);
+        o_att = a.o;
+        break;
+      }
+      case Form::Laga: {
+        Tensor lat_full = all_gather(latent, dl, "kv_latent");
+        latent = Tensor();
+        ctx.save("latent_gathered", lat_full);
+        Tensor k_att, v_att;
+        up_project(lat_full, Tk, h0, H, w, k_att, v_att);
+        Attn a = attention_forward(q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, "o_att");
+        save_attention(ctx, a);
+        if (opts.recompute == Recompute::None) {
+          ctx.save("k_att", k_att);
+          ctx.save("v_att", v_att);
+        }
+        o_att = a.o;
+        break;
+      }
+      case Form::Absorbed: {
+        Tensor lat_full = all_gather(latent, dl, "kv_latent");
+        latent = Tensor();
+        Tensor q_abs = absorb_query(q_att, w);
+        Tensor o_lat;
+        if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
+          Attn a = attention_forward(q_abs, lat_full, dl, nullptr, dl, 1, dl, rkv, "o_lat");
+          save_attention(ctx, a);
+          ctx.save("latent_gathered", lat_full);
+          o_lat = a.o;
+        } else {
+          Tensor k_exp = empty({Tk, H * dl}, "k_expanded");
+          Tensor v_exp = empty({Tk, H * rkv}, "v_expanded");
+          copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = dl, .src = lat_full.data(), .src_ld = dl,
+                                                 .src_batch_stride = 0, .dst = k_exp.data(), .dst_ld = H * dl,
+                                                 .dst_batch_stride = dl});
+          copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = rkv, .src = lat_full.data(), .src_ld = dl,
+                                                 .src_batch_stride = 0, .dst = v_exp.data(), .dst_ld = H * rkv,
+                                                 .dst_batch_stride = rkv});
+          lat_full = Tensor();
+          Attn a = attention_forward(q_abs, k_exp, H * dl, &v_exp, H * rkv, H, dl, rkv, "o_lat");
+          save_attention(ctx, a);
+          ctx.save("k_expanded", k_exp);
+          ctx.save("v_expanded", v_exp);
+          o_lat = a.o;
+        }
+        ctx.save("q_abs", q_abs);
+        if (!ctx.tensors.count("o_lat")) ctx.save("o_lat", o_lat);  // eager keeps probs, W_UV's backward needs o_lat
+        // o_h = o_lat_h W_UV[h]
+        o_att = empty({Tq, H * dv}, "o_att");
+        gemm(OpPhase::up_projections,
+             GemmArgs{.m = Tq, .n = dv, .k = rkv, .batch = H, .a = o_lat.data(), .lda = H * rkv, .stride_a = rkv,
+                      .b = w.w_uv.at(h0 * dv), .ldb = nh * dv, .stride_b = dv, .c = o_att.data(), .ldc = H * dv,
+                      .stride_c = dv});
+        break;
+      }
+    }
+
+    Tensor o = gather_heads(o_att, dv, "o");
+    o_att = Tensor();
+    ctx.save("o", o);
+    Tensor y = Tensor(be.allocator(), dt, {s, B, d}, "y", MemoryKind::external);
+    linear(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, w.w_o.data(), d, y.data(), d);
+    return y;
+  }
+
+  // Saved outputs of the attention kernel: probabilities (eager) or output and log-sum-exp (fused).
+  void save_attention(SavedContext& ctx, const Attn& a) {
+    if (a.probs.defined()) ctx.save("probs", a.probs);
+    if (a.lse.defined()) {
+      ctx.save("lse", a.lse);
+      ctx.save(a.o.name(), a.o);
+    }
+  }
+  Attn saved_attention(const SavedContext& ctx, const std::string& oname) const {
+    Attn a;
+    if (opts.kernel == AttentionKernel::eager) {
+      a.probs = ctx.get("probs");
+    } else {
+      a.lse = ctx.get("lse");
+      a.o = ctx.get(oname);
+    }
+    return a;
+  }
+
+  // q_abs [Tq, H, dl] = [q_nope_h W_UK[h]^T | q_pe_h]
+  Tensor absorb_query(const Tensor& q_att, const MlaWeights& w) {
+    Tensor q_abs = empty({Tq, H * dl}, "q_abs");
+    gemm(OpPhase::up_projections,
+         GemmArgs{.trans_b = Trans::yes, .m = Tq, .n = rkv, .k = dn, .batch = H, .a = q_att.data(), .lda = H * dqk,
+                  .stride_a = dqk, .b = w.w_uk.at(h0 * dn), .ldb = nh * dn, .stride_b = dn, .c = q_abs.data(),
+                  .ldc = H * dl, .stride_c = dl});
+    copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = q_att.at(dn), .src_ld = H * dqk,
+                                           .src_batch_stride = dqk, .dst = q_abs.at(rkv), .dst_ld = H * dl,
+                                           .dst_batch_stride = dl});
+    return q_abs;
+  }
+
+  // ---------------------------------------------------------------- backward
+  Tensor backward(MlaGrads& g, SavedContext& ctx, const Tensor& dy, const Tensor& x, const MlaWeights& w) {
+    for (auto& [name, t] : g.named()) be.fill(*t, 0.0);
+
+    // y = o W_O
+    Tensor o = ctx.get("o");
+    linear_dw(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, dy.data(), d, g.w_o.data(), d);
+    Tensor d_o = empty({T, nh * dv}, "d_o");
+    linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.w_o.data(), d, d_o.data(), nh * dv);
+    o = Tensor();
+    ctx.tensors.erase("o");
+    Tensor do_att = scatter_heads(d_o, dv, "o");
+    d_o = Tensor();
+
+    Tensor q_att = ctx.get("q_att");
+    Tensor dq_att;
+    Tensor dlatent;  // [T, dl]: this rank's latent gradient
+    switch (opts.form) {
+      case Form::Explicit: {
+        Attn a = saved_attention(ctx, "o_att");
+        const Tensor k_att = ctx.get("k_att"), v_att = ctx.get("v_att");
+        AttnGrads ag = attention_backward(do_att, q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, a);
+        release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
+        dq_att = ag.dq;
+        Tensor dk_loc = a2a() ? gather_heads(ag.dk, dqk, "k") : reduce_scatter(ag.dk, nh * dqk, "k");
+        ag.dk = Tensor();
+        Tensor dv_loc = a2a() ? gather_heads(ag.dv, dv, "v") : reduce_scatter(ag.dv, nh * dv, "v");
+        ag.dv = Tensor();
+        dlatent = zeros({T, dl}, "d_latent");
+        up_project_backward(dk_loc, dv_loc, ctx.get("latent"), T, 0, nh, w, g, dlatent);
+        release(ctx, {"latent"});
+        break;
+      }
+      case Form::Laga: {
+        Tensor lat_full = ctx.get("latent_gathered");
+        Attn a = saved_attention(ctx, "o_att");
+        Tensor k_att, v_att;
+        if (opts.recompute == Recompute::KV) {
+          up_project(lat_full, Tk, h0, H, w, k_att, v_att);
+        } else {
+          k_att = ctx.get("k_att");
+          v_att = ctx.get("v_att");
+        }
+        AttnGrads ag = attention_backward(do_att, q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, a);
+        k_att = v_att = Tensor();
+        release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
+        dq_att = ag.dq;
+        Tensor dlat_full = zeros({Tk, dl}, "d_latent_gathered");
+        up_project_backward(ag.dk, ag.dv, lat_full, Tk, h0, H, w, g, dlat_full);
+        ag = AttnGrads();
+        lat_full = Tensor();
+        release(ctx, {"latent_gathered"});
+        dlatent = reduce_scatter(dlat_full, dl, "kv_latent");
+        break;
+      }
+      case Form::Absorbed: {
+        // o_att = o_lat W_UV[h]:  d o_lat = do_att W_UV[h]^T;  dW_UV[h] += o_lat^T do_att
+        Attn a = saved_attention(ctx, "o_lat");
+        Tensor q_abs = ctx.get("q_abs");
+        Tensor o_lat = ctx.get("o_lat");
+        Tensor do_lat = empty({Tq, H * rkv}, "d_o_lat");
+        gemm(OpPhase::up_projections,
+             GemmArgs{.trans_b = Trans::yes, .m = Tq, .n = rkv, .k = dv, .batch = H, .a = do_att.data(), .lda = H * dv,
+                      .stride_a = dv, .b = w.w_uv.at(h0 * dv), .ldb = nh * dv, .stride_b = dv, .c = do_lat.data(),
+                      .ldc = H * rkv, .stride_c = rkv});
+        gemm(OpPhase::up_projections,
+             GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = dv, .k = Tq, .batch = H, .a = o_lat.data(), .lda = H * rkv,
+                      .stride_a = rkv, .b = do_att.data(), .ldb = H * dv, .stride_b = dv, .c = g.w_uv.at(h0 * dv),
+                      .ldc = nh * dv, .stride_c = dv, .beta = 1.0});
+        do_att = Tensor();
+        Tensor dlat_full = zeros({Tk, dl}, "d_latent_gathered");
+        Tensor dq_abs;
+        if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
+          const Tensor lat_full = ctx.get("latent_gathered");
+          AttnGrads ag = attention_backward(do_lat, q_abs, lat_full, dl, nullptr, dl, 1, dl, rkv, a);
+          copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = dl, .dst = dlat_full.data(),
+                                            .dst_ld = dl, .mode = CopyMode::accumulate});
+          copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = rkv, .src = ag.dv.data(), .src_ld = rkv,
+                                            .dst = dlat_full.data(), .dst_ld = dl, .mode = CopyMode::accumulate});
+          dq_abs = ag.dq;
+        } else {
+          const Tensor k_exp = ctx.get("k_expanded"), v_exp = ctx.get("v_expanded");
+          AttnGrads ag = attention_backward(do_lat, q_abs, k_exp, H * dl, &v_exp, H * rkv, H, dl, rkv, a);
+          copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = H * dl,
+                                                 .src_batch_stride = dl, .dst = dlat_full.data(), .dst_ld = dl,
+                                                 .dst_batch_stride = 0, .mode = CopyMode::accumulate});
+          copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = rkv, .src = ag.dv.data(),
+                                                 .src_ld = H * rkv, .src_batch_stride = rkv, .dst = dlat_full.data(),
+                                                 .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate});
+          dq_abs = ag.dq;
+        }
+        do_lat = o_lat = q_abs = Tensor();
+        a = Attn();
+        release(ctx, {"probs", "lse", "o_lat", "latent_gathered", "k_expanded", "v_expanded"});
+        // q_abs = [q_nope W_UK[h]^T | q_pe]
+        dq_att = empty({Tq, H * dqk}, "d_q_att");
+        gemm(OpPhase::up_projections,
+             GemmArgs{.m = Tq, .n = dn, .k = rkv, .batch = H, .a = dq_abs.data(), .lda = H * dl, .stride_a = dl,
+                      .b = w.w_uk.at(h0 * dn), .ldb = nh * dn, .stride_b = dn, .c = dq_att.data(), .ldc = H * dqk,
+                      .stride_c = dqk});
+        copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = dq_abs.at(rkv), .src_ld = H * dl,
+                                               .src_batch_stride = dl, .dst = dq_att.at(dn), .dst_ld = H * dqk,
+                                               .dst_batch_stride = dqk});
+        gemm(OpPhase::up_projections,
+             GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = dn, .k = Tq, .batch = H, .a = dq_abs.data(), .lda = H * dl,
+                      .stride_a = dl, .b = q_att.data(), .ldb = H * dqk, .stride_b = dqk, .c = g.w_uk.at(h0 * dn),
+                      .ldc = nh * dn, .stride_c = dn, .beta = 1.0});
+        dq_abs = Tensor();
+        release(ctx, {"q_abs"});
+        dlatent = reduce_scatter(dlat_full, dl, "kv_latent");
+        break;
+      }
+    }
+    q_att = Tensor();
+    release(ctx, {"q_att"});
+    Tensor dq = gather_heads(dq_att, dqk, "q");
+    dq_att = Tensor();
+
+    Tensor dx = Tensor(be.allocator(), dt, {s, B, d}, "dx", MemoryKind::external);
+    // Latent: RoPE^T on k_pe, RMSNorm backward on c_kv, then x W_DKV.
+    Tensor dkv_down = empty({T, dl}, "d_kv_down");
+    {
+      const Tensor& kv_down = ctx.get("kv_down");
+      Timer timer{*this, OpPhase::projections};
+      be.rope_backward(rope_args(1, dlatent.at(rkv), dl, dkv_down.at(rkv), dl, 0));
+      be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rkv, .eps = cfg.rms_norm_eps, .x = kv_down.data(),
+                                      .x_ld = dl, .gamma = w.kv_norm.data(), .rstd = ctx.get("kv_rstd").data(),
+                                      .dy = dlatent.data(), .dy_ld = dl, .dx = dkv_down.data(), .dx_ld = dl,
+                                      .dgamma = g.kv_norm.data()});
+    }
+    dlatent = Tensor();
+    release(ctx, {"kv_down", "kv_rstd"});
+    linear_dw(OpPhase::projections, T, d, dl, x.data(), d, dkv_down.data(), dl, g.w_dkv.data(), dl);
+    linear_dx(OpPhase::projections, T, d, dl, dkv_down.data(), dl, w.w_dkv.data(), dl, dx.data(), d);
+    dkv_down = Tensor();
+
+    // Queries: RoPE^T on the rope part, then the up- and down-projections.
+    Tensor dq_pre = empty({T, nh * dqk}, "d_q_pre");
+    copy(OpPhase::projections, CopyArgs{.batch = nh, .rows = T, .cols = dn, .src = dq.data(), .src_ld = nh * dqk,
+                                        .src_batch_stride = dqk, .dst = dq_pre.data(), .dst_ld = nh * dqk,
+                                        .dst_batch_stride = dqk});
+    {
+      Timer timer{*this, OpPhase::projections};
+      be.rope_backward(rope_args(nh, dq.at(dn), nh * dqk, dq_pre.at(dn), nh * dqk, dqk));
+    }
+    dq = Tensor();
+    if (cfg.q_lora_rank) {
+      const Tensor c_q = ctx.get("c_q");
+      linear_dw(OpPhase::projections, T, rq_in, nh * dqk, c_q.data(), rq_in, dq_pre.data(), nh * dqk, g.w_uq.data(),
+                nh * dqk);
+      Tensor dc_q = empty({T, rq_in}, "d_c_q");
+      linear_dx(OpPhase::projections, T, rq_in, nh * dqk, dq_pre.data(), nh * dqk, w.w_uq.data(), nh * dqk, dc_q.data(),
+                rq_in);
+      dq_pre = Tensor();
+      release(ctx, {"c_q"});
+      Tensor dq_down = empty({T, rq_in}, "d_q_down");
+      {
+        Timer timer{*this, OpPhase::projections};
+        be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rq_in, .eps = cfg.rms_norm_eps,
+                                        .x = ctx.get("q_down").data(), .x_ld = rq_in, .gamma = w.q_norm.data(),
+                                        .rstd = ctx.get("q_rstd").data(), .dy = dc_q.data(), .dy_ld = rq_in,
+                                        .dx = dq_down.data(), .dx_ld = rq_in, .dgamma = g.q_norm.data()});
+      }
+      dc_q = Tensor();
+      release(ctx, {"q_down", "q_rstd"});
+      linear_dw(OpPhase::projections, T, d, rq_in, x.data(), d, dq_down.data(), rq_in, g.w_dq.data(), rq_in);
+      linear_dx(OpPhase::projections, T, d, rq_in, dq_down.data(), rq_in, w.w_dq.data(), rq_in, dx.data(), d, 1.0);
+    } else {
+      linear_dw(OpPhase::projections, T, d, nh * dqk, x.data(), d, dq_pre.data(), nh * dqk, g.w_uq.data(), nh * dqk);
+      linear_dx(OpPhase::projections, T, d, nh * dqk, dq_pre.data(), nh * dqk, w.w_uq.data(), nh * dqk, dx.data(), d, 1.0);
+    }
+    LAGA_CHECK(ctx.tensors.empty(), "saved tensors left after backward, first: '", ctx.tensors.begin()->first, "'");
+    return dx;
+  }
+
+  // Drop saved tensors once backward no longer needs them (so the peak reflects a real autograd engine).
+  static void release(SavedContext& ctx, std::initializer_list<const char*> names) {
+    for (const char* n : names) ctx.tensors.erase(n);
+  }
+};
+
+MlaBlock::MlaBlock(const MlaConfig& cfg, const BlockOptions& opts, const BlockShape& shape, Backend& backend,
+                   CountingCommunicator& comm)
+    : cfg_(cfg), opts_(opts), shape_(shape), backend_(backend), comm_(comm), rope_(rope_tables(cfg)) {
+  validate(cfg_, opts_, shape_);
+  LAGA_REQUIRE(comm.size() == shape.ranks && comm.rank() == shape.rank, "communicator has rank ", comm.rank(), " of ",
+               comm.size(), " but the block was set up for rank ", shape.rank, " of ", shape.ranks);
+}
+
+Tensor MlaBlock::forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
+  LAGA_REQUIRE(x.shape() == Shape({shape_.local_seq(), shape_.batch, cfg_.hidden_size}), "input x has shape ",
+               shape_string(x.shape()), ": expected [s, batch, hidden_size] = ",
+               shape_string({shape_.local_seq(), shape_.batch, cfg_.hidden_size}));
+  fwd_ = PassStats{};
+  Allocator& alloc = backend_.allocator();
+  const std::size_t base = alloc.live_bytes();
+  alloc.reset_peak();
+  BlockImpl impl(*this);
+  impl.stats = &fwd_;
+  impl.phase = Phase::forward;
+  Tensor y = impl.forward(ctx, x, w);
+  fwd_.peak_bytes = alloc.peak_bytes() - base;
+  return y;
+}
+
+Tensor MlaBlock::backward(MlaGrads& grads, SavedContext& ctx, const Tensor& dy, const Tensor& x, const MlaWeights& w) {
+  bwd_ = PassStats{};
+  Allocator& alloc = backend_.allocator();
+  const std::size_t base = alloc.live_bytes() - alloc.saved_bytes();
+  alloc.reset_peak();
+  BlockImpl impl(*this);
+  impl.stats = &bwd_;
+  impl.phase = Phase::backward;
+  Tensor dx = impl.backward(grads, ctx, dy, x, w);
+  bwd_.peak_bytes = alloc.peak_bytes() - base;
+  return dx;
+}
+
+}  // namespace laga

@@ -1,0 +1,132 @@
+// Names, parsing and validation of the block's options, and weight allocation.
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include "laga/block.hpp"
+#include "laga/errors.hpp"
+
+namespace laga {
+
+const char* form_name(Form f) {
+  switch (f) {
+    case Form::Explicit: return "explicit";
+    case Form::Absorbed: return "absorbed";
+    case Form::Laga: return "laga";
+  }
+  return "?";
+}
+const char* layout_name(Layout l) { return l == Layout::A2A ? "a2a" : "all_gather"; }
+const char* kernel_name(AttentionKernel k) { return k == AttentionKernel::eager ? "eager" : "fused"; }
+const char* recompute_name(Recompute r) { return r == Recompute::None ? "none" : "kv"; }
+const char* absorbed_attention_name(AbsorbedAttention a) { return a == AbsorbedAttention::Mqa ? "mqa" : "expanded"; }
+const char* op_phase_name(OpPhase p) {
+  switch (p) {
+    case OpPhase::projections: return "projections";
+    case OpPhase::up_projections: return "up_projections";
+    case OpPhase::attention: return "attention";
+    case OpPhase::communication: return "communication";
+    case OpPhase::other: return "other";
+  }
+  return "?";
+}
+
+namespace {
+template <typename E, std::size_t N>
+E parse_enum(const std::string& what, const std::string& text, const std::array<std::pair<const char*, E>, N>& table) {
+  std::string known;
+  for (const auto& [name, value] : table) {
+    if (text == name) return value;
+    known += known.empty() ? name : std::string(", ") + name;
+  }
+  LAGA_REQUIRE(false, what, " = '", text, "': must be one of ", known);
+  return table[0].second;
+}
+}  // namespace
+
+Form parse_form(const std::string& s) {
+  return parse_enum<Form, 3>("form", s, {{{"explicit", Form::Explicit}, {"absorbed", Form::Absorbed}, {"laga", Form::Laga}}});
+}
+Layout parse_layout(const std::string& s) {
+  return parse_enum<Layout, 2>("layout", s, {{{"a2a", Layout::A2A}, {"all_gather", Layout::AllGather}}});
+}
+AttentionKernel parse_kernel(const std::string& s) {
+  return parse_enum<AttentionKernel, 2>("kernel", s,
+                                        {{{"eager", AttentionKernel::eager}, {"fused", AttentionKernel::fused}}});
+}
+Recompute parse_recompute(const std::string& s) {
+  return parse_enum<Recompute, 2>("recompute", s, {{{"none", Recompute::None}, {"kv", Recompute::KV}}});
+}
+AbsorbedAttention parse_absorbed_attention(const std::string& s) {
+  return parse_enum<AbsorbedAttention, 2>("absorbed-attention", s,
+                                          {{{"mqa", AbsorbedAttention::Mqa}, {"expanded", AbsorbedAttention::Expanded}}});
+}
+DType parse_dtype(const std::string& s) {
+  return parse_enum<DType, 3>("dtype", s, {{{"float32", DType::f32}, {"float64", DType::f64}, {"bfloat16", DType::bf16}}});
+}
+
+void validate(const MlaConfig& cfg, const BlockOptions& opts, const BlockShape& shape) {
+  validate(cfg);
+  LAGA_REQUIRE(shape.ranks >= 1, "sp = ", shape.ranks, ": the number of sequence-parallel ranks must be >= 1");
+  LAGA_REQUIRE(shape.rank >= 0 && shape.rank < shape.ranks, "rank = ", shape.rank, ": must be in [0, ", shape.ranks, ")");
+  LAGA_REQUIRE(shape.batch >= 1, "batch = ", shape.batch, ": must be >= 1");
+  LAGA_REQUIRE(shape.seq >= 1, "seq = ", shape.seq, ": must be >= 1");
+  LAGA_REQUIRE(shape.ranks <= shape.seq, "sp = ", shape.ranks, " > seq = ", shape.seq,
+               ": every rank needs at least one token (P <= S)");
+  LAGA_REQUIRE(shape.seq % shape.ranks == 0, "seq = ", shape.seq, " is not divisible by sp = ", shape.ranks,
+               ": each rank holds S/P consecutive tokens");
+  if (opts.layout == Layout::A2A)
+    LAGA_REQUIRE(cfg.num_attention_heads % shape.ranks == 0, "num_attention_heads = ", cfg.num_attention_heads,
+                 " is not divisible by sp = ", shape.ranks, ": the a2a layout gives each rank n_h/P heads");
+  LAGA_REQUIRE(opts.recompute == Recompute::None || opts.form == Form::Laga, "recompute = kv with form = ",
+               form_name(opts.form), ": K/V recomputation is defined for the laga form only");
+}
+
+std::vector<std::pair<std::string, Tensor*>> MlaWeights::named() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  for (auto [name, t] : std::initializer_list<std::pair<const char*, Tensor*>>{
+           {"w_dq", &w_dq}, {"q_norm", &q_norm}, {"w_uq", &w_uq}, {"w_dkv", &w_dkv},
+           {"kv_norm", &kv_norm}, {"w_uk", &w_uk}, {"w_uv", &w_uv}, {"w_o", &w_o}})
+    if (t->defined()) out.emplace_back(name, t);
+  return out;
+}
+
+std::vector<std::pair<std::string, const Tensor*>> MlaWeights::named() const {
+  std::vector<std::pair<std::string, const Tensor*>> out;
+  for (auto& [name, t] : const_cast<MlaWeights*>(this)->named()) out.emplace_back(name, t);
+  return out;
+}
+
+MlaWeights allocate_weights(const MlaConfig& c, DType dtype, Allocator& alloc, const std::string& prefix) {
+  auto make = [&](const char* name, Shape s) { return Tensor(alloc, dtype, std::move(s), prefix + name, MemoryKind::external); };
+  const long nh = c.num_attention_heads;
+  MlaWeights w;
+  if (c.q_lora_rank) {
+    w.w_dq = make("w_dq", {c.hidden_size, *c.q_lora_rank});
+    w.q_norm = make("q_norm", {*c.q_lora_rank});
+  }
+  w.w_uq = make("w_uq", {c.q_up_input_dim(), nh * c.qk_head_dim()});
+  w.w_dkv = make("w_dkv", {c.hidden_size, c.latent_dim()});
+  w.kv_norm = make("kv_norm", {c.kv_lora_rank});
+  w.w_uk = make("w_uk", {c.kv_lora_rank, nh * c.qk_nope_head_dim});
+  w.w_uv = make("w_uv", {c.kv_lora_rank, nh * c.v_head_dim});
+  w.w_o = make("w_o", {nh * c.v_head_dim, c.hidden_size});
+  return w;
+}
+
+double PassStats::total_flops() const { return std::accumulate(flops.begin(), flops.end(), 0.0); }
+double PassStats::total_seconds() const { return std::accumulate(seconds.begin(), seconds.end(), 0.0); }
+
+void SavedContext::save(const std::string& name, const Tensor& t) {
+  LAGA_CHECK(!tensors.count(name), "tensor '", name, "' saved twice");
+  t.mark_saved(name);
+  tensors[name] = t;
+}
+
+const Tensor& SavedContext::get(const std::string& name) const {
+  auto it = tensors.find(name);
+  LAGA_CHECK(it != tensors.end(), "saved tensor '", name, "' is missing");
+  return it->second;
+}
+
+}  // namespace laga
