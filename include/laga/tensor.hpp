@@ -31,6 +31,8 @@ struct AllocationRecord {
   std::size_t bytes = 0;
   MemoryKind kind = MemoryKind::activation;
   bool saved = false;  // kept from forward to backward
+  std::vector<std::int64_t> shape;  // of the tensor saved (set by mark_saved)
+  DType dtype = DType::f32;
 };
 
 // Accounting allocator. Subclasses provide the raw memory; the base counts every byte.
@@ -43,7 +45,9 @@ class Allocator {
   std::uint64_t allocate(std::size_t bytes, const std::string& name, MemoryKind kind, void** ptr);
   void free(std::uint64_t id, void* ptr);
 
-  void mark_saved(std::uint64_t id, const std::string& name);
+  // Flags an allocation as saved under `name`; saved again under another name (one tensor kept for two
+  // consumers, e.g. attention's output that is also W_O's input), the names are joined with '/'.
+  void mark_saved(std::uint64_t id, const std::string& name, const std::vector<std::int64_t>& shape, DType dtype);
   void unmark_saved(std::uint64_t id);
 
   std::size_t live_bytes() const { return live_; }

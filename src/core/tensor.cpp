@@ -61,11 +61,15 @@ void Allocator::free(std::uint64_t id, void* ptr) {
   if (ptr) raw_free(ptr);
 }
 
-void Allocator::mark_saved(std::uint64_t id, const std::string& name) {
+void Allocator::mark_saved(std::uint64_t id, const std::string& name, const std::vector<std::int64_t>& shape,
+                           DType dtype) {
   auto it = records_.find(id);
   LAGA_CHECK(it != records_.end(), "mark_saved of unknown allocation id ", id);
-  it->second.saved = true;
-  it->second.name = name;
+  AllocationRecord& r = it->second;
+  r.name = r.saved ? r.name + "/" + name : name;
+  r.saved = true;
+  r.shape = shape;
+  r.dtype = dtype;
 }
 
 void Allocator::unmark_saved(std::uint64_t id) {
@@ -153,7 +157,7 @@ Tensor Tensor::reshaped(Shape shape) const {
 
 void Tensor::mark_saved(const std::string& name) const {
   LAGA_CHECK(storage_, "mark_saved of an undefined tensor");
-  storage_->alloc->mark_saved(storage_->id, name);
+  storage_->alloc->mark_saved(storage_->id, name, shape_, dtype_);
 }
 
 void Backend::copy_from_host(const Tensor& dst, const void* host) {

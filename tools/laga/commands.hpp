@@ -8,6 +8,7 @@ namespace laga::cli {
 
 // Registers the subcommand; the returned function runs it and returns the process exit code.
 std::function<int()> add_demo(CLI::App& app, CLI::App*& sub);
+std::function<int()> add_plan(CLI::App& app, CLI::App*& sub);
 std::function<int()> add_run(CLI::App& app, CLI::App*& sub, int* argc, char*** argv);
 
 // Exit codes shared by every subcommand.

@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "format.hpp"
+#include "variants.hpp"
 #include "laga/problem.hpp"
 
 namespace laga::cli {
@@ -19,20 +20,6 @@ struct DemoOptions {
   int sp = 4;
   std::string dtype = "float32";
   std::uint64_t seed = 1;
-};
-
-struct Variant {
-  const char* label;
-  Form form;
-  Recompute recompute;
-  AbsorbedAttention absorbed;
-};
-constexpr Variant kVariants[] = {
-    {"explicit", Form::Explicit, Recompute::None, AbsorbedAttention::Mqa},
-    {"absorbed (mqa)", Form::Absorbed, Recompute::None, AbsorbedAttention::Mqa},
-    {"absorbed (expanded)", Form::Absorbed, Recompute::None, AbsorbedAttention::Expanded},
-    {"laga", Form::Laga, Recompute::None, AbsorbedAttention::Mqa},
-    {"laga +recompute kv", Form::Laga, Recompute::KV, AbsorbedAttention::Mqa},
 };
 
 std::size_t total_sent(const RankRun& r) {
@@ -62,8 +49,7 @@ int run_demo(const DemoOptions& o) {
       const GlobalResult ref = reference_result(cfg, dtype, kernel, o.batch, o.seq, *ref_backend, o.seed);
       double explicit_saved = 0;
       for (const Variant& v : kVariants) {
-        BlockOptions opts{.form = v.form, .layout = layout, .kernel = kernel, .recompute = v.recompute,
-                          .absorbed_attention = v.absorbed, .dtype = dtype};
+        const BlockOptions opts = with_variant({.layout = layout, .kernel = kernel, .dtype = dtype}, v);
         GroupRun g = run_thread_group(cfg, opts, o.batch, o.seq, o.sp, o.seed);
         const RankRun& r0 = g.ranks[0];
         std::vector<Comparison> errs = compare(g.result, ref);

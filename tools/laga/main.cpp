@@ -1,11 +1,21 @@
 // laga: the command-line front end. A thin layer over the library: parse, run a subcommand, map errors to
 // exit codes (2 bad input, 3 runtime failure, 1 failed check).
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "commands.hpp"
 #include "laga/errors.hpp"
 #include "laga/mpi_comm.hpp"
+
+namespace {
+// True when a launcher started this process as one rank of several (OpenMPI, PMIx, MPICH/Hydra).
+bool launched_by_mpirun() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"})
+    if (std::getenv(var)) return true;
+  return false;
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace laga::cli;
@@ -16,15 +26,24 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   CLI::App* demo = nullptr;
   CLI::App* run = nullptr;
+  CLI::App* plan = nullptr;
   auto run_demo = add_demo(app, demo);
+  auto run_plan = add_plan(app, plan);
   auto run_run = add_run(app, run, &argc, &argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
-    return code == 0 ? kExitOk : kExitInvalidInput;
+    if (code == 0) return kExitOk;  // --help
+    // Under mpirun every rank prints the same complaint; wait until all have before exiting, since mpirun
+    // kills the remaining ranks as soon as one exits with a non-zero code.
+    if (launched_by_mpirun()) {
+      std::fflush(nullptr);
+      laga::MpiSession session(&argc, &argv);
+      laga::mpi_all_ok(false);
+    }
+    return kExitInvalidInput;
   }
-  int rank = 0;
   try {
     if (run->parsed()) return run_run();
     return run_demo();
@@ -32,9 +51,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "laga: error: %s\n", e.what());
     return kExitInvalidInput;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "laga: failure%s: %s\n", rank ? " on a rank" : "", e.what());
-    // A rank that fails alone may leave the others inside a collective: end them all.
-    if (run->parsed()) laga::MpiSession::abort(kExitRuntimeError);
+    // Under mpirun with P > 1, `laga run` handles its own failures (every rank refuses bad input before
+    // any collective; a later failure ends all ranks with MpiSession::abort). What arrives here ran
+    // on this process alone.
+    std::fprintf(stderr, "laga: failure: %s\n", e.what());
     return kExitRuntimeError;
   }
 }

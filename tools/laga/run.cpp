@@ -1,6 +1,7 @@
 // `laga run`: one configuration on P ranks. Under mpirun each process is a rank (MPI collectives); launched
 // alone with --sp P > 1, the P ranks are threads of this process.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -106,23 +107,65 @@ void save_problem(const RunOptions& o, const MlaConfig& cfg, const BlockShape& s
               o.save_dir.c_str());
 }
 
-// Everything one rank does. Rank 0 prints. Returns the exit code (the same on every rank).
-int run_on_rank(const RunOptions& o, Communicator& comm) {
-  const MlaConfig cfg = resolve_model(o.model);
-  BlockOptions opts{.form = parse_form(o.form), .layout = parse_layout(o.layout), .kernel = parse_kernel(o.kernel),
-                    .recompute = parse_recompute(o.recompute),
-                    .absorbed_attention = parse_absorbed_attention(o.absorbed_attention), .dtype = parse_dtype(o.dtype)};
-  const BlockShape sh{.batch = o.batch, .seq = o.seq, .ranks = comm.size(), .rank = comm.rank()};
-  validate(cfg, opts, sh);
-  LAGA_REQUIRE(opts.dtype != DType::bf16, "dtype = bfloat16: the cpu backend runs float32 or float64");
+// What one rank needs before any collective: the configuration, options, shape, its backend and, with
+// --load, the problem read from disk. Communicates with no one, so bad input is refused on every rank
+// before any collective. Throws InvalidArgument for bad input.
+struct Prepared {
+  MlaConfig cfg;
+  BlockOptions opts;
+  BlockShape sh;
+  std::unique_ptr<Backend> be;
+  Loaded loaded;
+  bool have = false;  // loaded from --load
+};
+
+Prepared prepare(const RunOptions& o, int ranks, int rank) {
+  Prepared p;
+  p.cfg = resolve_model(o.model);
+  p.opts = BlockOptions{.form = parse_form(o.form), .layout = parse_layout(o.layout), .kernel = parse_kernel(o.kernel),
+                        .recompute = parse_recompute(o.recompute),
+                        .absorbed_attention = parse_absorbed_attention(o.absorbed_attention),
+                        .dtype = parse_dtype(o.dtype)};
+  p.sh = BlockShape{.batch = o.batch, .seq = o.seq, .ranks = ranks, .rank = rank};
+  validate(p.cfg, p.opts, p.sh);
+  LAGA_REQUIRE(p.opts.dtype != DType::bf16, "dtype = bfloat16: the cpu backend runs float32 or float64");
+  LAGA_REQUIRE(o.tolerance >= 0, "tolerance = ", o.tolerance, ": must be >= 0 (0 picks the dtype's default)");
+  if (!o.save_dir.empty() && rank == 0) {  // only rank 0 writes
+    std::error_code ec;
+    std::filesystem::create_directories(o.save_dir, ec);
+    LAGA_REQUIRE(!ec && std::filesystem::is_directory(o.save_dir), "save = \"", o.save_dir,
+                 "\": cannot create the directory (", ec ? ec.message() : "not a directory", ")");
+  }
+  p.be = make_cpu_backend();
+  if (!o.load_dir.empty()) {
+    p.loaded = load_problem(o, p.cfg, p.sh, p.opts.dtype, *p.be);
+    p.have = true;
+  }
+  return p;
+}
+
+// Test hook for tests/mpi/failure_abort.sh: LAGA_TEST_FAIL_RANK=r makes rank r throw after the block's
+// collectives, while the other ranks go on into the next collective. The run must end every rank (exit
+// code 3) instead of hanging.
+void maybe_inject_failure(int rank) {
+  const char* v = std::getenv("LAGA_TEST_FAIL_RANK");
+  if (v && *v && std::atoi(v) == rank)
+    throw RuntimeError(detail::concat("failure injected by LAGA_TEST_FAIL_RANK=", v, " after the block's collectives"));
+}
+
+// Everything one rank does after prepare(). Rank 0 prints. Returns the exit code (the same on every rank).
+int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm) {
+  const MlaConfig& cfg = p.cfg;
+  const BlockOptions& opts = p.opts;
+  const BlockShape& sh = p.sh;
+  Backend& be = *p.be;
+  const bool have = p.have;
+  Loaded& loaded = p.loaded;
   const bool lead = comm.rank() == 0;
 
-  auto be = make_cpu_backend();
-  Loaded loaded;
-  if (!o.load_dir.empty()) loaded = load_problem(o, cfg, sh, opts.dtype, *be);
-  const bool have = !o.load_dir.empty();
-  RankRun run = run_rank(cfg, opts, sh, *be, comm, o.seed, have ? &loaded.weights : nullptr, have ? &loaded.x : nullptr,
+  RankRun run = run_rank(cfg, opts, sh, be, comm, o.seed, have ? &loaded.weights : nullptr, have ? &loaded.x : nullptr,
                          have ? &loaded.dy : nullptr);
+  maybe_inject_failure(comm.rank());
 
   // Per-rank figures to rank 0.
   const int P = comm.size();
@@ -162,20 +205,21 @@ int run_on_rank(const RunOptions& o, Communicator& comm) {
       s.print();
       std::printf("\nFLOPs and time by phase on rank 0:\n");
       Table f({"phase", "fwd GFLOP", "bwd GFLOP", "fwd ms", "bwd ms"});
-      for (int p = 0; p < kOpPhaseCount; ++p)
-        f.add({op_phase_name(OpPhase(p)), fmt("%.4f", run.fwd.flops[p] * 1e-9), fmt("%.4f", run.bwd.flops[p] * 1e-9),
-               fmt("%.2f", run.fwd.seconds[p] * 1e3), fmt("%.2f", run.bwd.seconds[p] * 1e3)});
+      for (int ph = 0; ph < kOpPhaseCount; ++ph)
+        f.add({op_phase_name(OpPhase(ph)), fmt("%.4f", run.fwd.flops[ph] * 1e-9), fmt("%.4f", run.bwd.flops[ph] * 1e-9),
+               fmt("%.2f", run.fwd.seconds[ph] * 1e3), fmt("%.2f", run.bwd.seconds[ph] * 1e3)});
       f.print();
     }
+    std::fflush(stdout);
   }
 
   const bool need_global = o.check || !o.save_dir.empty();
   GlobalResult global;
-  if (need_global) global = gather_result(*be, comm, run);
+  if (need_global) global = gather_result(be, comm, run);
   if (!o.save_dir.empty())
-    save_problem(o, cfg, sh, *be, comm, have ? loaded.weights : make_weights(cfg, opts.dtype, *be, o.seed),
-                 have ? loaded.x : make_shard(cfg, sh, opts.dtype, *be, o.seed, DataStream::x),
-                 have ? loaded.dy : make_shard(cfg, sh, opts.dtype, *be, o.seed, DataStream::dy), global);
+    save_problem(o, cfg, sh, be, comm, have ? loaded.weights : make_weights(cfg, opts.dtype, be, o.seed),
+                 have ? loaded.x : make_shard(cfg, sh, opts.dtype, be, o.seed, DataStream::x),
+                 have ? loaded.dy : make_shard(cfg, sh, opts.dtype, be, o.seed, DataStream::dy), global);
 
   double failed = 0;
   if (o.check) {
@@ -198,36 +242,92 @@ int run_on_rank(const RunOptions& o, Communicator& comm) {
       }
       t.print();
       std::printf("check %s\n", failed ? "FAILED" : "passed");
+      std::fflush(stdout);
     }
     comm.all_reduce(&failed, 1, DType::f64);
   }
   return failed > 0 ? kExitCheckFailed : kExitOk;
 }
 
-int run_command(const RunOptions& o, int* argc, char*** argv) {
-  MpiSession mpi(argc, argv);
-  const int world = mpi.size();
-  if (world > 1) {
+int exit_code_of(const std::exception& e) {
+  return dynamic_cast<const InvalidArgument*>(&e) ? kExitInvalidInput : kExitRuntimeError;
+}
+
+// A rank that fails once collectives may have begun: the others may be waiting in one, so end them all.
+[[noreturn]] void fail_all_ranks(const std::exception& e, int rank, int ranks) {
+  std::fprintf(stderr, "laga: failure on rank %d of %d: %s\n", rank, ranks, e.what());
+  std::fflush(nullptr);
+  MpiSession::abort(exit_code_of(e));
+}
+
+// Under mpirun: each process is a rank.
+int run_mpi(const RunOptions& o, const MpiSession& mpi) {
+  const int world = mpi.size(), rank = mpi.rank();
+  auto comm = make_mpi_communicator();  // collective, reached unconditionally by every rank
+  // 1. Refuse bad input on every rank before any collective of the run: every rank checks the same
+  //    input, prints its own refusal, then the ranks agree on the verdict (so no rank is left waiting
+  //    and no rank exits, taking mpirun's kill of the others with it, before every rank has printed).
+  Prepared p;
+  int code = kExitOk;
+  try {
     LAGA_REQUIRE(o.sp == 0 || o.sp == world, "sp = ", o.sp, " but mpirun started ", world,
                  " processes: under mpirun the ranks are the processes (omit --sp or make it equal)");
-    auto comm = make_mpi_communicator();
-    return run_on_rank(o, *comm);
+    p = prepare(o, world, rank);
+  } catch (const std::exception& e) {
+    code = exit_code_of(e);
+    std::fprintf(stderr, "laga: error: %s\n", e.what());
+    std::fflush(stderr);
   }
+  try {
+    double verdict[2] = {code == kExitInvalidInput ? 1.0 : 0.0, code == kExitRuntimeError ? 1.0 : 0.0};
+    comm->all_reduce(verdict, 2, DType::f64);
+    if (verdict[0] > 0 || verdict[1] > 0) {
+      if (code == kExitOk) {
+        std::fprintf(stderr, "laga: error: the input was refused on another rank (its message is above)\n");
+        std::fflush(stderr);
+      }
+      comm->barrier();  // every rank has printed before any exits
+      return verdict[0] > 0 ? kExitInvalidInput : kExitRuntimeError;
+    }
+  } catch (const std::exception& e) {
+    fail_all_ranks(e, rank, world);
+  }
+  // 2. The run. From here a failure on one rank ends all of them (MpiSession::abort): the exception must
+  //    not unwind through ~MpiSession, whose MPI_Finalize would wait for ranks stuck in a collective.
+  try {
+    return run_on_rank(o, p, *comm);
+  } catch (const std::exception& e) {
+    fail_all_ranks(e, rank, world);
+  }
+}
+
+int run_command(const RunOptions& o, int* argc, char*** argv) {
+  MpiSession mpi(argc, argv);
+  if (mpi.size() > 1) return run_mpi(o, mpi);
   const int P = o.sp == 0 ? 1 : o.sp;
   LAGA_REQUIRE(P >= 1, "sp = ", P, ": the number of sequence-parallel ranks must be >= 1");
+  // Prepare every rank before starting threads, so bad input never leaves a thread waiting at a barrier.
+  std::vector<Prepared> prepared;
+  for (int r = 0; r < P; ++r) prepared.push_back(prepare(o, P, r));
   if (P == 1) {
-    auto be = make_cpu_backend();
-    auto comm = make_single_rank_communicator(*be);
-    return run_on_rank(o, *comm);
+    auto comm = make_single_rank_communicator(*prepared[0].be);
+    return run_on_rank(o, prepared[0], *comm);
   }
-  // Validate once before starting threads, so bad input never leaves a thread waiting at a barrier.
-  validate(resolve_model(o.model), BlockOptions{.form = parse_form(o.form), .layout = parse_layout(o.layout),
-                                                .kernel = parse_kernel(o.kernel), .recompute = parse_recompute(o.recompute)},
-           BlockShape{.batch = o.batch, .seq = o.seq, .ranks = P, .rank = 0});
   auto comms = make_thread_group(P);
   std::vector<int> codes(P, kExitOk);
   std::vector<std::thread> threads;
-  for (int r = 0; r < P; ++r) threads.emplace_back([&, r] { codes[r] = run_on_rank(o, *comms[r]); });
+  for (int r = 0; r < P; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        codes[r] = run_on_rank(o, prepared[r], *comms[r]);
+      } catch (const std::exception& e) {
+        // The other threads may wait at a barrier forever: end the process. (Not MPI_Abort: MPI was
+        // initialised for the main thread only.)
+        std::fprintf(stderr, "laga: failure on rank %d of %d (thread): %s\n", r, P, e.what());
+        std::fflush(nullptr);
+        std::_Exit(exit_code_of(e));
+      }
+    });
   for (auto& t : threads) t.join();
   return codes[0];
 }

@@ -1,0 +1,57 @@
+// The plan: per-rank memory, traffic and FLOPs of any configuration, at any size, without running it.
+//
+// The plan runs the block's real orchestration (src/mla/block.cpp) on the meta backend (shapes and byte
+// accounting, no storage) with a phantom communicator, so its saved tensors, peaks and traffic are those
+// of the code that runs: one source of truth. The closed-form traffic formula beside it is checked
+// against both.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "laga/block.hpp"
+
+namespace laga {
+
+struct SavedTensor {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::f32;
+  std::size_t bytes = 0;
+};
+
+struct RankPlan {
+  MlaConfig cfg;
+  BlockOptions opts;
+  BlockShape shape;
+  std::vector<SavedTensor> saved;  // kept from forward to backward, largest first
+  std::size_t saved_bytes = 0;
+  std::size_t peak_forward = 0;    // peak live activation bytes during forward
+  std::size_t peak_backward = 0;   // during backward, this layer's saved tensors included
+  std::vector<CollectiveRecord> traffic;
+  PassStats fwd, bwd;              // FLOPs by phase (seconds are not meaningful on meta)
+  std::size_t bytes_sent() const;
+  std::size_t bytes_received() const;
+};
+
+// Plans one rank (shape.rank) of the configuration. Throws InvalidArgument as validate() does.
+RankPlan plan_rank(const MlaConfig&, const BlockOptions&, const BlockShape&);
+
+// Closed form of the collectives one rank issues (DESIGN.md section 3), in call order, with bytes as
+// CountingCommunicator counts them.
+std::vector<CollectiveRecord> expected_traffic(const MlaConfig&, const BlockOptions&, const BlockShape&);
+
+// Memory of `layers` stacked attention blocks on one rank: all layers' saved tensors at the end of
+// forward, plus the larger transient peak of one layer's forward or backward.
+struct DeviceFit {
+  std::size_t activation_peak = 0;
+  std::size_t weights_and_grads = 0;  // the attention block's weights and gradients, in the plan's dtype
+  std::size_t total() const { return activation_peak + weights_and_grads; }
+};
+DeviceFit device_fit(const RankPlan&, int layers);
+
+// "141GB", "80GiB", "1.5e11", "512MB" -> bytes (GB = 1e9, GiB = 2^30). Throws InvalidArgument.
+double parse_bytes(const std::string& text);
+
+}  // namespace laga

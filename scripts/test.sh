@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The README's second command: install what is missing, build, and run every test suite (unit, CLI, MPI;
+# GPU tests report as skipped on a machine without a GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh
+export OPENBLAS_NUM_THREADS=1  # ranks of the MPI and threaded tests share the cores
+cd build
+ctest --output-on-failure --parallel "$(nproc)" --timeout 900

@@ -1,0 +1,135 @@
+#include "laga/plan.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "laga/errors.hpp"
+#include "laga/problem.hpp"
+
+namespace laga {
+
+std::size_t RankPlan::bytes_sent() const {
+  std::size_t b = 0;
+  for (const auto& c : traffic) b += c.bytes_sent;
+  return b;
+}
+std::size_t RankPlan::bytes_received() const {
+  std::size_t b = 0;
+  for (const auto& c : traffic) b += c.bytes_received;
+  return b;
+}
+
+RankPlan plan_rank(const MlaConfig& cfg, const BlockOptions& opts, const BlockShape& shape) {
+  validate(cfg, opts, shape);
+  auto meta = make_meta_backend();
+  auto phantom = make_phantom_communicator(*meta, shape.rank, shape.ranks);
+  CountingCommunicator comm(*phantom);
+  MlaBlock block(cfg, opts, shape, *meta, comm);
+  const MlaWeights w = allocate_weights(cfg, opts.dtype, meta->allocator());
+  const Tensor x = make_shard(cfg, shape, opts.dtype, *meta, 0, DataStream::x);
+  const Tensor dy = make_shard(cfg, shape, opts.dtype, *meta, 0, DataStream::dy);
+
+  RankPlan plan{.cfg = cfg, .opts = opts, .shape = shape};
+  SavedContext ctx;
+  block.forward(ctx, x, w);
+  for (const auto& r : meta->allocator().saved_tensors()) plan.saved.push_back({r.name, r.shape, r.dtype, r.bytes});
+  std::sort(plan.saved.begin(), plan.saved.end(), [](const auto& a, const auto& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
+  });
+  plan.saved_bytes = meta->allocator().saved_bytes();
+  MlaGrads g = allocate_weights(cfg, opts.dtype, meta->allocator(), "grad.");
+  block.backward(g, ctx, dy, x, w);
+  plan.peak_forward = block.forward_stats().peak_bytes;
+  plan.peak_backward = block.backward_stats().peak_bytes;
+  plan.fwd = block.forward_stats();
+  plan.bwd = block.backward_stats();
+  plan.traffic = comm.records();
+  return plan;
+}
+
+std::vector<CollectiveRecord> expected_traffic(const MlaConfig& cfg, const BlockOptions& opts, const BlockShape& sh) {
+  validate(cfg, opts, sh);
+  const std::size_t es = dtype_size(opts.dtype);
+  const int P = sh.ranks;
+  const std::size_t T = std::size_t(sh.local_seq() * sh.batch);  // local rows
+  const std::size_t nh = cfg.num_attention_heads, H = opts.layout == Layout::A2A ? nh / P : nh;
+  const std::size_t dqk = cfg.qk_head_dim(), dv = cfg.v_head_dim, dl = cfg.latent_dim();
+  const bool latent = opts.form != Form::Explicit;
+
+  std::vector<CollectiveRecord> out;
+  auto add = [&](Phase ph, CollectiveKind kind, const char* tensor, std::size_t chunk_elems) {
+    const std::size_t b = collective_bytes_sent(kind, chunk_elems * es, P);
+    out.push_back({ph, kind, tensor, b, b, 1});
+  };
+  // a2a chunks: this rank's tokens for one rank's heads, T * H * width.
+  if (opts.layout == Layout::A2A) {
+    add(Phase::forward, CollectiveKind::all_to_all, "q", T * H * dqk);
+    if (latent) {
+      add(Phase::forward, CollectiveKind::all_gather, "kv_latent", T * dl);
+    } else {
+      add(Phase::forward, CollectiveKind::all_to_all, "k", T * H * dqk);
+      add(Phase::forward, CollectiveKind::all_to_all, "v", T * H * dv);
+    }
+    add(Phase::forward, CollectiveKind::all_to_all, "o", T * H * dv);
+    add(Phase::backward, CollectiveKind::all_to_all, "o", T * H * dv);
+    if (latent) {
+      add(Phase::backward, CollectiveKind::reduce_scatter, "kv_latent", T * dl);
+    } else {
+      add(Phase::backward, CollectiveKind::all_to_all, "k", T * H * dqk);
+      add(Phase::backward, CollectiveKind::all_to_all, "v", T * H * dv);
+    }
+    add(Phase::backward, CollectiveKind::all_to_all, "q", T * H * dqk);
+  } else {
+    if (latent) {
+      add(Phase::forward, CollectiveKind::all_gather, "kv_latent", T * dl);
+      add(Phase::backward, CollectiveKind::reduce_scatter, "kv_latent", T * dl);
+    } else {
+      add(Phase::forward, CollectiveKind::all_gather, "k", T * nh * dqk);
+      add(Phase::forward, CollectiveKind::all_gather, "v", T * nh * dv);
+      add(Phase::backward, CollectiveKind::reduce_scatter, "k", T * nh * dqk);
+      add(Phase::backward, CollectiveKind::reduce_scatter, "v", T * nh * dv);
+    }
+  }
+  return out;
+}
+
+DeviceFit device_fit(const RankPlan& p, int layers) {
+  LAGA_REQUIRE(layers >= 1, "layers = ", layers, ": must be >= 1");
+  DeviceFit f;
+  f.activation_peak = std::size_t(layers - 1) * p.saved_bytes + std::max(p.peak_forward, p.peak_backward);
+  std::size_t weights = 0;
+  auto meta = make_meta_backend();
+  const MlaWeights w = allocate_weights(p.cfg, p.opts.dtype, meta->allocator());
+  for (const auto& [name, t] : w.named()) weights += t->bytes();
+  f.weights_and_grads = 2 * weights * std::size_t(layers);
+  return f;
+}
+
+double parse_bytes(const std::string& text) {
+  std::size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (...) {
+    LAGA_REQUIRE(false, "memory size '", text, "': expected a number with an optional unit (e.g. 141GB, 80GiB)");
+  }
+  std::string unit = text.substr(pos);
+  for (auto& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
+  double scale = 0;
+  if (unit.empty() || unit == "B") scale = 1;
+  else if (unit == "KB") scale = 1e3;
+  else if (unit == "MB") scale = 1e6;
+  else if (unit == "GB") scale = 1e9;
+  else if (unit == "TB") scale = 1e12;
+  else if (unit == "KIB") scale = 1024.0;
+  else if (unit == "MIB") scale = 1024.0 * 1024;
+  else if (unit == "GIB") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "TIB") scale = 1024.0 * 1024 * 1024 * 1024;
+  LAGA_REQUIRE(scale > 0, "memory size '", text, "': unknown unit '", text.substr(pos),
+               "' (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)");
+  LAGA_REQUIRE(std::isfinite(value) && value > 0, "memory size '", text, "': must be a positive number");
+  return value * scale;
+}
+
+}  // namespace laga

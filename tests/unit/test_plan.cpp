@@ -1,0 +1,164 @@
+// The plan equals the measurement, exactly: saved tensors, peaks, traffic and FLOPs of the meta-backend
+// plan against the CPU allocator and counting communicator of real runs, over a grid of configurations.
+#include <gtest/gtest.h>
+
+#include "laga/errors.hpp"
+#include "laga/plan.hpp"
+#include "laga/problem.hpp"
+
+namespace laga {
+namespace {
+
+struct Variant {
+  const char* name;
+  Form form;
+  Recompute recompute;
+  AbsorbedAttention absorbed;
+};
+constexpr Variant kVariants[] = {
+    {"explicit", Form::Explicit, Recompute::None, AbsorbedAttention::Mqa},
+    {"absorbed_mqa", Form::Absorbed, Recompute::None, AbsorbedAttention::Mqa},
+    {"absorbed_expanded", Form::Absorbed, Recompute::None, AbsorbedAttention::Expanded},
+    {"laga", Form::Laga, Recompute::None, AbsorbedAttention::Mqa},
+    {"laga_recompute", Form::Laga, Recompute::KV, AbsorbedAttention::Mqa},
+};
+
+struct GridCase {
+  int ranks;
+  Layout layout;
+  AttentionKernel kernel;
+  std::int64_t batch;
+};
+
+std::string case_name(const testing::TestParamInfo<GridCase>& info) {
+  const GridCase& c = info.param;
+  return std::string(layout_name(c.layout)) + "_P" + std::to_string(c.ranks) + "_" + kernel_name(c.kernel) + "_b" +
+         std::to_string(c.batch);
+}
+
+bool same_records(const std::vector<CollectiveRecord>& a, const std::vector<CollectiveRecord>& b, std::string* why) {
+  if (a.size() != b.size()) {
+    *why = "record counts " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+    return false;
+  }
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].phase != b[i].phase || a[i].kind != b[i].kind || a[i].tensor != b[i].tensor ||
+        a[i].bytes_sent != b[i].bytes_sent || a[i].bytes_received != b[i].bytes_received || a[i].calls != b[i].calls) {
+      *why = "record " + std::to_string(i) + " (" + a[i].tensor + " vs " + b[i].tensor + ", " +
+             std::to_string(a[i].bytes_sent) + " vs " + std::to_string(b[i].bytes_sent) + " bytes)";
+      return false;
+    }
+  return true;
+}
+
+class PlanEqualsMeasurement : public testing::TestWithParam<GridCase> {};
+
+TEST_P(PlanEqualsMeasurement, SavedPeaksTrafficAndFlops) {
+  const GridCase& c = GetParam();
+  const MlaConfig cfg = preset("tiny");
+  const std::int64_t seq = 16;
+  for (const Variant& v : kVariants) {
+    SCOPED_TRACE(v.name);
+    const BlockOptions opts{.form = v.form, .layout = c.layout, .kernel = c.kernel, .recompute = v.recompute,
+                            .absorbed_attention = v.absorbed, .dtype = DType::f32};
+    GroupRun measured = run_thread_group(cfg, opts, c.batch, seq, c.ranks, 7);
+    for (int r = 0; r < c.ranks; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      const BlockShape shape{.batch = c.batch, .seq = seq, .ranks = c.ranks, .rank = r};
+      const RankPlan plan = plan_rank(cfg, opts, shape);
+      const RankRun& run = measured.ranks[r];
+      // Saved tensors: the same names with the same bytes.
+      ASSERT_EQ(plan.saved.size(), run.saved.size());
+      std::map<std::string, std::size_t> planned;
+      for (const auto& t : plan.saved) planned[t.name] = t.bytes;
+      for (const auto& rec : run.saved) EXPECT_EQ(planned[rec.name], rec.bytes) << rec.name;
+      EXPECT_EQ(plan.saved_bytes, run.saved_bytes);
+      EXPECT_EQ(plan.peak_forward, run.fwd.peak_bytes);
+      EXPECT_EQ(plan.peak_backward, run.bwd.peak_bytes);
+      std::string why;
+      EXPECT_TRUE(same_records(plan.traffic, run.traffic, &why)) << "plan vs measured: " << why;
+      EXPECT_TRUE(same_records(expected_traffic(cfg, opts, shape), run.traffic, &why)) << "formula vs measured: " << why;
+      for (int p = 0; p < kOpPhaseCount; ++p) {
+        EXPECT_EQ(plan.fwd.flops[p], run.fwd.flops[p]) << op_phase_name(OpPhase(p));
+        EXPECT_EQ(plan.bwd.flops[p], run.bwd.flops[p]) << op_phase_name(OpPhase(p));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, PlanEqualsMeasurement,
+                         testing::Values(GridCase{1, Layout::A2A, AttentionKernel::fused, 1},
+                                         GridCase{1, Layout::A2A, AttentionKernel::eager, 2},
+                                         GridCase{2, Layout::A2A, AttentionKernel::fused, 2},
+                                         GridCase{2, Layout::AllGather, AttentionKernel::eager, 1},
+                                         GridCase{4, Layout::A2A, AttentionKernel::eager, 1},
+                                         GridCase{4, Layout::AllGather, AttentionKernel::fused, 2}),
+                         case_name);
+
+// The arithmetic for one tiny configuration, by hand: preset tiny (d=32, n_h=4, r_q=16, r_kv=16, d_n=8,
+// d_r=8, d_v=8; so d_qk=16 and the latent is 24 wide), S=8, batch 1, P=1, float32 (4 bytes), fused.
+TEST(PlanByHand, TinyExplicitFused) {
+  const BlockOptions opts{.form = Form::Explicit, .layout = Layout::A2A, .kernel = AttentionKernel::fused,
+                          .dtype = DType::f32};
+  const RankPlan p = plan_rank(preset("tiny"), opts, BlockShape{.batch = 1, .seq = 8, .ranks = 1, .rank = 0});
+  std::map<std::string, std::size_t> saved;
+  for (const auto& t : p.saved) saved[t.name] = t.bytes;
+  const std::map<std::string, std::size_t> expected{
+      {"q_down", 8 * 16 * 4},   // x W_DQ, input of q_norm
+      {"q_rstd", 8 * 4},        // q_norm's 1/rms per token
+      {"c_q", 8 * 16 * 4},      // input of W_UQ
+      {"kv_down", 8 * 24 * 4},  // x W_DKV, input of kv_norm
+      {"kv_rstd", 8 * 4},
+      {"latent", 8 * 24 * 4},     // [c_kv | k_pe], input of W_UK / W_UV
+      {"q_att", 8 * 4 * 16 * 4},  // attention inputs q, k, v
+      {"k_att", 8 * 4 * 16 * 4},
+      {"v_att", 8 * 4 * 8 * 4},
+      {"o_att", 8 * 4 * 8 * 4},  // fused attention keeps its output and log-sum-exp
+      {"lse", 4 * 8 * 4},
+      {"o", 8 * 4 * 8 * 4},  // input of W_O
+  };
+  EXPECT_EQ(saved, expected);
+  EXPECT_EQ(p.saved_bytes, 9920u);  // 512+32+512+768+32+768+2048+2048+1024+1024+128+1024
+  // a2a at P=1: every collective is still issued (q, k, v, o forward; o, k, v, q backward) but moves nothing.
+  ASSERT_EQ(p.traffic.size(), 8u);
+  for (const auto& r : p.traffic) EXPECT_EQ(r.bytes_sent + r.bytes_received, 0u) << r.tensor;
+}
+
+TEST(PlanByHand, TrafficAtDeepSeekV3Size) {
+  // Values per local token and collective, bf16 (2 bytes), P=8, a2a: explicit moves q (128*192), k (128*192),
+  // v (128*128), o (128*128) with 7/8 leaving the rank; LAGA moves q, o and a 576-wide latent to 7 ranks.
+  const MlaConfig cfg = preset("deepseek-v3");
+  const BlockShape sh{.batch = 1, .seq = 8 * 1024, .ranks = 8, .rank = 0};
+  const std::size_t s = 1024;
+  auto sent = [&](Form f, Layout l) {
+    std::size_t b = 0;
+    for (const auto& r : expected_traffic(cfg, BlockOptions{.form = f, .layout = l, .dtype = DType::bf16}, sh))
+      if (r.phase == Phase::forward) b += r.bytes_sent;
+    return b;
+  };
+  EXPECT_EQ(sent(Form::Explicit, Layout::A2A), s * 2 * (24576 + 24576 + 16384 + 16384) * 7 / 8);
+  EXPECT_EQ(sent(Form::Laga, Layout::A2A), s * 2 * ((24576 + 16384) * 7 / 8 + 576 * 7));
+  EXPECT_EQ(sent(Form::Explicit, Layout::AllGather), s * 2 * 40960 * 7);
+  EXPECT_EQ(sent(Form::Laga, Layout::AllGather), s * 2 * 576 * 7);
+  EXPECT_EQ(sent(Form::Absorbed, Layout::AllGather), sent(Form::Laga, Layout::AllGather));
+}
+
+TEST(PlanInput, BadValuesAreRefused) {
+  EXPECT_THROW(parse_bytes("abc"), InvalidArgument);
+  EXPECT_THROW(parse_bytes("12XB"), InvalidArgument);
+  EXPECT_THROW(parse_bytes("-5GB"), InvalidArgument);
+  EXPECT_DOUBLE_EQ(parse_bytes("141GB"), 141e9);
+  EXPECT_DOUBLE_EQ(parse_bytes("80GiB"), 80.0 * (1ull << 30));
+  const MlaConfig cfg = preset("deepseek-v3");
+  const BlockOptions opts{.dtype = DType::bf16};
+  try {
+    plan_rank(cfg, opts, BlockShape{.batch = 1, .seq = 1000, .ranks = 3, .rank = 0});
+    FAIL() << "seq not divisible by sp was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("seq = 1000 is not divisible by sp = 3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(plan_rank(cfg, opts, BlockShape{.batch = 1, .seq = 1024, .ranks = 0, .rank = 0}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace laga
