@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (run->parsed()) return run_run();
+    if (plan->parsed()) return run_plan();
     return run_demo();
   } catch (const laga::InvalidArgument& e) {
     std::fprintf(stderr, "laga: error: %s\n", e.what());
