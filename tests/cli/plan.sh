@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# laga plan: answers fast at DeepSeek-V3 size, prints every form, refuses bad input with exit code 2.
+set -u
+laga="$1"
+fail() { echo "FAIL: $*"; exit 1; }
+
+start=$(date +%s%N)
+out=$("$laga" plan --model deepseek-v3 --seq 16384 --sp 8 --layout a2a --kernel eager --gpu-mem 141GB --layers 61) ||
+  fail "plan exited $?"
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+[ "$ms" -lt 1000 ] || fail "plan took $ms ms (expected well under a second)"
+for form in "explicit" "absorbed (mqa)" "absorbed (expanded)" "laga" "laga +recompute kv"; do
+  grep -qF "$form" <<<"$out" || fail "plan output lacks '$form'"
+done
+grep -q "fits 141GB" <<<"$out" || fail "plan output lacks the fit column"
+
+json=$("$laga" plan --model tiny --seq 64,128 --sp 1,2 --dtype float32 --json) || fail "plan --json exited $?"
+python3 - "$json" <<'PY' || fail "plan --json is not the expected document"
+import json, sys
+d = json.loads(sys.argv[1])
+assert len(d["points"]) == 4, d["points"]
+for p in d["points"]:
+    assert set(p["variants"]) == {"explicit", "absorbed (mqa)", "absorbed (expanded)", "laga", "laga +recompute kv"}
+    for v in p["variants"].values():
+        assert v["saved_bytes"] == sum(t["bytes"] for t in v["saved"])
+PY
+
+expect_error() {  # expected message fragment, then the arguments
+  local msg="$1"; shift
+  err=$("$laga" plan "$@" 2>&1 >/dev/null); code=$?
+  [ "$code" -eq 2 ] || fail "plan $* exited $code, expected 2"
+  grep -qF -- "$msg" <<<"$err" || fail "plan $*: message '$err' lacks '$msg'"
+}
+expect_error "memory size 'abc'" --gpu-mem abc
+expect_error "sp = '0'" --sp 0
+expect_error "seq = 1001 is not divisible by sp = 8" --seq 1001 --sp 8
+expect_error "num_attention_heads = 128 is not divisible by sp = 3" --seq 3072 --sp 3 --layout a2a
+expect_error "layout = 'ring'" --layout ring
+echo "plan CLI: ok"
