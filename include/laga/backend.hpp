@@ -141,6 +141,9 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
+// Threads of the CPU backend's BLAS (process-wide). Returns the previous value. Ranks run as threads of one
+// process set it to 1, so P ranks do not each spawn a full set of BLAS threads.
+int set_cpu_blas_threads(int threads);
 std::unique_ptr<Backend> make_meta_backend();
 
 }  // namespace laga

@@ -17,6 +17,8 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <exception>
+
 #include <algorithm>
 #include <climits>
 #include <cstddef>
@@ -77,7 +79,13 @@ MpiSession::~MpiSession() {
   if (!owns_) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();  // a destructor must not throw; errors here are ignored
+  if (finalized) return;
+  // Unwinding an exception: other ranks may be inside a collective, and MPI_Finalize would wait for them
+  // forever. End the whole job instead.
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (std::uncaught_exceptions() > 0 && size > 1) MPI_Abort(MPI_COMM_WORLD, 3);
+  MPI_Finalize();  // a destructor must not throw; errors here are ignored
 }
 
 int MpiSession::rank() const {

@@ -176,4 +176,10 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
+int set_cpu_blas_threads(int threads) {
+  const int previous = openblas_get_num_threads();
+  openblas_set_num_threads(threads);
+  return previous;
+}
+
 }  // namespace laga

@@ -179,6 +179,7 @@ GroupRun run_thread_group(const MlaConfig& cfg, const BlockOptions& opts, std::i
   for (int r = 0; r < ranks; ++r) g.backends.push_back(make_cpu_backend());
   std::vector<std::thread> threads;
   std::vector<std::exception_ptr> errors(ranks);
+  const int blas_threads = set_cpu_blas_threads(1);
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
       try {
@@ -190,6 +191,7 @@ GroupRun run_thread_group(const MlaConfig& cfg, const BlockOptions& opts, std::i
       }
     });
   for (auto& t : threads) t.join();
+  set_cpu_blas_threads(blas_threads);
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   g.result = std::move(results[0]);

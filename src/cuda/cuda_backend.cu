@@ -1,0 +1,205 @@
+// The CUDA backend: allocator, stream, cuBLASLt runner, and the Backend ops (each a thin host function over
+// the kernels of cuda_ops.cu, cuda_attention.cu and cuda_flash.cu). All work of one backend is queued on
+// its own stream; synchronize() and the host transfers wait for it.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "cuda/cuda_attention.cuh"
+#include "cuda/cuda_common.cuh"
+#include "cuda/cuda_gemm.cuh"
+#include "cuda/cuda_ops.cuh"
+#include "laga/cuda.hpp"
+
+namespace laga {
+namespace cuda {
+
+Scratch::~Scratch() {
+  for (auto& b : bufs_)
+    if (b.ptr) cudaFree(b.ptr);
+}
+
+void* Scratch::get(ScratchSlot slot, std::size_t bytes, cudaStream_t stream) {
+  Buf& b = bufs_.at(static_cast<std::size_t>(slot));
+  bytes = std::max<std::size_t>(bytes, 256);  // never null: empty problems still get a valid pointer
+  if (b.bytes >= bytes) return b.ptr;
+  if (b.ptr) {
+    LAGA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    LAGA_CUDA_CHECK(cudaFree(b.ptr));
+    b = {nullptr, 0};
+  }
+  LAGA_CUDA_CHECK(cudaMalloc(&b.ptr, bytes));
+  b.bytes = bytes;
+  return b.ptr;
+}
+
+namespace {
+
+// Sets the backend's device for the current thread for the lifetime of a call.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) { LAGA_CUDA_CHECK(cudaSetDevice(device)); }
+};
+
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(int device) : device_(device) {}
+  Device device() const override { return Device::cuda; }
+
+ protected:
+  // Null on failure: the base class turns that into its "out of memory" error with the tensor's name.
+  void* raw_allocate(std::size_t bytes) override {
+    DeviceGuard guard(device_);
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
+      return nullptr;
+    }
+    return p;
+  }
+  // Runs from tensor destructors: must not throw. A failure here means an earlier kernel failed, and that
+  // error has been or will be reported by the call that synchronizes.
+  void raw_free(void* ptr) override {
+    cudaSetDevice(device_);
+    (void)cudaFree(ptr);
+  }
+
+ private:
+  int device_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : alloc_(device) {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    LAGA_REQUIRE(err == cudaSuccess && device >= 0 && device < count, "cuda device ", device,
+                 " is not available (", count, " device(s)", err == cudaSuccess ? "" : ", ",
+                 err == cudaSuccess ? "" : cudaGetErrorString(err), ")");
+    ctx_.device = device;
+    DeviceGuard guard(device);
+    LAGA_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
+    LAGA_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    gemm_ = std::make_unique<GemmRunner>(ctx_.stream);
+    ctx_.gemm = gemm_.get();
+  }
+  ~CudaBackend() override {
+    cudaSetDevice(ctx_.device);
+    if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
+    if (inv_freq_) cudaFree(inv_freq_);
+    gemm_.reset();
+    if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
+  }
+
+  Device device() const override { return Device::cuda; }
+  const char* name() const override { return "cuda"; }
+  Allocator& allocator() override { return alloc_; }
+
+  void gemm(const GemmArgs& g) override {
+    DeviceGuard guard(ctx_.device);
+    dispatch_compute(g.dtype, "gemm", [](auto) {});
+    gemm_->run(MatmulArgs{.ab_type = cuda_data_type(g.dtype), .c_type = cuda_data_type(g.dtype), .trans_a = g.trans_a,
+                          .trans_b = g.trans_b, .m = g.m, .n = g.n, .k = g.k, .batch = g.batch, .a = g.a, .lda = g.lda,
+                          .stride_a = g.stride_a, .b = g.b, .ldb = g.ldb, .stride_b = g.stride_b, .c = g.c, .ldc = g.ldc,
+                          .stride_c = g.stride_c, .alpha = float(g.alpha), .beta = float(g.beta)});
+  }
+  void copy(const CopyArgs& c) override {
+    DeviceGuard guard(ctx_.device);
+    copy_op(ctx_, c);
+  }
+  void fill(const Tensor& t, double value) override {
+    DeviceGuard guard(ctx_.device);
+    fill_op(ctx_, t.data(), t.numel(), t.dtype(), value);
+  }
+  void rmsnorm_forward(const RmsNormArgs& a) override {
+    DeviceGuard guard(ctx_.device);
+    rmsnorm_forward_op(ctx_, a);
+  }
+  void rmsnorm_backward(const RmsNormArgs& a) override {
+    DeviceGuard guard(ctx_.device);
+    rmsnorm_backward_op(ctx_, a);
+  }
+  void rope_forward(const RopeArgs& a) override {
+    DeviceGuard guard(ctx_.device);
+    rope_op(ctx_, a, upload_inv_freq(a), false);
+  }
+  void rope_backward(const RopeArgs& a) override {
+    DeviceGuard guard(ctx_.device);
+    rope_op(ctx_, a, upload_inv_freq(a), true);
+  }
+  void attention_forward(const AttentionFwdParams& p) override {
+    DeviceGuard guard(ctx_.device);
+    cuda::attention_forward(ctx_, p);
+  }
+  void attention_backward(const AttentionBwdParams& p) override {
+    DeviceGuard guard(ctx_.device);
+    cuda::attention_backward(ctx_, p);
+  }
+  void copy_from_host(const Tensor& dst, const void* host) override {
+    if (!dst.data() || !dst.bytes()) return;
+    DeviceGuard guard(ctx_.device);
+    LAGA_CUDA_CHECK(cudaMemcpyAsync(dst.data(), host, dst.bytes(), cudaMemcpyHostToDevice, ctx_.stream));
+    LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+  void copy_to_host(void* host, const Tensor& src) override {
+    if (!src.data() || !src.bytes()) return;
+    DeviceGuard guard(ctx_.device);
+    LAGA_CUDA_CHECK(cudaMemcpyAsync(host, src.data(), src.bytes(), cudaMemcpyDeviceToHost, ctx_.stream));
+    LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+  void synchronize() override {
+    DeviceGuard guard(ctx_.device);
+    LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+
+ private:
+  // RoPE's frequencies arrive as a host array: uploaded when they differ from the last ones (the block
+  // passes the same table every call).
+  const double* upload_inv_freq(const RopeArgs& a) {
+    const std::size_t half = static_cast<std::size_t>(a.dim / 2);
+    if (half == 0) return nullptr;
+    LAGA_REQUIRE(a.inv_freq != nullptr, "rope: inv_freq must be set");
+    if (inv_freq_host_.size() == half && std::equal(inv_freq_host_.begin(), inv_freq_host_.end(), a.inv_freq))
+      return inv_freq_;
+    if (inv_freq_capacity_ < half) {
+      if (inv_freq_) {
+        LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+        LAGA_CUDA_CHECK(cudaFree(inv_freq_));
+        inv_freq_ = nullptr;
+      }
+      LAGA_CUDA_CHECK(cudaMalloc(&inv_freq_, half * sizeof(double)));
+      inv_freq_capacity_ = half;
+    }
+    inv_freq_host_.assign(a.inv_freq, a.inv_freq + half);
+    // Pageable source: the copy is staged before the call returns, so the host vector may change later.
+    LAGA_CUDA_CHECK(cudaMemcpyAsync(inv_freq_, inv_freq_host_.data(), half * sizeof(double), cudaMemcpyHostToDevice,
+                                    ctx_.stream));
+    return inv_freq_;
+  }
+
+  CudaAllocator alloc_;
+  Context ctx_;
+  std::unique_ptr<GemmRunner> gemm_;
+  double* inv_freq_ = nullptr;
+  std::size_t inv_freq_capacity_ = 0;
+  std::vector<double> inv_freq_host_;
+};
+
+}  // namespace
+}  // namespace cuda
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+bool cuda_available() { return cuda_device_count() > 0; }
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<cuda::CudaBackend>(device); }
+
+}  // namespace laga

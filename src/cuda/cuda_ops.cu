@@ -1,0 +1,268 @@
+#include "cuda/cuda_ops.cuh"
+
+#include <algorithm>
+
+namespace laga::cuda {
+namespace {
+
+// ================================================================ copy and fill
+
+// One thread per (row, col), or per (batch, row, col) when the batch is spread over threads. With
+// kLoopBatch each thread walks the whole batch in order: the race-free (and deterministic) reduction when
+// every batch entry lands on the same destination (dst_batch_stride == 0).
+template <typename T, bool kAccumulate, bool kLoopBatch>
+__global__ void copy_kernel(CopyArgs c) {
+  using A = typename Accum<T>::type;
+  const i64 per_batch = c.rows * c.cols;
+  const i64 total = kLoopBatch ? per_batch : per_batch * c.batch;
+  const T* src = static_cast<const T*>(c.src);
+  T* dst = static_cast<T*>(c.dst);
+  for (i64 idx = i64(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += i64(gridDim.x) * blockDim.x) {
+    const i64 b = kLoopBatch ? 0 : idx / per_batch;
+    const i64 rc = kLoopBatch ? idx : idx - b * per_batch;
+    const i64 r = rc / c.cols, col = rc - r * c.cols;
+    const i64 s_off = r * c.src_ld + col, d_off = r * c.dst_ld + col;
+    if constexpr (kLoopBatch) {
+      T* d = dst + d_off;
+      A acc = to_acc(*d);
+      for (i64 bb = 0; bb < c.batch; ++bb) acc += to_acc(src[bb * c.src_batch_stride + s_off]);
+      *d = from_acc<T>(acc);
+    } else {
+      const T v = src[b * c.src_batch_stride + s_off];
+      T* d = dst + b * c.dst_batch_stride + d_off;
+      if constexpr (kAccumulate)
+        *d = from_acc<T>(to_acc(*d) + to_acc(v));
+      else
+        *d = v;
+    }
+  }
+}
+
+template <typename T>
+__global__ void fill_kernel(T* p, i64 n, typename Accum<T>::type value) {
+  const T v = from_acc<T>(value);
+  for (i64 i = i64(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += i64(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+bool is_host_pointer(const void* p) {
+  cudaPointerAttributes attr{};
+  LAGA_CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
+  return attr.type == cudaMemoryTypeUnregistered || attr.type == cudaMemoryTypeHost;
+}
+
+// ================================================================ RMSNorm
+constexpr int kNormThreads = 256;
+constexpr int kNormWarps = kNormThreads / 32;
+constexpr int kDgammaThreads = 256;
+constexpr i64 kDgammaRowsPerChunk = 64;
+constexpr i64 kDgammaMaxChunks = 1024;
+
+// One block per row: rstd = 1/sqrt(mean(x^2) + eps) in fp32, y = x * rstd * gamma.
+template <typename T>
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_forward_kernel(RmsNormArgs a) {
+  __shared__ float red[kNormWarps];
+  const i64 r = blockIdx.x;
+  const T* x = static_cast<const T*>(a.x) + r * a.x_ld;
+  const T* gamma = static_cast<const T*>(a.gamma);
+  T* y = static_cast<T*>(a.y) + r * a.y_ld;
+  float ss = 0.f;
+  for (i64 j = threadIdx.x; j < a.cols; j += kNormThreads) {
+    const float v = to_float(x[j]);
+    ss = fmaf(v, v, ss);
+  }
+  ss = block_reduce<false>(ss, red);
+  const float rs = 1.0f / sqrtf(ss / float(a.cols) + float(a.eps));
+  if (threadIdx.x == 0) static_cast<float*>(a.rstd)[r] = rs;
+  for (i64 j = threadIdx.x; j < a.cols; j += kNormThreads)
+    y[j] = from_float<T>(to_float(x[j]) * rs * to_float(gamma[j]));
+}
+
+// dx = rstd * (dy * g) - x * rstd^3 * mean(dy * g * x), one block per row.
+template <typename T>
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_backward_dx_kernel(RmsNormArgs a) {
+  __shared__ float red[kNormWarps];
+  const i64 r = blockIdx.x;
+  const T* x = static_cast<const T*>(a.x) + r * a.x_ld;
+  const T* dy = static_cast<const T*>(a.dy) + r * a.dy_ld;
+  const T* gamma = static_cast<const T*>(a.gamma);
+  T* dx = static_cast<T*>(a.dx) + r * a.dx_ld;
+  const float rs = static_cast<const float*>(a.rstd)[r];
+  float dot = 0.f;
+  for (i64 j = threadIdx.x; j < a.cols; j += kNormThreads)
+    dot = fmaf(to_float(dy[j]) * to_float(gamma[j]), to_float(x[j]), dot);
+  dot = block_reduce<false>(dot, red);
+  const float coef = rs * rs * rs * dot / float(a.cols);
+  for (i64 j = threadIdx.x; j < a.cols; j += kNormThreads)
+    dx[j] = from_float<T>(rs * to_float(dy[j]) * to_float(gamma[j]) - to_float(x[j]) * coef);
+}
+
+// dgamma, pass 1: partial[chunk][col] = sum over the chunk's rows of dy * x * rstd (each thread one column).
+template <typename T>
+__global__ void __launch_bounds__(kDgammaThreads) rmsnorm_dgamma_partial_kernel(RmsNormArgs a, i64 rows_per_chunk,
+                                                                                 float* partial) {
+  const i64 col = i64(blockIdx.x) * kDgammaThreads + threadIdx.x;
+  if (col >= a.cols) return;
+  const i64 r0 = i64(blockIdx.y) * rows_per_chunk;
+  const i64 r1 = min(a.rows, r0 + rows_per_chunk);
+  const T* x = static_cast<const T*>(a.x);
+  const T* dy = static_cast<const T*>(a.dy);
+  const float* rstd = static_cast<const float*>(a.rstd);
+  float acc = 0.f;
+  for (i64 r = r0; r < r1; ++r) acc = fmaf(to_float(dy[r * a.dy_ld + col]) * to_float(x[r * a.x_ld + col]), rstd[r], acc);
+  partial[i64(blockIdx.y) * a.cols + col] = acc;
+}
+
+// dgamma, pass 2: dgamma[col] += sum over chunks in order.
+template <typename T>
+__global__ void __launch_bounds__(kDgammaThreads) rmsnorm_dgamma_final_kernel(i64 cols, i64 chunks,
+                                                                               const float* partial, T* dgamma) {
+  const i64 col = i64(blockIdx.x) * kDgammaThreads + threadIdx.x;
+  if (col >= cols) return;
+  float acc = 0.f;
+  for (i64 ch = 0; ch < chunks; ++ch) acc += partial[ch * cols + col];
+  dgamma[col] = from_float<T>(to_float(dgamma[col]) + acc);
+}
+
+// ================================================================ RoPE
+// One thread per (token, batch, head, pair). The angle and its cos/sin are computed in double (positions
+// reach 1e5 and more: in float the angle alone would be off by 1e-2), the rotation in float.
+template <typename T, bool kBackward>
+__global__ void rope_kernel(RopeArgs a, const double* inv_freq) {
+  const i64 half = a.dim / 2;
+  const i64 total = a.tokens * a.batch * a.heads * half;
+  const T* x = static_cast<const T*>(a.x);
+  T* y = static_cast<T*>(a.y);
+  for (i64 idx = i64(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += i64(gridDim.x) * blockDim.x) {
+    const i64 i = idx % half;
+    i64 rest = idx / half;
+    const i64 h = rest % a.heads;
+    rest /= a.heads;
+    const i64 b = rest % a.batch;
+    const i64 t = rest / a.batch;
+    double sd, cd;
+    sincos(double(a.pos_offset + t) * inv_freq[i], &sd, &cd);
+    const float c = float(cd * a.mscale), s = float(sd * a.mscale);
+    const T* xs = x + t * a.x_token_stride + b * a.x_batch_stride + h * a.x_head_stride;
+    T* ys = y + t * a.y_token_stride + b * a.y_batch_stride + h * a.y_head_stride;
+    if constexpr (!kBackward) {
+      const float x0 = to_float(xs[2 * i]), x1 = to_float(xs[2 * i + 1]);
+      ys[i] = from_float<T>(x0 * c - x1 * s);
+      ys[i + half] = from_float<T>(x1 * c + x0 * s);
+    } else {
+      const float d0 = to_float(xs[i]), d1 = to_float(xs[i + half]);
+      ys[2 * i] = from_float<T>(d0 * c + d1 * s);
+      ys[2 * i + 1] = from_float<T>(-d0 * s + d1 * c);
+    }
+  }
+}
+
+}  // namespace
+
+// ================================================================ host entry points
+
+void copy_op(Context& ctx, const CopyArgs& c) {
+  LAGA_REQUIRE(c.batch >= 0 && c.rows >= 0 && c.cols >= 0, "copy: negative size (batch ", c.batch, ", rows ",
+               c.rows, ", cols ", c.cols, ")");
+  if (c.src == nullptr || c.dst == nullptr || c.batch == 0 || c.rows == 0 || c.cols == 0) return;
+  const std::size_t es = dtype_size(c.dtype);
+  if (is_host_pointer(c.src) || is_host_pointer(c.dst)) {
+    LAGA_REQUIRE(c.mode == CopyMode::assign, "copy: accumulate needs device buffers (got a host pointer)");
+    for (i64 b = 0; b < c.batch; ++b) {
+      const char* s = static_cast<const char*>(c.src) + b * c.src_batch_stride * i64(es);
+      char* d = static_cast<char*>(c.dst) + b * c.dst_batch_stride * i64(es);
+      if (s == d) continue;
+      LAGA_CUDA_CHECK(cudaMemcpy2DAsync(d, c.dst_ld * es, s, c.src_ld * es, c.cols * es, c.rows, cudaMemcpyDefault,
+                                        ctx.stream));
+    }
+    LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+    return;
+  }
+  if (c.mode == CopyMode::assign && c.src == c.dst && c.src_ld == c.dst_ld &&
+      c.src_batch_stride == c.dst_batch_stride)
+    return;  // onto itself
+  const bool reduce = c.mode == CopyMode::accumulate && c.dst_batch_stride == 0 && c.batch > 1;
+  const i64 threads_total = reduce ? c.rows * c.cols : c.batch * c.rows * c.cols;
+  const unsigned blocks = blocks_for(threads_total, kElementwiseThreads);
+  dispatch_any(c.dtype, [&](auto z) {
+    using T = decltype(z);
+    if (reduce)
+      copy_kernel<T, true, true><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(c);
+    else if (c.mode == CopyMode::accumulate)
+      copy_kernel<T, true, false><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(c);
+    else
+      copy_kernel<T, false, false><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(c);
+  });
+  LAGA_CUDA_CHECK_LAUNCH("copy_kernel");
+}
+
+void fill_op(Context& ctx, void* ptr, i64 n, DType dtype, double value) {
+  if (ptr == nullptr || n <= 0) return;
+  dispatch_any(dtype, [&](auto z) {
+    using T = decltype(z);
+    fill_kernel<T><<<blocks_for(n, kElementwiseThreads), kElementwiseThreads, 0, ctx.stream>>>(
+        static_cast<T*>(ptr), n, static_cast<typename Accum<T>::type>(value));
+  });
+  LAGA_CUDA_CHECK_LAUNCH("fill_kernel");
+}
+
+namespace {
+void check_norm(const RmsNormArgs& a, bool backward) {
+  LAGA_REQUIRE(a.rows >= 0 && a.cols >= 1, "rmsnorm: rows ", a.rows, " and cols ", a.cols, " must be >= 0 and >= 1");
+  LAGA_REQUIRE(a.rows <= INT32_MAX, "rmsnorm: rows = ", a.rows, " exceeds the grid limit");
+  LAGA_REQUIRE(a.x && a.gamma && a.rstd, "rmsnorm: x, gamma and rstd must be set");
+  if (backward)
+    LAGA_REQUIRE(a.dy && a.dx && a.dgamma, "rmsnorm backward: dy, dx and dgamma must be set");
+  else
+    LAGA_REQUIRE(a.y, "rmsnorm forward: y must be set");
+}
+}  // namespace
+
+void rmsnorm_forward_op(Context& ctx, const RmsNormArgs& a) {
+  check_norm(a, false);
+  if (a.rows == 0) return;
+  dispatch_compute(a.dtype, "rmsnorm", [&](auto z) {
+    using T = decltype(z);
+    rmsnorm_forward_kernel<T><<<static_cast<unsigned>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
+  });
+  LAGA_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
+}
+
+void rmsnorm_backward_op(Context& ctx, const RmsNormArgs& a) {
+  check_norm(a, true);
+  if (a.rows == 0) return;
+  const i64 rows_per_chunk =
+      std::max<i64>(kDgammaRowsPerChunk, (a.rows + kDgammaMaxChunks - 1) / kDgammaMaxChunks);
+  const i64 chunks = (a.rows + rows_per_chunk - 1) / rows_per_chunk;
+  float* partial = static_cast<float*>(
+      ctx.scratch.get(ScratchSlot::norm_partial, sizeof(float) * std::size_t(chunks * a.cols), ctx.stream));
+  const unsigned col_blocks = blocks_for(a.cols, kDgammaThreads);
+  dispatch_compute(a.dtype, "rmsnorm", [&](auto z) {
+    using T = decltype(z);
+    rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
+    LAGA_CUDA_CHECK_LAUNCH("rmsnorm_backward_dx_kernel");
+    rmsnorm_dgamma_partial_kernel<T>
+        <<<dim3(col_blocks, static_cast<unsigned>(chunks)), kDgammaThreads, 0, ctx.stream>>>(a, rows_per_chunk, partial);
+    LAGA_CUDA_CHECK_LAUNCH("rmsnorm_dgamma_partial_kernel");
+    rmsnorm_dgamma_final_kernel<T><<<col_blocks, kDgammaThreads, 0, ctx.stream>>>(a.cols, chunks, partial,
+                                                                                 static_cast<T*>(a.dgamma));
+    LAGA_CUDA_CHECK_LAUNCH("rmsnorm_dgamma_final_kernel");
+  });
+}
+
+void rope_op(Context& ctx, const RopeArgs& a, const double* inv_freq_device, bool backward) {
+  LAGA_REQUIRE(a.dim >= 0 && a.dim % 2 == 0, "rope: dim = ", a.dim, " must be even");
+  LAGA_REQUIRE(a.tokens >= 0 && a.batch >= 0 && a.heads >= 0, "rope: negative size");
+  const i64 total = a.tokens * a.batch * a.heads * (a.dim / 2);
+  if (total == 0 || a.x == nullptr || a.y == nullptr) return;
+  const unsigned blocks = blocks_for(total, kElementwiseThreads);
+  dispatch_compute(a.dtype, "rope", [&](auto z) {
+    using T = decltype(z);
+    if (backward)
+      rope_kernel<T, true><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(a, inv_freq_device);
+    else
+      rope_kernel<T, false><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(a, inv_freq_device);
+  });
+  LAGA_CUDA_CHECK_LAUNCH("rope_kernel");
+}
+
+}  // namespace laga::cuda

@@ -1,0 +1,316 @@
+// CUDA attention (eager and fused, bf16 and f32) against the CPU backend in float64: forward (o, lse,
+// probs) and backward (dq, dk, dv), on strided views of wider buffers, for MLA's head dims (192/128 MHA,
+// 576/512 MQA with v aliasing k), small dims, GQA, causal offsets (0, positive, negative) and tiles cut
+// short. Every output is poisoned before the run; elements around each view stay NaN, so a kernel that
+// writes outside its outputs is caught, and one that reads outside its inputs produces NaN.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.hpp"
+#include "laga/errors.hpp"
+
+namespace laga::gpu_test {
+namespace {
+
+// dense: [tokens, batch, heads, dim]; wide: each head row padded and offset inside a wider row (the
+// interleaved projections); batch_major: [batch, tokens, heads, dim + pad].
+enum class Layout { dense, wide, batch_major };
+
+struct Case {
+  const char* name;
+  i64 batch, q_len, kv_len, q_heads, kv_heads, d_qk, d_v, q_offset;
+  Layout layout;
+  bool v_aliases_k;  // absorbed MLA: v is the first d_v columns of k (same pointer and strides)
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+const Case kCases[] = {
+    // MLA head dims: MHA (DeepSeek-V3 explicit / LAGA), all_gather-style offsets.
+    {"mha_192_128", 2, 96, 96, 3, 3, 192, 128, 0, Layout::dense, false},
+    {"mha_192_128_offset", 1, 64, 160, 2, 2, 192, 128, 96, Layout::wide, false},
+    // Absorbed MLA: MQA over the latent, v = k[..., :512].
+    {"mqa_576_512_absorbed", 1, 70, 70, 4, 1, 576, 512, 0, Layout::wide, true},
+    {"mqa_576_512_absorbed_offset", 2, 40, 100, 3, 1, 576, 512, 60, Layout::batch_major, true},
+    // Small dims, odd lengths (tiles cut short), GQA, negative offset, a single query, tile-config edges.
+    {"tiny_mha", 1, 5, 5, 2, 2, 8, 8, 0, Layout::dense, false},
+    {"mha_multi_tile", 2, 130, 130, 3, 3, 40, 24, 0, Layout::dense, false},
+    {"mha_offset_unseen_keys", 2, 33, 150, 2, 2, 24, 16, 100, Layout::batch_major, false},
+    {"gqa_offset", 1, 50, 90, 4, 2, 32, 16, 40, Layout::wide, false},
+    {"mqa_separate_v", 1, 64, 128, 4, 1, 32, 24, 64, Layout::wide, false},
+    {"single_query_mqa_absorbed", 2, 1, 70, 2, 1, 16, 8, 69, Layout::wide, true},
+    {"negative_offset", 1, 20, 20, 2, 2, 8, 8, -3, Layout::dense, false},
+    {"dims_256_small_tiles", 1, 40, 40, 2, 2, 256, 256, 0, Layout::dense, false},
+    {"dims_264_large_tiles", 1, 40, 40, 2, 1, 264, 128, 0, Layout::wide, false},
+};
+
+// A [tokens, batch, heads, dim] view into a buffer of `size` elements.
+struct View {
+  i64 tokens = 0, batch = 0, heads = 0, dim = 0;
+  i64 token_stride = 0, batch_stride = 0, head_stride = 0, col0 = 0, size = 0;
+  i64 index(i64 t, i64 b, i64 h, i64 c) const { return col0 + t * token_stride + b * batch_stride + h * head_stride + c; }
+  std::vector<char> mask() const {
+    std::vector<char> m(static_cast<std::size_t>(size), 0);
+    for (i64 t = 0; t < tokens; ++t)
+      for (i64 b = 0; b < batch; ++b)
+        for (i64 h = 0; h < heads; ++h)
+          for (i64 c = 0; c < dim; ++c) m[index(t, b, h, c)] = 1;
+    return m;
+  }
+};
+
+View make_view(Layout layout, i64 tokens, i64 batch, i64 heads, i64 dim) {
+  View v{.tokens = tokens, .batch = batch, .heads = heads, .dim = dim};
+  i64 width = dim;
+  switch (layout) {
+    case Layout::dense:
+      v.token_stride = batch * heads * width;
+      v.batch_stride = heads * width;
+      break;
+    case Layout::wide:
+      width = dim + 7;
+      v.col0 = 3;
+      v.token_stride = batch * heads * width;
+      v.batch_stride = heads * width;
+      break;
+    case Layout::batch_major:
+      width = dim + 5;
+      v.col0 = 2;
+      v.token_stride = heads * width;
+      v.batch_stride = tokens * heads * width;
+      break;
+  }
+  v.head_stride = width;
+  v.size = std::max<i64>(tokens * batch * heads * width, 1);
+  return v;
+}
+
+View prefix(View v, i64 dim) {
+  v.dim = dim;
+  return v;
+}
+
+i64 visible(const Case& c, i64 i) { return std::clamp<i64>(i + c.q_offset + 1, 0, c.kv_len); }
+
+// One problem on both backends: GPU buffers in the test dtype, CPU float64 twins with the same values.
+struct Problem {
+  Case c;
+  AttentionKernel kernel;
+  DType dt;
+  Backend& gpu;
+  Backend& cpu;
+  View qv, kv, vv, ov, dqv, dkv, dvv;
+  Mirror q, k, v, o, lse, probs, dout, dq, dk, dv;
+  std::vector<double> o_ref, lse_ref, probs_ref, dq_ref, dk_ref, dv_ref;
+
+  Problem(const Case& cs, AttentionKernel kn, DType d, Backends& be, std::mt19937_64& rng)
+      : c(cs), kernel(kn), dt(d), gpu(*be.gpu), cpu(*be.cpu) {
+    qv = make_view(c.layout, c.q_len, c.batch, c.q_heads, c.d_qk);
+    kv = make_view(c.layout, c.kv_len, c.batch, c.kv_heads, c.d_qk);
+    vv = c.v_aliases_k ? prefix(kv, c.d_v) : make_view(c.layout, c.kv_len, c.batch, c.kv_heads, c.d_v);
+    ov = make_view(c.layout, c.q_len, c.batch, c.q_heads, c.d_v);
+    dqv = qv;
+    dkv = kv;
+    dvv = make_view(c.layout, c.kv_len, c.batch, c.kv_heads, c.d_v);
+    q = with_nan_padding(qv, rng, "q");
+    k = with_nan_padding(kv, rng, "k");
+    if (!c.v_aliases_k) v = with_nan_padding(vv, rng, "v");
+    const i64 rows = c.batch * c.q_heads * c.q_len;
+    o = poisoned_mirror(gpu, dt, ov.size, "o");
+    lse = poisoned_mirror(gpu, DType::f32, std::max<i64>(rows, 1), "lse");
+    probs = poisoned_mirror(gpu, dt, std::max<i64>(rows * c.kv_len, 1), "probs");
+    o_ref.assign(o.host.size(), kNaN);
+    lse_ref.assign(lse.host.size(), kNaN);
+    probs_ref.assign(probs.host.size(), kNaN);
+  }
+
+  // Random values inside the view, NaN around it.
+  Mirror with_nan_padding(const View& view, std::mt19937_64& rng, const std::string& name) {
+    Mirror m(gpu, dt, view.size, name);
+    const auto mask = view.mask();
+    auto values = random_values(rng, view.size);
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (!mask[i]) values[i] = kNaN;
+    m.upload(gpu, values);
+    return m;
+  }
+
+  static void set(const View& v, std::int64_t& token, std::int64_t& batch, std::int64_t& head) {
+    token = v.token_stride, batch = v.batch_stride, head = v.head_stride;
+  }
+
+  // The parameters for one side: `on_gpu` picks the buffers (device, test dtype) or the twins (host, f64).
+  AttentionBwdParams params(bool on_gpu) {
+    AttentionBwdParams p;
+    p.dtype = on_gpu ? dt : DType::f64;
+    p.kernel = kernel;
+    p.batch = c.batch, p.q_len = c.q_len, p.kv_len = c.kv_len, p.q_heads = c.q_heads, p.kv_heads = c.kv_heads;
+    p.d_qk = c.d_qk, p.d_v = c.d_v, p.q_offset = c.q_offset;
+    p.scale = 1.0 / std::sqrt(double(c.d_qk));
+    auto ptr = [&](Mirror& m, const View& view, std::vector<double>* ref) -> void* {
+      if (on_gpu) return static_cast<char*>(m.gpu()) + view.col0 * i64(dtype_size(dt));
+      return (ref ? ref->data() : m.cpu()) + view.col0;
+    };
+    p.q = ptr(q, qv, nullptr);
+    set(qv, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
+    p.k = ptr(k, kv, nullptr);
+    set(kv, p.k_token_stride, p.k_batch_stride, p.k_head_stride);
+    p.v = c.v_aliases_k ? p.k : ptr(v, vv, nullptr);
+    set(vv, p.v_token_stride, p.v_batch_stride, p.v_head_stride);
+    p.o = ptr(o, ov, &o_ref);
+    set(ov, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
+    p.lse = on_gpu ? lse.gpu() : lse_ref.data();
+    if (kernel == AttentionKernel::eager) p.probs = on_gpu ? probs.gpu() : probs_ref.data();
+    if (dout.dev.defined()) {
+      p.dout = ptr(dout, ov, nullptr);
+      set(ov, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
+      p.dq = ptr(dq, dqv, &dq_ref);
+      set(dqv, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
+      p.dk = ptr(dk, dkv, &dk_ref);
+      set(dkv, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
+      p.dv = ptr(dv, dvv, &dv_ref);
+      set(dvv, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+    }
+    return p;
+  }
+
+  void forward() {
+    gpu.attention_forward(params(true));
+    cpu.attention_forward(params(false));
+  }
+
+  // Fresh dout; dq, dk, dv poisoned. Runs after forward() (the saved o, lse, probs of each side).
+  void backward(std::mt19937_64& rng) {
+    dout = with_nan_padding(ov, rng, "dout");
+    dq = poisoned_mirror(gpu, dt, dqv.size, "dq");
+    dk = poisoned_mirror(gpu, dt, dkv.size, "dk");
+    dv = poisoned_mirror(gpu, dt, dvv.size, "dv");
+    dq_ref.assign(dq.host.size(), kNaN);
+    dk_ref.assign(dk.host.size(), kNaN);
+    dv_ref.assign(dv.host.size(), kNaN);
+    gpu.attention_backward(params(true));
+    cpu.attention_backward(params(false));
+  }
+
+  void check_forward() {
+    const double tol = op_tolerance(dt);
+    expect_output("o", dt, o.download(gpu), o_ref, ov.mask(), tol);
+    // lse: compared on rows that see a key; rows that see none must hold -inf.
+    const auto got = lse.download(gpu);
+    std::vector<char> rows(got.size(), 0);
+    i64 bad_empty_rows = 0;
+    for (i64 bh = 0; bh < c.batch * c.q_heads; ++bh)
+      for (i64 i = 0; i < c.q_len; ++i) {
+        const std::size_t r = std::size_t(bh * c.q_len + i);
+        if (visible(c, i) > 0)
+          rows[r] = 1;
+        else
+          bad_empty_rows += !(std::isinf(got[r]) && got[r] < 0);
+      }
+    EXPECT_EQ(bad_empty_rows, 0) << "lse of rows without visible keys must be -inf";
+    if (std::count(rows.begin(), rows.end(), 1) > 0) expect_output("lse", DType::f32, got, lse_ref, rows, 1e-5, false);
+    if (kernel == AttentionKernel::eager) {
+      std::vector<char> all(probs.host.size(), 1);
+      if (c.batch * c.q_heads * c.q_len * c.kv_len == 0) all.assign(all.size(), 0);
+      if (std::count(all.begin(), all.end(), 1) > 0) expect_output("probs", dt, probs.download(gpu), probs_ref, all, tol);
+    }
+  }
+
+  void check_backward() {
+    const double tol = op_tolerance(dt);
+    expect_output("dq", dt, dq.download(gpu), dq_ref, dqv.mask(), tol);
+    expect_output("dk", dt, dk.download(gpu), dk_ref, dkv.mask(), tol);
+    expect_output("dv", dt, dv.download(gpu), dv_ref, dvv.mask(), tol);
+  }
+};
+
+const char* kernel_tag(AttentionKernel k) { return k == AttentionKernel::eager ? "eager" : "fused"; }
+
+struct Param {
+  Case c;
+  AttentionKernel kernel;
+  DType dtype;
+};
+std::string param_string(const Param& p) {
+  return std::string(p.c.name) + "_" + kernel_tag(p.kernel) + "_" + dtype_tag(p.dtype);
+}
+void PrintTo(const Param& p, std::ostream* os) { *os << param_string(p); }
+std::string param_name(const ::testing::TestParamInfo<Param>& i) { return param_string(i.param); }
+std::vector<Param> params() {
+  std::vector<Param> out;
+  for (const auto& c : kCases)
+    for (AttentionKernel k : {AttentionKernel::eager, AttentionKernel::fused})
+      for (DType t : {DType::f32, DType::bf16}) out.push_back({c, k, t});
+  return out;
+}
+
+class CudaAttention : public ::testing::TestWithParam<Param> {};
+
+TEST_P(CudaAttention, ForwardMatchesCpuFloat64) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  Problem pr(GetParam().c, GetParam().kernel, GetParam().dtype, be, rng);
+  pr.forward();
+  pr.check_forward();
+}
+
+TEST_P(CudaAttention, BackwardMatchesCpuFloat64) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  Problem pr(GetParam().c, GetParam().kernel, GetParam().dtype, be, rng);
+  pr.forward();
+  pr.backward(rng);
+  pr.check_backward();
+}
+
+// Same inputs, same bits: no atomics, fixed reduction orders (also across MQA heads).
+TEST_P(CudaAttention, BitwiseDeterministicOnRerun) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  Problem pr(GetParam().c, GetParam().kernel, GetParam().dtype, be, rng);
+  pr.forward();
+  pr.backward(rng);
+  auto raw = [&](const Mirror& m) {
+    std::vector<unsigned char> b(m.dev.bytes());
+    be.gpu->copy_to_host(b.data(), m.dev);
+    return b;
+  };
+  const auto o1 = raw(pr.o), dq1 = raw(pr.dq), dk1 = raw(pr.dk), dv1 = raw(pr.dv);
+  AttentionBwdParams p = pr.params(true);
+  be.gpu->attention_forward(p);
+  be.gpu->attention_backward(p);
+  EXPECT_EQ(raw(pr.o), o1);
+  EXPECT_EQ(raw(pr.dq), dq1);
+  EXPECT_EQ(raw(pr.dk), dk1);
+  EXPECT_EQ(raw(pr.dv), dv1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaAttention, ::testing::ValuesIn(params()), param_name);
+
+TEST(CudaAttentionChecks, RejectsUnsupportedInputs) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  Problem pr(kCases[4], AttentionKernel::fused, DType::f32, be, rng);
+  AttentionBwdParams p = pr.params(true);
+  p.dtype = DType::f64;
+  EXPECT_THROW(be.gpu->attention_forward(p), InvalidArgument);
+  p = pr.params(true);
+  p.kv_heads = 3;  // does not divide 2 query heads
+  EXPECT_THROW(be.gpu->attention_forward(p), InvalidArgument);
+  p = pr.params(true);
+  p.lse = nullptr;
+  EXPECT_THROW(be.gpu->attention_forward(p), InvalidArgument);
+  p = pr.params(true);
+  p.d_qk = 584;  // past the fused kernel's largest head dim
+  EXPECT_THROW(be.gpu->attention_forward(p), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace laga::gpu_test

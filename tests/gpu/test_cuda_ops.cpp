@@ -1,0 +1,462 @@
+// Every non-attention op of the CUDA backend (GEMM, copy, fill, RMSNorm, RoPE) against the CPU backend in
+// float64, in bf16 and f32, on strided views; plus the backend's own behaviour (allocator accounting, host
+// transfers, input checks). Method and tolerances: gpu_test_util.hpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.hpp"
+#include "laga/config.hpp"
+#include "laga/errors.hpp"
+
+namespace laga::gpu_test {
+namespace {
+
+const DType kDtypes[] = {DType::f32, DType::bf16};
+
+// ================================================================ GEMM
+
+enum class BatchMode { normal, broadcast_a, broadcast_b, interleaved };
+
+struct GemmCase {
+  const char* name;
+  Trans ta, tb;
+  i64 m, n, k, batch;
+  i64 pad;  // extra columns of every operand's rows (misaligned leading dimensions when odd)
+  BatchMode mode;
+  double alpha, beta;
+};
+void PrintTo(const GemmCase& c, std::ostream* os) { *os << c.name; }
+
+const GemmCase kGemmCases[] = {
+    {"nn_square", Trans::no, Trans::no, 64, 64, 64, 1, 0, BatchMode::normal, 1.0, 0.0},
+    {"nt_odd_sizes_odd_ld", Trans::no, Trans::yes, 37, 45, 29, 1, 3, BatchMode::normal, 1.0, 0.0},
+    {"tn_alpha_beta", Trans::yes, Trans::no, 40, 24, 56, 1, 8, BatchMode::normal, 0.5, 1.0},
+    {"tt_batched", Trans::yes, Trans::yes, 33, 17, 21, 3, 1, BatchMode::normal, 1.0, 0.0},
+    {"broadcast_a_batched", Trans::no, Trans::no, 48, 16, 32, 4, 0, BatchMode::broadcast_a, 1.0, 0.0},
+    {"broadcast_b_batched_beta", Trans::no, Trans::yes, 24, 40, 16, 3, 2, BatchMode::broadcast_b, 1.0, 1.0},
+    // As the block's per-head up-projection: A broadcast, B and C batches interleaved inside one row.
+    {"interleaved_heads", Trans::no, Trans::no, 50, 8, 16, 4, 0, BatchMode::interleaved, 1.0, 0.0},
+    {"interleaved_heads_ta_beta", Trans::yes, Trans::no, 16, 8, 50, 4, 0, BatchMode::interleaved, 1.0, 1.0},
+    {"large_k", Trans::no, Trans::no, 32, 48, 1000, 1, 0, BatchMode::normal, 1.0, 0.0},
+    {"k_zero_scales_c", Trans::no, Trans::no, 5, 7, 0, 2, 1, BatchMode::normal, 1.0, 0.5},
+};
+
+struct GemmParam {
+  GemmCase c;
+  DType dtype;
+};
+void PrintTo(const GemmParam& p, std::ostream* os) { *os << p.c.name << "_" << dtype_tag(p.dtype); }
+std::string gemm_name(const ::testing::TestParamInfo<GemmParam>& i) {
+  return std::string(i.param.c.name) + "_" + dtype_tag(i.param.dtype);
+}
+std::vector<GemmParam> gemm_params() {
+  std::vector<GemmParam> out;
+  for (const auto& c : kGemmCases)
+    for (DType t : kDtypes) out.push_back({c, t});
+  return out;
+}
+
+class CudaGemm : public ::testing::TestWithParam<GemmParam> {};
+
+TEST_P(CudaGemm, MatchesCpuFloat64) {
+  LAGA_REQUIRE_GPU();
+  const GemmCase& c = GetParam().c;
+  const DType dt = GetParam().dtype;
+  Backends be;
+  auto rng = rng_for_test();
+  const bool ta = c.ta == Trans::yes, tb = c.tb == Trans::yes;
+  const i64 a_rows = ta ? c.k : c.m, a_cols = ta ? c.m : c.k;
+  const i64 b_rows = tb ? c.n : c.k, b_cols = tb ? c.k : c.n;
+  GemmArgs g{.trans_a = c.ta, .trans_b = c.tb, .m = c.m, .n = c.n, .k = c.k, .batch = c.batch, .alpha = c.alpha,
+             .beta = c.beta};
+  i64 a_size = 0, b_size = 0, c_size = 0;
+  if (c.mode == BatchMode::interleaved) {
+    // A shared; B [b_rows, batch * b_cols] with batch b in columns b*b_cols..; C likewise.
+    g.lda = a_cols + c.pad, g.stride_a = 0, a_size = a_rows * g.lda;
+    g.ldb = c.batch * b_cols + c.pad, g.stride_b = b_cols, b_size = b_rows * g.ldb;
+    g.ldc = c.batch * c.n + c.pad, g.stride_c = c.n, c_size = c.m * g.ldc;
+  } else {
+    g.lda = std::max<i64>(a_cols + c.pad, 1), g.ldb = std::max<i64>(b_cols + c.pad, 1), g.ldc = c.n + c.pad;
+    g.stride_a = c.mode == BatchMode::broadcast_a ? 0 : a_rows * g.lda + 5;
+    g.stride_b = c.mode == BatchMode::broadcast_b ? 0 : b_rows * g.ldb + 3;
+    g.stride_c = c.m * g.ldc + 7;
+    a_size = (c.batch - 1) * g.stride_a + a_rows * g.lda;
+    b_size = (c.batch - 1) * g.stride_b + b_rows * g.ldb;
+    c_size = (c.batch - 1) * g.stride_c + c.m * g.ldc;
+  }
+  Mirror a = random_mirror(*be.gpu, dt, std::max<i64>(a_size, 1), rng, "a");
+  Mirror b = random_mirror(*be.gpu, dt, std::max<i64>(b_size, 1), rng, "b");
+  std::vector<char> view(static_cast<std::size_t>(c_size), 0);
+  for (i64 bi = 0; bi < c.batch; ++bi)
+    for (i64 i = 0; i < c.m; ++i)
+      for (i64 j = 0; j < c.n; ++j) view[bi * g.stride_c + i * g.ldc + j] = 1;
+  // beta != 0: C holds random values inside the view (NaN around it); beta == 0: all NaN on the GPU,
+  // zeros on the CPU (BLAS does not promise to ignore C there).
+  Mirror out = poisoned_mirror(*be.gpu, dt, c_size, "c");
+  std::vector<double> c_init(out.host.size(), kNaN);
+  if (c.beta != 0.0) {
+    const auto r = random_values(rng, c_size);
+    for (std::size_t i = 0; i < c_init.size(); ++i) c_init[i] = view[i] ? r[i] : kNaN;
+    out.upload(*be.gpu, c_init);
+  }
+  std::vector<double> ref = out.host;
+  for (std::size_t i = 0; i < ref.size(); ++i)
+    if (view[i] && c.beta == 0.0) ref[i] = 0.0;
+
+  GemmArgs gg = g;
+  gg.dtype = dt, gg.a = a.gpu(), gg.b = b.gpu(), gg.c = out.gpu();
+  be.gpu->gemm(gg);
+  GemmArgs gc = g;
+  gc.dtype = DType::f64, gc.a = a.cpu(), gc.b = b.cpu(), gc.c = ref.data();
+  if (c.k > 0) {
+    be.cpu->gemm(gc);
+  } else {
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      if (view[i]) ref[i] = c.beta * out.host[i];
+  }
+  expect_output("c", dt, out.download(*be.gpu), ref, view, op_tolerance(dt));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaGemm, ::testing::ValuesIn(gemm_params()), gemm_name);
+
+TEST(CudaGemmChecks, RejectsFloat64AndBadLeadingDimension) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  Tensor t(be.gpu->allocator(), DType::f32, {64}, "t", MemoryKind::external);
+  GemmArgs g{.dtype = DType::f64, .m = 4, .n = 4, .k = 4, .a = t.data(), .lda = 4, .b = t.data(), .ldb = 4,
+             .c = t.data(), .ldc = 4};
+  EXPECT_THROW(be.gpu->gemm(g), InvalidArgument);
+  g.dtype = DType::f32;
+  g.lda = 3;
+  EXPECT_THROW(be.gpu->gemm(g), InvalidArgument);
+}
+
+// ================================================================ copy
+
+struct CopyCase {
+  const char* name;
+  i64 batch, rows, cols;
+  bool broadcast_src, reduce_dst;
+  CopyMode mode;
+};
+void PrintTo(const CopyCase& c, std::ostream* os) { *os << c.name; }
+
+const CopyCase kCopyCases[] = {
+    {"assign_batched", 3, 17, 13, false, false, CopyMode::assign},
+    {"assign_broadcast_src", 4, 9, 24, true, false, CopyMode::assign},
+    {"accumulate_batched", 3, 11, 19, false, false, CopyMode::accumulate},
+    {"accumulate_reduce_over_batch", 6, 21, 16, false, true, CopyMode::accumulate},
+    {"assign_long_row", 1, 1, 10000, false, false, CopyMode::assign},
+};
+
+struct CopyParam {
+  CopyCase c;
+  DType dtype;
+};
+void PrintTo(const CopyParam& p, std::ostream* os) { *os << p.c.name << "_" << dtype_tag(p.dtype); }
+std::vector<CopyParam> copy_params() {
+  std::vector<CopyParam> out;
+  for (const auto& c : kCopyCases)
+    for (DType t : {DType::f32, DType::bf16, DType::f64}) out.push_back({c, t});
+  return out;
+}
+
+class CudaCopy : public ::testing::TestWithParam<CopyParam> {};
+
+TEST_P(CudaCopy, MatchesCpuFloat64) {
+  LAGA_REQUIRE_GPU();
+  const CopyCase& c = GetParam().c;
+  const DType dt = GetParam().dtype;
+  Backends be;
+  auto rng = rng_for_test();
+  CopyArgs a{.batch = c.batch, .rows = c.rows, .cols = c.cols, .mode = c.mode};
+  a.src_ld = c.cols + 3;
+  a.src_batch_stride = c.broadcast_src ? 0 : c.rows * a.src_ld + 2;
+  a.dst_ld = c.cols + 5;
+  a.dst_batch_stride = c.reduce_dst ? 0 : c.rows * a.dst_ld + 1;
+  const i64 src_size = (c.broadcast_src ? 0 : c.batch - 1) * a.src_batch_stride + c.rows * a.src_ld;
+  const i64 dst_size = (c.reduce_dst ? 0 : c.batch - 1) * a.dst_batch_stride + c.rows * a.dst_ld;
+  Mirror src = random_mirror(*be.gpu, dt, src_size, rng, "src");
+  std::vector<char> view(static_cast<std::size_t>(dst_size), 0);
+  for (i64 b = 0; b < c.batch; ++b)
+    for (i64 r = 0; r < c.rows; ++r)
+      for (i64 j = 0; j < c.cols; ++j) view[b * a.dst_batch_stride + r * a.dst_ld + j] = 1;
+  Mirror dst = poisoned_mirror(*be.gpu, dt, dst_size, "dst");
+  if (c.mode == CopyMode::accumulate) {  // accumulate onto random values inside the view
+    std::vector<double> init(dst.host.size(), kNaN);
+    const auto r = random_values(rng, dst_size);
+    for (std::size_t i = 0; i < init.size(); ++i) init[i] = view[i] ? r[i] : kNaN;
+    dst.upload(*be.gpu, init);
+  }
+  std::vector<double> ref = dst.host;
+  CopyArgs ag = a, ac = a;
+  ag.dtype = dt, ag.src = src.gpu(), ag.dst = dst.gpu();
+  ac.dtype = DType::f64, ac.src = src.cpu(), ac.dst = ref.data();
+  be.gpu->copy(ag);
+  be.cpu->copy(ac);
+  // A reduction over the batch in bf16 rounds once on the GPU (fp32 sum) and never on the CPU.
+  expect_output("dst", dt, dst.download(*be.gpu), ref, view, dt == DType::f64 ? 0.0 : op_tolerance(dt));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaCopy, ::testing::ValuesIn(copy_params()),
+                         [](const ::testing::TestParamInfo<CopyParam>& i) {
+                           return std::string(i.param.c.name) + "_" + dtype_tag(i.param.dtype);
+                         });
+
+// gather_result() hands host buffers to the single-rank communicator, which copies them with Backend::copy.
+TEST(CudaCopyHost, AssignBetweenHostAndDeviceBuffers) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  const std::vector<double> values = random_values(rng, 1000);
+  std::vector<double> back(values.size(), kNaN), host_to_host(values.size(), kNaN);
+  Tensor dev(be.gpu->allocator(), DType::f64, {1000}, "dev", MemoryKind::external);
+  auto copy = [&](const void* src, void* dst) {
+    be.gpu->copy(CopyArgs{.dtype = DType::f64, .rows = 1, .cols = 1000, .src = src, .src_ld = 1000, .dst = dst,
+                          .dst_ld = 1000});
+  };
+  copy(values.data(), dev.data());
+  copy(dev.data(), back.data());
+  copy(values.data(), host_to_host.data());
+  EXPECT_EQ(back, values);
+  EXPECT_EQ(host_to_host, values);
+  std::vector<double> acc(1000, 0.0);
+  EXPECT_THROW(be.gpu->copy(CopyArgs{.dtype = DType::f64, .rows = 1, .cols = 1000, .src = values.data(),
+                                     .src_ld = 1000, .dst = acc.data(), .dst_ld = 1000, .mode = CopyMode::accumulate}),
+               InvalidArgument);
+}
+
+// ================================================================ fill, transfers, allocator
+
+TEST(CudaFill, EveryDtypeWritesEveryElement) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    Tensor t(be.gpu->allocator(), dt, {3, 1001}, "t", MemoryKind::external);
+    be.gpu->fill(t, kNaN);
+    be.gpu->fill(t, 0.375);  // exact in bf16
+    for (double v : to_host(*be.gpu, t)) ASSERT_EQ(v, 0.375) << dtype_tag(dt);
+  }
+}
+
+TEST(CudaAllocator, CountsActivationBytesAndFrees) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  Allocator& alloc = be.gpu->allocator();
+  EXPECT_EQ(alloc.device(), Device::cuda);
+  const std::size_t live0 = alloc.live_bytes();
+  {
+    Tensor a(alloc, DType::bf16, {1000, 3}, "a");
+    Tensor b(alloc, DType::f32, {7}, "b", MemoryKind::external);
+    EXPECT_EQ(a.device(), Device::cuda);
+    EXPECT_EQ(alloc.live_bytes(), live0 + 6000);
+    EXPECT_GE(alloc.peak_bytes(), live0 + 6000);
+  }
+  EXPECT_EQ(alloc.live_bytes(), live0);
+}
+
+TEST(CudaTransfers, RoundTripIsExact) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    Tensor t(be.gpu->allocator(), dt, {4097}, "t", MemoryKind::external);
+    const auto v = random_values(rng, 4097);
+    from_host(*be.gpu, t, v);
+    const auto once = to_host(*be.gpu, t);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const double expected = dt == DType::f64 ? v[i] : dt == DType::f32 ? double(float(v[i])) : once[i];
+      ASSERT_EQ(once[i], expected) << dtype_tag(dt) << " element " << i;
+      if (dt == DType::bf16) ASSERT_LE(std::abs(once[i] - v[i]), std::abs(v[i]) * 0x1p-8) << "bf16 element " << i;
+    }
+    from_host(*be.gpu, t, once);
+    EXPECT_EQ(to_host(*be.gpu, t), once) << dtype_tag(dt);
+  }
+}
+
+TEST(CudaBackend, NameDeviceAndMissingDevice) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  EXPECT_STREQ(be.gpu->name(), "cuda");
+  EXPECT_EQ(be.gpu->device(), Device::cuda);
+  EXPECT_GE(cuda_device_count(), 1);
+  EXPECT_THROW(make_cuda_backend(cuda_device_count()), InvalidArgument);
+}
+
+// ================================================================ RMSNorm
+
+struct NormCase {
+  const char* name;
+  i64 rows, cols, x_pad, y_pad;
+};
+void PrintTo(const NormCase& c, std::ostream* os) { *os << c.name; }
+const NormCase kNormCases[] = {
+    {"small_strided", 67, 200, 13, 7},
+    {"many_rows_chunked_dgamma", 3000, 80, 16, 0},
+    {"wide_row", 5, 1536, 0, 3},
+};
+struct NormParam {
+  NormCase c;
+  DType dtype;
+};
+void PrintTo(const NormParam& p, std::ostream* os) { *os << p.c.name << "_" << dtype_tag(p.dtype); }
+std::vector<NormParam> norm_params() {
+  std::vector<NormParam> out;
+  for (const auto& c : kNormCases)
+    for (DType t : kDtypes) out.push_back({c, t});
+  return out;
+}
+
+class CudaRmsNorm : public ::testing::TestWithParam<NormParam> {};
+
+TEST_P(CudaRmsNorm, ForwardAndBackwardMatchCpuFloat64) {
+  LAGA_REQUIRE_GPU();
+  const NormCase& c = GetParam().c;
+  const DType dt = GetParam().dtype;
+  Backends be;
+  auto rng = rng_for_test();
+  const i64 x_ld = c.cols + c.x_pad, y_ld = c.cols + c.y_pad;
+  Mirror x = random_mirror(*be.gpu, dt, c.rows * x_ld, rng, "x");
+  Mirror gamma = random_mirror(*be.gpu, dt, c.cols, rng, "gamma", 0.5, 1.5);
+  std::vector<char> y_view(static_cast<std::size_t>(c.rows * y_ld), 0), r_view(static_cast<std::size_t>(c.rows), 1);
+  for (i64 r = 0; r < c.rows; ++r)
+    for (i64 j = 0; j < c.cols; ++j) y_view[r * y_ld + j] = 1;
+
+  // forward
+  Mirror y = poisoned_mirror(*be.gpu, dt, c.rows * y_ld, "y");
+  Mirror rstd = poisoned_mirror(*be.gpu, DType::f32, c.rows, "rstd");
+  std::vector<double> y_ref(y.host.size(), kNaN), rstd_ref(static_cast<std::size_t>(c.rows), kNaN);
+  RmsNormArgs a{.rows = c.rows, .cols = c.cols, .eps = 1e-6, .x_ld = x_ld, .y_ld = y_ld};
+  RmsNormArgs ag = a, ac = a;
+  ag.dtype = dt, ag.x = x.gpu(), ag.gamma = gamma.gpu(), ag.y = y.gpu(), ag.rstd = rstd.gpu();
+  ac.dtype = DType::f64, ac.x = x.cpu(), ac.gamma = gamma.cpu(), ac.y = y_ref.data(), ac.rstd = rstd_ref.data();
+  be.gpu->rmsnorm_forward(ag);
+  be.cpu->rmsnorm_forward(ac);
+  expect_output("y", dt, y.download(*be.gpu), y_ref, y_view, op_tolerance(dt));
+  expect_output("rstd", DType::f32, rstd.download(*be.gpu), rstd_ref, r_view, 1e-5);
+
+  // backward: fresh dy; dx overwritten (poisoned), dgamma accumulated onto random values
+  const i64 dy_ld = c.cols + 2, dx_ld = c.cols + 1;
+  Mirror dy = random_mirror(*be.gpu, dt, c.rows * dy_ld, rng, "dy");
+  Mirror dx = poisoned_mirror(*be.gpu, dt, c.rows * dx_ld, "dx");
+  Mirror dgamma = random_mirror(*be.gpu, dt, c.cols, rng, "dgamma");
+  std::vector<double> dx_ref(dx.host.size(), kNaN), dgamma_ref = dgamma.host;
+  std::vector<char> dx_view(dx.host.size(), 0), g_view(static_cast<std::size_t>(c.cols), 1);
+  for (i64 r = 0; r < c.rows; ++r)
+    for (i64 j = 0; j < c.cols; ++j) dx_view[r * dx_ld + j] = 1;
+  ag.dy = dy.gpu(), ag.dy_ld = dy_ld, ag.dx = dx.gpu(), ag.dx_ld = dx_ld, ag.dgamma = dgamma.gpu();
+  ac.dy = dy.cpu(), ac.dy_ld = dy_ld, ac.dx = dx_ref.data(), ac.dx_ld = dx_ld, ac.dgamma = dgamma_ref.data();
+  be.gpu->rmsnorm_backward(ag);
+  be.cpu->rmsnorm_backward(ac);
+  expect_output("dx", dt, dx.download(*be.gpu), dx_ref, dx_view, op_tolerance(dt));
+  expect_output("dgamma", dt, dgamma.download(*be.gpu), dgamma_ref, g_view, op_tolerance(dt));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaRmsNorm, ::testing::ValuesIn(norm_params()),
+                         [](const ::testing::TestParamInfo<NormParam>& i) {
+                           return std::string(i.param.c.name) + "_" + dtype_tag(i.param.dtype);
+                         });
+
+// ================================================================ RoPE
+
+struct RopeCase {
+  const char* name;
+  i64 tokens, batch, heads, dim, pos_offset;
+  double mscale;
+};
+void PrintTo(const RopeCase& c, std::ostream* os) { *os << c.name; }
+const RopeCase kRopeCases[] = {
+    {"query_heads", 37, 2, 3, 16, 0, 1.0},
+    {"latent_single_head_offset", 50, 3, 1, 64, 96, 1.2},
+    {"far_positions", 20, 1, 2, 64, 100000, 0.9},
+};
+struct RopeParam {
+  RopeCase c;
+  DType dtype;
+};
+void PrintTo(const RopeParam& p, std::ostream* os) { *os << p.c.name << "_" << dtype_tag(p.dtype); }
+std::vector<RopeParam> rope_params() {
+  std::vector<RopeParam> out;
+  for (const auto& c : kRopeCases)
+    for (DType t : kDtypes) out.push_back({c, t});
+  return out;
+}
+
+class CudaRope : public ::testing::TestWithParam<RopeParam> {};
+
+TEST_P(CudaRope, ForwardAndBackwardMatchCpuFloat64) {
+  LAGA_REQUIRE_GPU();
+  const RopeCase& c = GetParam().c;
+  const DType dt = GetParam().dtype;
+  Backends be;
+  auto rng = rng_for_test();
+  std::vector<double> inv_freq(static_cast<std::size_t>(c.dim / 2));
+  for (std::size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0, -2.0 * double(i) / double(c.dim));
+  // x: [tokens, batch, heads, dim] inside wider rows; y: another layout (batch-major).
+  const i64 xh = c.dim + 3, xb = c.heads * xh + 1, xt = c.batch * xb + 2;
+  const i64 yh = c.dim + 1, yt = c.heads * yh, yb = c.tokens * yt + 4;
+  const i64 x_size = c.tokens * xt, y_size = c.batch * yb;
+  RopeArgs a{.tokens = c.tokens, .batch = c.batch, .heads = c.heads, .dim = c.dim, .pos_offset = c.pos_offset,
+             .inv_freq = inv_freq.data(), .mscale = c.mscale, .x_token_stride = xt, .x_batch_stride = xb,
+             .x_head_stride = xh, .y_token_stride = yt, .y_batch_stride = yb, .y_head_stride = yh};
+  std::vector<char> x_view(static_cast<std::size_t>(x_size), 0), y_view(static_cast<std::size_t>(y_size), 0);
+  for (i64 t = 0; t < c.tokens; ++t)
+    for (i64 b = 0; b < c.batch; ++b)
+      for (i64 h = 0; h < c.heads; ++h)
+        for (i64 i = 0; i < c.dim; ++i) {
+          x_view[t * xt + b * xb + h * xh + i] = 1;
+          y_view[t * yt + b * yb + h * yh + i] = 1;
+        }
+  // forward: x -> y
+  Mirror x = random_mirror(*be.gpu, dt, x_size, rng, "x");
+  Mirror y = poisoned_mirror(*be.gpu, dt, y_size, "y");
+  std::vector<double> y_ref(y.host.size(), kNaN);
+  RopeArgs ag = a, ac = a;
+  ag.dtype = dt, ag.x = x.gpu(), ag.y = y.gpu();
+  ac.dtype = DType::f64, ac.x = x.cpu(), ac.y = y_ref.data();
+  be.gpu->rope_forward(ag);
+  be.cpu->rope_forward(ac);
+  expect_output("y", dt, y.download(*be.gpu), y_ref, y_view, op_tolerance(dt));
+  // backward: dy (x's layout) -> dx (y's layout), fresh data
+  Mirror dy = random_mirror(*be.gpu, dt, x_size, rng, "dy");
+  Mirror dx = poisoned_mirror(*be.gpu, dt, y_size, "dx");
+  std::vector<double> dx_ref(dx.host.size(), kNaN);
+  ag.x = dy.gpu(), ag.y = dx.gpu();
+  ac.x = dy.cpu(), ac.y = dx_ref.data();
+  be.gpu->rope_backward(ag);
+  be.cpu->rope_backward(ac);
+  expect_output("dx", dt, dx.download(*be.gpu), dx_ref, y_view, op_tolerance(dt));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaRope, ::testing::ValuesIn(rope_params()),
+                         [](const ::testing::TestParamInfo<RopeParam>& i) {
+                           return std::string(i.param.c.name) + "_" + dtype_tag(i.param.dtype);
+                         });
+
+// The frequencies are cached by content: a second call with other frequencies must use them.
+TEST(CudaRopeCache, NewFrequenciesAreUploaded) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  std::vector<double> f1{1.0, 0.5}, f2{0.25, 2.0};
+  Tensor x(be.gpu->allocator(), DType::f32, {4}, "x", MemoryKind::external);
+  Tensor y(be.gpu->allocator(), DType::f32, {4}, "y", MemoryKind::external);
+  from_host(*be.gpu, x, {1.0, 0.0, 1.0, 0.0});
+  RopeArgs a{.dtype = DType::f32, .tokens = 1, .batch = 1, .heads = 1, .dim = 4, .pos_offset = 1, .inv_freq = f1.data(),
+             .x = x.data(), .x_token_stride = 4, .x_batch_stride = 4, .x_head_stride = 4, .y = y.data(),
+             .y_token_stride = 4, .y_batch_stride = 4, .y_head_stride = 4};
+  be.gpu->rope_forward(a);
+  const auto y1 = to_host(*be.gpu, y);
+  a.inv_freq = f2.data();
+  be.gpu->rope_forward(a);
+  const auto y2 = to_host(*be.gpu, y);
+  EXPECT_NEAR(y1[0], std::cos(1.0), 1e-6);
+  EXPECT_NEAR(y2[0], std::cos(0.25), 1e-6);
+  EXPECT_NEAR(y2[1], std::cos(2.0), 1e-6);
+}
+
+}  // namespace
+}  // namespace laga::gpu_test
