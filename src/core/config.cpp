@@ -179,81 +179,42 @@ void validate(const MlaConfig& c) {
 
 // --- presets ---
 
-std::vector<std::string> preset_names() { return {"deepseek-v3", "deepseek-v2-lite", "kimi-k2", "tiny", "small"}; }
+// One row per preset, in MlaConfig's field order: name, hidden_size, num_attention_heads, q_lora_rank
+// (nullopt = none), kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, rope_theta, YaRN {factor,
+// mscale, mscale_all_dim, beta_fast, beta_slow, original_max_position_embeddings}, rms_norm_eps.
+const std::vector<MlaConfig>& preset_table() {
+  static const std::vector<MlaConfig> table = {
+      // deepseek-ai/DeepSeek-V3 config.json
+      {"deepseek-v3", 7168, 128, 1536, 512, 128, 64, 128, 10000.0, YarnScaling{40.0, 1.0, 1.0, 32.0, 1.0, 4096}, 1e-6},
+      // deepseek-ai/DeepSeek-V2-Lite config.json: no query compression.
+      {"deepseek-v2-lite", 2048, 16, std::nullopt, 512, 128, 64, 128, 10000.0,
+       YarnScaling{40.0, 0.707, 0.707, 32.0, 1.0, 4096}, 1e-6},
+      // moonshotai/Kimi-K2-Instruct config.json (the 0905 release raised factor to 64).
+      {"kimi-k2", 7168, 64, 1536, 512, 128, 64, 128, 50000.0, YarnScaling{32.0, 1.0, 1.0, 1.0, 1.0, 4096}, 1e-6},
+      // For unit tests: every width distinct where it can be, query compression on, and YaRN with
+      // original_max_position_embeddings = 16 so the interpolation changes 3 of the 4 frequencies
+      // (correction range [0, 1]) at sequence lengths tests can afford. mscale = mscale_all_dim = 1
+      // as in DeepSeek-V3, so the softmax scale carries YaRN's (0.1 ln 4 + 1)^2.
+      {"tiny", 32, 4, 16, 16, 8, 8, 8, 10000.0, YarnScaling{4.0, 1.0, 1.0, 32.0, 1.0, 16}, 1e-6},
+      // For demos and larger tests: d_n != d_r, r_q != r_kv, latent width 80. With d_r = 16 and
+      // original_max_position_embeddings = 64 the correction range is [0, 3], so the ramp takes the
+      // fractional values 1/3 and 2/3 (the full YaRN blend, not just extrapolate/interpolate).
+      {"small", 256, 8, 96, 64, 32, 16, 32, 10000.0, YarnScaling{4.0, 1.0, 1.0, 32.0, 1.0, 64}, 1e-6},
+  };
+  return table;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const auto& c : preset_table()) names.push_back(c.name);
+  return names;
+}
 
 MlaConfig preset(const std::string& name) {
-  MlaConfig c;
-  c.name = name;
-  if (name == "deepseek-v3") {
-    // deepseek-ai/DeepSeek-V3 config.json
-    c.hidden_size = 7168;
-    c.num_attention_heads = 128;
-    c.q_lora_rank = 1536;
-    c.kv_lora_rank = 512;
-    c.qk_nope_head_dim = 128;
-    c.qk_rope_head_dim = 64;
-    c.v_head_dim = 128;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.rope_scaling = YarnScaling{40.0, 1.0, 1.0, 32.0, 1.0, 4096};
-  } else if (name == "deepseek-v2-lite") {
-    // deepseek-ai/DeepSeek-V2-Lite config.json: no query compression.
-    c.hidden_size = 2048;
-    c.num_attention_heads = 16;
-    c.q_lora_rank = std::nullopt;
-    c.kv_lora_rank = 512;
-    c.qk_nope_head_dim = 128;
-    c.qk_rope_head_dim = 64;
-    c.v_head_dim = 128;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.rope_scaling = YarnScaling{40.0, 0.707, 0.707, 32.0, 1.0, 4096};
-  } else if (name == "kimi-k2") {
-    // moonshotai/Kimi-K2-Instruct config.json (the 0905 release raised factor to 64).
-    c.hidden_size = 7168;
-    c.num_attention_heads = 64;
-    c.q_lora_rank = 1536;
-    c.kv_lora_rank = 512;
-    c.qk_nope_head_dim = 128;
-    c.qk_rope_head_dim = 64;
-    c.v_head_dim = 128;
-    c.rope_theta = 50000.0;
-    c.rms_norm_eps = 1e-6;
-    c.rope_scaling = YarnScaling{32.0, 1.0, 1.0, 1.0, 1.0, 4096};
-  } else if (name == "tiny") {
-    // For unit tests: every width distinct where it can be, query compression on, and YaRN with
-    // original_max_position_embeddings = 16 so the interpolation changes 3 of the 4 frequencies
-    // (correction range [0, 1]) at sequence lengths tests can afford. mscale = mscale_all_dim = 1
-    // as in DeepSeek-V3, so the softmax scale carries YaRN's (0.1 ln 4 + 1)^2.
-    c.hidden_size = 32;
-    c.num_attention_heads = 4;
-    c.q_lora_rank = 16;
-    c.kv_lora_rank = 16;
-    c.qk_nope_head_dim = 8;
-    c.qk_rope_head_dim = 8;
-    c.v_head_dim = 8;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.rope_scaling = YarnScaling{4.0, 1.0, 1.0, 32.0, 1.0, 16};
-  } else if (name == "small") {
-    // For demos and larger tests: d_n != d_r, r_q != r_kv, latent width 80. With d_r = 16 and
-    // original_max_position_embeddings = 64 the correction range is [0, 3], so the ramp takes the
-    // fractional values 1/3 and 2/3 (the full YaRN blend, not just extrapolate/interpolate).
-    c.hidden_size = 256;
-    c.num_attention_heads = 8;
-    c.q_lora_rank = 96;
-    c.kv_lora_rank = 64;
-    c.qk_nope_head_dim = 32;
-    c.qk_rope_head_dim = 16;
-    c.v_head_dim = 32;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.rope_scaling = YarnScaling{4.0, 1.0, 1.0, 32.0, 1.0, 64};
-  } else {
-    throw InvalidArgument(
-        detail::concat("unknown model preset \"", name, "\"; known presets: ", join(preset_names(), ", ")));
-  }
-  return c;
+  for (const auto& c : preset_table())
+    if (c.name == name) return c;
+  throw InvalidArgument(
+      detail::concat("unknown model preset \"", name, "\"; known presets: ", join(preset_names(), ", ")));
 }
 
 // --- JSON ---
