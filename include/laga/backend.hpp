@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "laga/tensor.hpp"
 
@@ -136,8 +137,17 @@ class Backend {
   // nothing on the meta device).
   virtual void copy_from_host(const Tensor& dst, const void* host);
   virtual void copy_to_host(void* host, const Tensor& src);
-  // Waits for queued work (device backends); a host clock read after it times the work.
+  // Waits for queued work (device backends).
   virtual void synchronize() {}
+  // Timing on the backend's own queue: mark() enqueues a timestamp and returns its index; after
+  // synchronize(), elapsed(a, b) is the seconds between marks a and b; reset_marks() forgets them. The
+  // default reads the host clock, right for backends that run ops synchronously (CPU, meta).
+  virtual int mark();
+  virtual double elapsed(int a, int b);
+  virtual void reset_marks();
+
+ private:
+  std::vector<double> host_marks_;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

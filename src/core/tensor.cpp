@@ -6,6 +6,7 @@
 
 #include "laga/backend.hpp"
 #include "laga/errors.hpp"
+#include <chrono>
 #include <cstring>
 
 namespace laga {
@@ -159,6 +160,16 @@ void Tensor::mark_saved(const std::string& name) const {
   LAGA_CHECK(storage_, "mark_saved of an undefined tensor");
   storage_->alloc->mark_saved(storage_->id, name, shape_, dtype_);
 }
+
+int Backend::mark() {
+  host_marks_.push_back(
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  return int(host_marks_.size()) - 1;
+}
+
+double Backend::elapsed(int a, int b) { return host_marks_.at(b) - host_marks_.at(a); }
+
+void Backend::reset_marks() { host_marks_.clear(); }
 
 void Backend::copy_from_host(const Tensor& dst, const void* host) {
   if (dst.data() && dst.bytes()) std::memcpy(dst.data(), host, dst.bytes());

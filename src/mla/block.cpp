@@ -6,7 +6,6 @@
 // The "attention layout" is where attention runs:
 //   a2a:        S tokens x H = n_h/P heads (heads h0 = rank*H ...), q_offset 0
 //   all_gather: s tokens x n_h heads, keys over all S tokens, q_offset = rank*s
-#include <chrono>
 
 #include "laga/block.hpp"
 #include "laga/errors.hpp"
@@ -44,16 +43,25 @@ struct BlockImpl {
   bool a2a() const { return opts.layout == Layout::A2A; }
 
   // ---------------------------------------------------------------- op wrappers: count, time, run
+  // Times one op on the backend's queue; the marks are read once per pass (finish_timing), so timing a
+  // device backend does not synchronize after every op.
   struct Timer {
     BlockImpl& self;
     OpPhase ph;
-    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-    ~Timer() {
-      self.be.synchronize();
-      self.stats->seconds[int(ph)] +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
+    int start = self.be.mark();
+    ~Timer() { self.marks.push_back({ph, start, self.be.mark()}); }
   };
+  struct Mark {
+    OpPhase ph;
+    int start, end;
+  };
+  std::vector<Mark> marks;
+  void finish_timing() {
+    be.synchronize();
+    for (const Mark& m : marks) stats->seconds[int(m.ph)] += be.elapsed(m.start, m.end);
+    marks.clear();
+    be.reset_marks();
+  }
 
   Tensor empty(Shape shape, const std::string& name) { return Tensor(be.allocator(), dt, std::move(shape), name); }
   Tensor zeros(Shape shape, const std::string& name) {
@@ -646,6 +654,7 @@ Tensor MlaBlock::forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w
   impl.stats = &fwd_;
   impl.phase = Phase::forward;
   Tensor y = impl.forward(ctx, x, w);
+  impl.finish_timing();
   fwd_.peak_bytes = alloc.peak_bytes() - base;
   return y;
 }
@@ -659,6 +668,7 @@ Tensor MlaBlock::backward(MlaGrads& grads, SavedContext& ctx, const Tensor& dy, 
   impl.stats = &bwd_;
   impl.phase = Phase::backward;
   Tensor dx = impl.backward(grads, ctx, dy, x, w);
+  impl.finish_timing();
   bwd_.peak_bytes = alloc.peak_bytes() - base;
   return dx;
 }
