@@ -30,4 +30,12 @@ std::unique_ptr<Communicator> make_mpi_communicator();
 // The same predicate on every rank: true iff `ok` is true on all ranks (an MPI_Allreduce of a flag).
 bool mpi_all_ok(bool ok);
 
+// This process among the ranks of MPI_COMM_WORLD on the same node (MPI_Comm_split_type shared memory):
+// how ranks pick a GPU (local_rank % device count) and learn whether they share one.
+struct MpiNodeInfo {
+  int local_rank = 0;
+  int local_size = 1;
+};
+MpiNodeInfo mpi_node_info();
+
 }  // namespace laga

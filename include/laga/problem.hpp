@@ -46,7 +46,8 @@ RankRun run_rank(const MlaConfig&, const BlockOptions&, const BlockShape&, Backe
                  const Tensor* dy = nullptr);
 
 // The global result of a run: every rank's shard of y and dx in rank order, weight gradients summed over
-// ranks. A collective over `comm` (host buffers, uncounted); every rank receives it.
+// ranks. A collective over `comm`, which must serve HOST buffers (MPI, threads; not NCCL: pass the MPI
+// communicator beside it); uncounted; every rank receives it. With one rank no collective is made.
 struct GlobalResult {
   std::vector<double> y, dx;  // [S, batch, d]
   std::vector<std::pair<std::string, std::vector<double>>> grads;  // ("w_uk", ...) in MlaWeights order

@@ -114,6 +114,18 @@ bool mpi_all_ok(bool ok) {
   return flag != 0;
 }
 
+MpiNodeInfo mpi_node_info() {
+  MPI_Comm node = MPI_COMM_NULL;
+  LAGA_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  MpiNodeInfo info;
+  const int rank_rc = MPI_Comm_rank(node, &info.local_rank);
+  const int size_rc = MPI_Comm_size(node, &info.local_size);
+  MPI_Comm_free(&node);
+  LAGA_MPI_CHECK(rank_rc);
+  LAGA_MPI_CHECK(size_rc);
+  return info;
+}
+
 // ---- the communicator ----
 
 namespace {

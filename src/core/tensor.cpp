@@ -121,7 +121,9 @@ std::int64_t shape_numel(const Shape& s) {
 }
 
 Tensor::Storage::~Storage() {
-  if (alloc) alloc->free(id, ptr);
+  // id 0: the allocation itself failed (ids start at 1), so there is nothing to free. Freeing it would throw
+  // from this destructor while the allocation's exception unwinds, and end the process.
+  if (alloc && id != 0) alloc->free(id, ptr);
 }
 
 Tensor::Tensor(Allocator& alloc, DType dtype, Shape shape, const std::string& name, MemoryKind kind)

@@ -56,6 +56,7 @@ class CudaAllocator final : public Allocator {
       (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
       return nullptr;
     }
+    sample_used();
     return p;
   }
   // Runs from tensor destructors: must not throw. A failure here means an earlier kernel failed, and that
@@ -65,8 +66,26 @@ class CudaAllocator final : public Allocator {
     (void)cudaFree(ptr);
   }
 
+ public:
+  // cudaMemGetInfo's used bytes, high-water mark over the samples taken after each allocation.
+  void sample_used() {
+    std::size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    peak_used_ = std::max(peak_used_, total - free);
+  }
+  std::size_t peak_used() const { return peak_used_; }
+  void reset_peak_used() {
+    DeviceGuard guard(device_);
+    peak_used_ = 0;
+    sample_used();
+  }
+
  private:
   int device_;
+  std::size_t peak_used_ = 0;
 };
 
 class CudaBackend final : public Backend {
@@ -87,6 +106,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaSetDevice(ctx_.device);
     if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
     if (inv_freq_) cudaFree(inv_freq_);
     gemm_.reset();
     if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
@@ -95,6 +115,9 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::cuda; }
   const char* name() const override { return "cuda"; }
   Allocator& allocator() override { return alloc_; }
+  cudaStream_t stream() const { return ctx_.stream; }
+  int device_index() const { return ctx_.device; }
+  CudaAllocator& cuda_allocator() { return alloc_; }
 
   void gemm(const GemmArgs& g) override {
     DeviceGuard guard(ctx_.device);
@@ -152,8 +175,27 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(ctx_.device);
     LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
   }
+  // Device-side timing: events recorded on the backend's stream, kept in a pool reused across passes.
+  int mark() override {
+    DeviceGuard guard(ctx_.device);
+    if (marks_used_ == events_.size()) {
+      cudaEvent_t e;
+      LAGA_CUDA_CHECK(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    LAGA_CUDA_CHECK(cudaEventRecord(events_[marks_used_], ctx_.stream));
+    return int(marks_used_++);
+  }
+  double elapsed(int a, int b) override {
+    float ms = 0;
+    LAGA_CUDA_CHECK(cudaEventElapsedTime(&ms, events_.at(a), events_.at(b)));
+    return 1e-3 * double(ms);
+  }
+  void reset_marks() override { marks_used_ = 0; }
 
  private:
+  std::vector<cudaEvent_t> events_;
+  std::size_t marks_used_ = 0;
   // RoPE's frequencies arrive as a host array: uploaded when they differ from the last ones (the block
   // passes the same table every call).
   const double* upload_inv_freq(const RopeArgs& a) {
@@ -201,5 +243,38 @@ int cuda_device_count() {
 bool cuda_available() { return cuda_device_count() > 0; }
 
 std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<cuda::CudaBackend>(device); }
+
+namespace {
+cuda::CudaBackend& as_cuda(Backend& backend, const char* what) {
+  auto* b = dynamic_cast<cuda::CudaBackend*>(&backend);
+  LAGA_REQUIRE(b != nullptr, what, ": backend '", backend.name(), "' is not a CUDA backend");
+  return *b;
+}
+}  // namespace
+
+void* cuda_stream(Backend& backend) { return as_cuda(backend, "cuda_stream").stream(); }
+
+int cuda_device_of(Backend& backend) { return as_cuda(backend, "cuda_device_of").device_index(); }
+
+CudaMemInfo cuda_mem_info(int device) {
+  cuda::DeviceGuard guard(device);
+  CudaMemInfo info;
+  LAGA_CUDA_CHECK(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+  return info;
+}
+
+std::string cuda_device_name(int device) {
+  const int count = cuda_device_count();
+  LAGA_REQUIRE(device >= 0 && device < count, "cuda device ", device, " does not exist (", count, " device(s))");
+  cudaDeviceProp prop{};
+  LAGA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
+std::size_t cuda_peak_used_bytes(Backend& backend) {
+  return as_cuda(backend, "cuda_peak_used_bytes").cuda_allocator().peak_used();
+}
+
+void cuda_reset_peak_used(Backend& backend) { as_cuda(backend, "cuda_reset_peak_used").cuda_allocator().reset_peak_used(); }
 
 }  // namespace laga

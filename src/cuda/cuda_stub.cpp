@@ -3,15 +3,31 @@
 #include "laga/cuda.hpp"
 
 #include "laga/errors.hpp"
+#include "laga/nccl_comm.hpp"
 
 namespace laga {
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  throw InvalidArgument(detail::concat(what, ": laga was built without CUDA"));
+}
+}  // namespace
 
 bool cuda_available() { return false; }
 
 int cuda_device_count() { return 0; }
 
-std::unique_ptr<Backend> make_cuda_backend(int /*device*/) {
-  throw InvalidArgument("laga was built without CUDA");
+std::unique_ptr<Backend> make_cuda_backend(int /*device*/) { no_cuda("make_cuda_backend"); }
+
+void* cuda_stream(Backend&) { no_cuda("cuda_stream"); }
+int cuda_device_of(Backend&) { no_cuda("cuda_device_of"); }
+CudaMemInfo cuda_mem_info(int) { no_cuda("cuda_mem_info"); }
+std::string cuda_device_name(int) { no_cuda("cuda_device_name"); }
+std::size_t cuda_peak_used_bytes(Backend&) { no_cuda("cuda_peak_used_bytes"); }
+void cuda_reset_peak_used(Backend&) { no_cuda("cuda_reset_peak_used"); }
+
+std::unique_ptr<Communicator> make_host_staging_communicator(Communicator&, Backend&) {
+  no_cuda("make_host_staging_communicator");
 }
 
 }  // namespace laga

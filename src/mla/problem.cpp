@@ -123,9 +123,11 @@ RankRun run_rank(const MlaConfig& cfg, const BlockOptions& opts, const BlockShap
 }
 
 GlobalResult gather_result(Backend& be, Communicator& comm, const RankRun& run) {
+  // One rank needs no collective (so any communicator will do, also one that serves device buffers only).
   const int P = comm.size();
   auto gather = [&](const Tensor& t) {
     std::vector<double> local = to_host(be, t);
+    if (P == 1) return local;
     std::vector<double> full(local.size() * P);
     comm.all_gather(local.data(), full.data(), local.size(), DType::f64);
     return full;
@@ -135,7 +137,7 @@ GlobalResult gather_result(Backend& be, Communicator& comm, const RankRun& run) 
   g.dx = gather(run.dx);
   for (const auto& [name, t] : run.grads.named()) {
     std::vector<double> v = to_host(be, *t);
-    comm.all_reduce(v.data(), v.size(), DType::f64);
+    if (P > 1) comm.all_reduce(v.data(), v.size(), DType::f64);
     g.grads.emplace_back(name.substr(0), std::move(v));
   }
   return g;

@@ -1,35 +1,135 @@
-// `laga run`: one configuration on P ranks. Under mpirun each process is a rank (MPI collectives); launched
-// alone with --sp P > 1, the P ranks are threads of this process.
+// `laga run`: one configuration on P ranks, on the CPU or on GPUs.
+//
+//   CPU (--device cpu, the default): under mpirun each process is a rank (MPI collectives); launched alone
+//     with --sp P > 1, the P ranks are threads of this process.
+//   GPU (--device cuda): one process per rank (mpirun), rank r on GPU (local rank % device count). The
+//     communicator is NCCL when every rank has its own GPU, MPI with host staging when ranks share one
+//     (correct at any P on a single GPU, not fast), and a plain copy at P = 1; --comm forces a choice.
+//   Phantom (--phantom-rank r --sp P): rank r of P alone, on either device. Collectives are not performed
+//     (received data is synthetic), so memory, FLOPs and time of one rank of a large job are measured on
+//     one device; --form/--layout/--kernel all runs every variant in turn.
+//
+// Host-side gathers (the per-rank report, --check, --save) always go through a communicator over host
+// buffers: the MPI one beside NCCL, or a single-rank one at P = 1.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
-#include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "commands.hpp"
 #include "format.hpp"
+#include "laga/cuda.hpp"
 #include "laga/errors.hpp"
 #include "laga/mpi_comm.hpp"
+#include "laga/nccl_comm.hpp"
 #include "laga/npy.hpp"
 #include "laga/problem.hpp"
+#include "variants.hpp"
+
+#ifndef LAGA_GIT_COMMIT
+#define LAGA_GIT_COMMIT "unknown"
+#endif
 
 namespace laga::cli {
 namespace {
+
+using nlohmann::json;
 
 struct RunOptions {
   std::string model = "small";
   std::int64_t seq = 256;
   std::int64_t batch = 1;
   int sp = 0;  // 0: the number of MPI processes
-  std::string form = "laga", layout = "a2a", kernel = "fused", dtype = "float32", recompute = "none";
+  std::string form = "laga", layout = "a2a", kernel = "fused", recompute = "none";
+  std::string dtype;  // empty: float32 on the cpu, bfloat16 on cuda
   std::string absorbed_attention = "mqa";
+  std::string device = "cpu";
+  std::string comm = "auto";
+  int phantom_rank = -1;  // >= 0: run this rank of --sp alone
   std::uint64_t seed = 1;
   bool check = false;
   bool verbose = false;
-  std::string save_dir, load_dir;
-  double tolerance = 0;  // 0: 1e-5 for float32, 1e-10 for float64
+  std::string save_dir, load_dir, json_path;
+  double tolerance = 0;  // 0: the dtype's default (default_tolerance)
 };
+
+// ---------------------------------------------------------------- devices, dtypes, tolerances
+
+enum class DeviceKind { cpu, cuda };
+
+DeviceKind parse_device(const std::string& s) {
+  if (s == "cpu") return DeviceKind::cpu;
+  if (s == "cuda") return DeviceKind::cuda;
+  throw InvalidArgument(detail::concat("device = '", s, "': must be one of cpu, cuda"));
+}
+
+std::string dtype_text(const RunOptions& o) {
+  if (!o.dtype.empty()) return o.dtype;
+  return parse_device(o.device) == DeviceKind::cuda ? "bfloat16" : "float32";
+}
+
+// Against the single-rank explicit result on the same device and dtype. bf16: the paper's bar for LAGA
+// against explicit (DESIGN.md section 5).
+double default_tolerance(DType dt) {
+  switch (dt) {
+    case DType::f64: return 1e-10;
+    case DType::f32: return 1e-5;
+    case DType::bf16: return 1e-3;
+  }
+  return 1e-5;
+}
+// A GPU run against the CPU's float64 result (the precision of the dtype itself).
+double cpu_reference_tolerance(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-5; }
+
+void require_cuda_usable() {
+#ifdef LAGA_HAVE_CUDA
+  LAGA_REQUIRE(cuda_available(), "device = cuda: no usable GPU (no device visible to the CUDA runtime); run "
+               "with --device cpu");
+#else
+  LAGA_REQUIRE(false, "device = cuda: laga was built without CUDA (nvcc was not found at configure time); run "
+               "with --device cpu");
+#endif
+}
+
+// Which communicator GPU ranks use.
+enum class GpuComm { single, nccl, host_staging };
+const char* gpu_comm_name(GpuComm c) {
+  switch (c) {
+    case GpuComm::single: return "single";
+    case GpuComm::nccl: return "nccl";
+    case GpuComm::host_staging: return "host-staging";
+  }
+  return "?";
+}
+
+// `--comm` for P ranks on cuda, given whether every rank has a GPU of its own. Throws InvalidArgument.
+GpuComm choose_gpu_comm(const std::string& text, int P, bool every_rank_own_gpu) {
+  LAGA_REQUIRE(text == "auto" || text == "nccl" || text == "host-staging", "comm = '", text,
+               "': must be one of auto, nccl, host-staging");
+  if (text == "nccl") {
+    LAGA_REQUIRE(nccl_available(), "comm = nccl: laga was built without NCCL; use --comm host-staging");
+    LAGA_REQUIRE(every_rank_own_gpu, "comm = nccl: ranks share a GPU, and NCCL needs one rank per GPU; use "
+                                     "--comm host-staging (or auto), or give each rank its own GPU");
+    return GpuComm::nccl;
+  }
+  if (text == "host-staging") return GpuComm::host_staging;
+  if (P == 1) return GpuComm::single;
+  return every_rank_own_gpu && nccl_available() ? GpuComm::nccl : GpuComm::host_staging;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
+// ---------------------------------------------------------------- .npy interchange (--save, --load)
 
 // Tensors of the .npy interchange are [batch, seq, hidden]; the library's activations are [seq, batch, hidden].
 std::vector<double> sbd_to_bsd(const std::vector<double>& v, std::int64_t S, std::int64_t B, std::int64_t d) {
@@ -79,15 +179,16 @@ Loaded load_problem(const RunOptions& o, const MlaConfig& cfg, const BlockShape&
   return l;
 }
 
-void save_problem(const RunOptions& o, const MlaConfig& cfg, const BlockShape& sh, Backend& be, Communicator& comm,
+// `host` serves host buffers (the gathers below are of host vectors).
+void save_problem(const RunOptions& o, const MlaConfig& cfg, const BlockShape& sh, Backend& be, Communicator& host,
                   const MlaWeights& w, const Tensor& x, const Tensor& dy, const GlobalResult& res) {
   auto gather = [&](const Tensor& t) {
-    std::vector<double> local = to_host(be, t), full(local.size() * comm.size());
-    comm.all_gather(local.data(), full.data(), local.size(), DType::f64);
+    std::vector<double> local = to_host(be, t), full(local.size() * host.size());
+    host.all_gather(local.data(), full.data(), local.size(), DType::f64);
     return full;
   };
   std::vector<double> gx = gather(x), gdy = gather(dy);
-  if (comm.rank() != 0) return;
+  if (host.rank() != 0) return;
   std::filesystem::create_directories(o.save_dir);
   const std::int64_t S = sh.seq, B = sh.batch, d = cfg.hidden_size;
   const Shape bsd{B, S, d};
@@ -107,6 +208,134 @@ void save_problem(const RunOptions& o, const MlaConfig& cfg, const BlockShape& s
               o.save_dir.c_str());
 }
 
+// ---------------------------------------------------------------- the JSON document (--json FILE)
+
+json phases_json(const std::array<double, kOpPhaseCount>& v) {
+  json j = json::object();
+  for (int i = 0; i < kOpPhaseCount; ++i) j[op_phase_name(OpPhase(i))] = v[i];
+  return j;
+}
+
+// The label `laga plan` uses for the variant (variants.hpp).
+std::string variant_label(const BlockOptions& opts) {
+  for (const Variant& v : kVariants)
+    if (v.form == opts.form && v.recompute == opts.recompute &&
+        (opts.form != Form::Absorbed || v.absorbed == opts.absorbed_attention))
+      return v.label;
+  return form_name(opts.form);
+}
+
+json options_json(const BlockOptions& opts) {
+  return {{"variant", variant_label(opts)},
+          {"form", form_name(opts.form)},
+          {"layout", layout_name(opts.layout)},
+          {"kernel", kernel_name(opts.kernel)},
+          {"recompute", recompute_name(opts.recompute)},
+          {"absorbed_attention", absorbed_attention_name(opts.absorbed_attention)},
+          {"dtype", dtype_name(opts.dtype)}};
+}
+
+// Device memory as cudaMemGetInfo sees it around one run (absent on the cpu).
+struct DeviceMemory {
+  bool have = false;
+  std::size_t used_before = 0;  // before the run's weights and inputs (context, workspaces, other ranks)
+  std::size_t peak_used = 0;    // high-water mark over the run
+};
+
+// One rank's measurements of one run.
+json rank_json(const RankRun& run, int rank, const DeviceMemory& mem, int gpu) {
+  json saved = json::array();
+  for (const auto& t : run.saved)
+    saved.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"bytes", t.bytes}});
+  json traffic = json::array();
+  std::size_t sent = 0, received = 0;
+  for (const auto& c : run.traffic) {
+    traffic.push_back({{"phase", phase_name(c.phase)}, {"collective", collective_name(c.kind)}, {"tensor", c.tensor},
+                       {"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}});
+    sent += c.bytes_sent, received += c.bytes_received;
+  }
+  json j = {{"rank", rank},
+            {"hostname", host_name()},
+            {"saved_bytes", run.saved_bytes},
+            {"saved", saved},
+            {"peak_forward_bytes", run.fwd.peak_bytes},
+            {"peak_backward_bytes", run.bwd.peak_bytes},
+            {"bytes_sent", sent},
+            {"bytes_received", received},
+            {"traffic", traffic},
+            {"flops_forward", phases_json(run.fwd.flops)},
+            {"flops_backward", phases_json(run.bwd.flops)},
+            {"seconds_forward", phases_json(run.fwd.seconds)},
+            {"seconds_backward", phases_json(run.bwd.seconds)},
+            {"seconds_forward_total", run.fwd.total_seconds()},
+            {"seconds_backward_total", run.bwd.total_seconds()}};
+  if (mem.have) {
+    j["gpu"] = gpu;
+    j["device_used_before_bytes"] = mem.used_before;
+    j["device_peak_used_bytes"] = mem.peak_used;
+  }
+  return j;
+}
+
+json machine_json(DeviceKind device, int gpu, const char* communicator) {
+  json j = {{"hostname", host_name()}, {"commit", LAGA_GIT_COMMIT}, {"communicator", communicator},
+            {"device", device == DeviceKind::cuda ? "cuda" : "cpu"}};
+  if (device == DeviceKind::cuda) {
+    j["device_name"] = cuda_device_name(gpu);
+    j["device_count"] = cuda_device_count();
+    j["device_memory_bytes"] = cuda_mem_info(gpu).total_bytes;
+  } else {
+    j["device_name"] = "cpu";
+  }
+  return j;
+}
+
+json document_json(const RunOptions& o, const MlaConfig& cfg, int P) {
+  return {{"command", "run"},
+          {"config", json::parse(config_to_json(cfg))},
+          {"options", {{"model", o.model}, {"seq", o.seq}, {"batch", o.batch}, {"sp", P}, {"form", o.form},
+                       {"layout", o.layout}, {"kernel", o.kernel}, {"recompute", o.recompute},
+                       {"absorbed_attention", o.absorbed_attention}, {"dtype", dtype_text(o)}, {"device", o.device},
+                       {"comm", o.comm}, {"seed", o.seed}, {"check", o.check}}},
+          {"runs", json::array()}};
+}
+
+void write_json(const std::string& path, const json& doc) {
+  std::ofstream f(path);
+  LAGA_REQUIRE(f.good(), "json = '", path, "': cannot open for writing");
+  f << doc.dump(2) << "\n";
+  LAGA_CHECK(f.good(), "writing ", path, " failed");
+}
+
+// Refuses a --json path that cannot be written before anything runs (opens it for appending: creates it,
+// changes nothing else).
+void require_writable(const std::string& path) {
+  if (path.empty()) return;
+  std::ofstream f(path, std::ios::app);
+  LAGA_REQUIRE(f.good(), "json = '", path, "': cannot open for writing");
+}
+
+// Every rank's string, in rank order, through a communicator over host buffers.
+std::vector<std::string> gather_strings(Communicator& host, const std::string& mine) {
+  const int P = host.size();
+  if (P == 1) return {mine};
+  double len = double(mine.size());
+  std::vector<double> lens(P);
+  host.all_gather(&len, lens.data(), 1, DType::f64);
+  std::size_t longest = 0;
+  for (double l : lens) longest = std::max(longest, std::size_t(l));
+  const std::size_t words = std::max<std::size_t>(1, (longest + sizeof(double) - 1) / sizeof(double));
+  std::vector<double> buf(words, 0.0), all(words * P);
+  std::memcpy(buf.data(), mine.data(), mine.size());
+  host.all_gather(buf.data(), all.data(), words, DType::f64);
+  std::vector<std::string> out;
+  for (int r = 0; r < P; ++r)
+    out.emplace_back(reinterpret_cast<const char*>(all.data() + std::size_t(r) * words), std::size_t(lens[r]));
+  return out;
+}
+
+// ---------------------------------------------------------------- one rank of a real run
+
 // What one rank needs before any collective: the configuration, options, shape, its backend and, with
 // --load, the problem read from disk. Communicates with no one, so bad input is refused on every rank
 // before any collective. Throws InvalidArgument for bad input.
@@ -114,29 +343,54 @@ struct Prepared {
   MlaConfig cfg;
   BlockOptions opts;
   BlockShape sh;
+  DeviceKind device = DeviceKind::cpu;
+  int gpu = -1;  // cuda: the device index
   std::unique_ptr<Backend> be;
   Loaded loaded;
   bool have = false;  // loaded from --load
 };
 
-Prepared prepare(const RunOptions& o, int ranks, int rank) {
-  Prepared p;
+// Checks that need no backend: the model, options, shape, device and dtype.
+void check_options(const RunOptions& o, Prepared& p, int ranks, int rank) {
   p.cfg = resolve_model(o.model);
+  p.device = parse_device(o.device);
+  for (const auto* field : {&o.form, &o.layout, &o.kernel})
+    LAGA_REQUIRE(*field != "all" || o.phantom_rank >= 0, "'all' for --form, --layout or --kernel runs a sweep of "
+                 "phantom ranks: add --phantom-rank R (a real run takes one variant)");
   p.opts = BlockOptions{.form = parse_form(o.form), .layout = parse_layout(o.layout), .kernel = parse_kernel(o.kernel),
                         .recompute = parse_recompute(o.recompute),
                         .absorbed_attention = parse_absorbed_attention(o.absorbed_attention),
-                        .dtype = parse_dtype(o.dtype)};
+                        .dtype = parse_dtype(dtype_text(o))};
   p.sh = BlockShape{.batch = o.batch, .seq = o.seq, .ranks = ranks, .rank = rank};
   validate(p.cfg, p.opts, p.sh);
-  LAGA_REQUIRE(p.opts.dtype != DType::bf16, "dtype = bfloat16: the cpu backend runs float32 or float64");
+  if (p.device == DeviceKind::cpu) {
+    LAGA_REQUIRE(p.opts.dtype != DType::bf16, "dtype = bfloat16: the cpu backend runs float32 or float64 "
+                                              "(bfloat16 needs --device cuda)");
+    LAGA_REQUIRE(o.comm == "auto", "comm = '", o.comm, "': --comm chooses between GPU communicators (with --device cuda)");
+  } else {
+    LAGA_REQUIRE(p.opts.dtype != DType::f64, "dtype = float64: the cuda backend runs bfloat16 or float32 "
+                                             "(float64 needs --device cpu)");
+  }
   LAGA_REQUIRE(o.tolerance >= 0, "tolerance = ", o.tolerance, ": must be >= 0 (0 picks the dtype's default)");
+}
+
+Prepared prepare(const RunOptions& o, int ranks, int rank, int gpu) {
+  Prepared p;
+  check_options(o, p, ranks, rank);
+  if (rank == 0) require_writable(o.json_path);  // only rank 0 writes
   if (!o.save_dir.empty() && rank == 0) {  // only rank 0 writes
     std::error_code ec;
     std::filesystem::create_directories(o.save_dir, ec);
     LAGA_REQUIRE(!ec && std::filesystem::is_directory(o.save_dir), "save = \"", o.save_dir,
                  "\": cannot create the directory (", ec ? ec.message() : "not a directory", ")");
   }
-  p.be = make_cpu_backend();
+  if (p.device == DeviceKind::cuda) {
+    require_cuda_usable();
+    p.gpu = gpu;
+    p.be = make_cuda_backend(gpu);
+  } else {
+    p.be = make_cpu_backend();
+  }
   if (!o.load_dir.empty()) {
     p.loaded = load_problem(o, p.cfg, p.sh, p.opts.dtype, *p.be);
     p.have = true;
@@ -153,8 +407,43 @@ void maybe_inject_failure(int rank) {
     throw RuntimeError(detail::concat("failure injected by LAGA_TEST_FAIL_RANK=", v, " after the block's collectives"));
 }
 
-// Everything one rank does after prepare(). Rank 0 prints. Returns the exit code (the same on every rank).
-int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm) {
+// The block on this rank, with the device memory around it on cuda.
+RankRun measured_run(Prepared& p, Communicator& comm, std::uint64_t seed, const MlaWeights* w, const Tensor* x,
+                     const Tensor* dy, DeviceMemory& mem) {
+  mem = DeviceMemory{};
+  if (p.device == DeviceKind::cuda) {
+    p.be->synchronize();
+    mem.have = true;
+    mem.used_before = cuda_mem_info(p.gpu).used_bytes();
+    cuda_reset_peak_used(*p.be);
+  }
+  RankRun run = run_rank(p.cfg, p.opts, p.sh, *p.be, comm, seed, w, x, dy);
+  if (mem.have) {
+    p.be->synchronize();
+    mem.peak_used = std::max(cuda_peak_used_bytes(*p.be), cuda_mem_info(p.gpu).used_bytes());
+  }
+  return run;
+}
+
+// A table of relative errors against `ref`; returns whether every one is within `tol` (NaN fails).
+bool print_comparison(const GlobalResult& got, const GlobalResult& ref, double tol, json& out) {
+  bool ok_all = true;
+  Table t({"tensor", "rel. error", "verdict"});
+  out = json::array();
+  for (const auto& c : compare(got, ref)) {
+    const bool ok = c.rel_error <= tol;
+    ok_all = ok_all && ok;
+    t.add({c.tensor, fmt("%.3e", c.rel_error), ok ? "ok" : "FAIL"});
+    out.push_back({{"tensor", c.tensor}, {"rel_error", c.rel_error}, {"ok", ok}});
+  }
+  t.print();
+  return ok_all;
+}
+
+// Everything one rank does after prepare(): `comm` carries the block's collectives (device buffers),
+// `host` the report's gathers (host buffers; the same object on the cpu). Rank 0 prints. Returns the exit
+// code (the same on every rank).
+int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm, Communicator& host) {
   const MlaConfig& cfg = p.cfg;
   const BlockOptions& opts = p.opts;
   const BlockShape& sh = p.sh;
@@ -162,9 +451,12 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm) {
   const bool have = p.have;
   Loaded& loaded = p.loaded;
   const bool lead = comm.rank() == 0;
+  LAGA_CHECK(host.size() == comm.size() && host.rank() == comm.rank(), "host communicator rank ", host.rank(), " of ",
+             host.size(), " beside block communicator rank ", comm.rank(), " of ", comm.size());
 
-  RankRun run = run_rank(cfg, opts, sh, be, comm, o.seed, have ? &loaded.weights : nullptr, have ? &loaded.x : nullptr,
-                         have ? &loaded.dy : nullptr);
+  DeviceMemory mem;
+  RankRun run = measured_run(p, comm, o.seed, have ? &loaded.weights : nullptr, have ? &loaded.x : nullptr,
+                             have ? &loaded.dy : nullptr, mem);
   maybe_inject_failure(comm.rank());
 
   // Per-rank figures to rank 0.
@@ -173,23 +465,33 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm) {
   for (const auto& c : run.traffic) sent += c.bytes_sent, recv += c.bytes_received;
   std::vector<double> mine{double(run.saved_bytes), double(run.fwd.peak_bytes), double(run.bwd.peak_bytes),
                            double(sent), double(recv), run.fwd.total_seconds(), run.bwd.total_seconds(),
-                           run.fwd.total_flops() + run.bwd.total_flops()};
+                           run.fwd.total_flops() + run.bwd.total_flops(), double(mem.used_before),
+                           double(mem.peak_used), double(p.gpu)};
   std::vector<double> all(mine.size() * P);
-  comm.all_gather(mine.data(), all.data(), mine.size(), DType::f64);
+  host.all_gather(mine.data(), all.data(), mine.size(), DType::f64);
+  const bool cuda = p.device == DeviceKind::cuda;
 
   if (lead) {
-    std::printf("laga run: model '%s', S=%ld, batch %ld, form %s, layout %s, kernel %s%s%s, %s, P=%d (%s)\n",
+    std::printf("laga run: model '%s', S=%ld, batch %ld, form %s, layout %s, kernel %s%s%s, %s, P=%d (%s%s)\n",
                 cfg.name.c_str(), long(o.seq), long(o.batch), form_name(opts.form), layout_name(opts.layout),
                 kernel_name(opts.kernel), opts.recompute == Recompute::KV ? ", recompute kv" : "",
                 opts.form == Form::Absorbed ? (std::string(", attention ") + absorbed_attention_name(opts.absorbed_attention)).c_str() : "",
-                dtype_name(opts.dtype), P, comm.name());
-    Table t({"rank", "saved", "peak fwd", "peak bwd", "sent", "received", "GFLOP", "fwd ms", "bwd ms"});
+                dtype_name(opts.dtype), P, comm.name(), cuda ? ", cuda" : "");
+    if (cuda) std::printf("device: %s (%d visible)\n", cuda_device_name(p.gpu).c_str(), cuda_device_count());
+    std::vector<std::string> header{"rank", "saved", "peak fwd", "peak bwd", "sent", "received", "GFLOP", "fwd ms", "bwd ms"};
+    if (cuda) header.insert(header.end(), {"gpu", "dev used before", "dev peak"});
+    Table t(header);
     for (int r = 0; r < P; ++r) {
       const double* m = &all[r * mine.size()];
-      t.add({std::to_string(r), human_bytes(m[0]), human_bytes(m[1]), human_bytes(m[2]), human_bytes(m[3]),
-             human_bytes(m[4]), fmt("%.3f", m[7] * 1e-9), fmt("%.2f", m[5] * 1e3), fmt("%.2f", m[6] * 1e3)});
+      std::vector<std::string> row{std::to_string(r), human_bytes(m[0]), human_bytes(m[1]), human_bytes(m[2]),
+                                   human_bytes(m[3]), human_bytes(m[4]), fmt("%.3f", m[7] * 1e-9),
+                                   fmt("%.2f", m[5] * 1e3), fmt("%.2f", m[6] * 1e3)};
+      if (cuda) row.insert(row.end(), {fmt("%.0f", m[10]), human_bytes(m[8]), human_bytes(m[9])});
+      t.add(row);
     }
     t.print();
+    if (cuda)
+      std::printf("dev: device memory in use (cudaMemGetInfo; all processes on the GPU), before the run and its peak\n");
     std::printf("\ncollectives on rank 0 (bytes this rank sent / received):\n");
     Table c({"phase", "collective", "tensor", "calls", "sent", "received"}, 3);
     for (const auto& rec : run.traffic)
@@ -213,38 +515,91 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm) {
     std::fflush(stdout);
   }
 
+  // The JSON document: every rank's measurements, gathered to rank 0 (a collective: every rank joins,
+  // whether or not it writes).
+  std::vector<std::string> rank_docs;
+  if (!o.json_path.empty()) rank_docs = gather_strings(host, rank_json(run, comm.rank(), mem, p.gpu).dump());
+
   const bool need_global = o.check || !o.save_dir.empty();
   GlobalResult global;
-  if (need_global) global = gather_result(be, comm, run);
+  if (need_global) global = gather_result(be, host, run);
   if (!o.save_dir.empty())
-    save_problem(o, cfg, sh, be, comm, have ? loaded.weights : make_weights(cfg, opts.dtype, be, o.seed),
+    save_problem(o, cfg, sh, be, host, have ? loaded.weights : make_weights(cfg, opts.dtype, be, o.seed),
                  have ? loaded.x : make_shard(cfg, sh, opts.dtype, be, o.seed, DataStream::x),
                  have ? loaded.dy : make_shard(cfg, sh, opts.dtype, be, o.seed, DataStream::dy), global);
 
+  // bf16 at P > 1: DESIGN.md's bar compares LAGA (or absorbed) with explicit at the SAME P, so every rank
+  // runs the explicit form too (a collective over `comm`), on the same device, dtype and communicator.
+  GlobalResult explicit_same_p;
+  const bool same_p = o.check && P > 1 && opts.dtype == DType::bf16 && opts.form != Form::Explicit;
+  if (same_p) {
+    BlockOptions ex = opts;
+    ex.form = Form::Explicit;
+    ex.recompute = Recompute::None;
+    const RankRun ex_run = run_rank(cfg, ex, sh, be, comm, o.seed, have ? &loaded.weights : nullptr,
+                                    have ? &loaded.x : nullptr, have ? &loaded.dy : nullptr);
+    explicit_same_p = gather_result(be, host, ex_run);
+  }
+
   double failed = 0;
+  json check_doc = json::array();
   if (o.check) {
     if (lead) {
-      const double tol = o.tolerance > 0 ? o.tolerance : (opts.dtype == DType::f64 ? 1e-10 : 1e-5);
-      // The reference runs on rank 0 alone, with the full input.
-      auto ref_be = make_cpu_backend();
+      const double tol = o.tolerance > 0 ? o.tolerance : default_tolerance(opts.dtype);
+      // The reference runs on rank 0 alone, with the full input, on the same device and dtype.
+      std::unique_ptr<Backend> ref_be = cuda ? make_cuda_backend(p.gpu) : make_cpu_backend();
       BlockShape full{.batch = o.batch, .seq = o.seq, .ranks = 1, .rank = 0};
-      Loaded ref_loaded;
-      if (have) ref_loaded = load_problem(o, cfg, full, opts.dtype, *ref_be);
-      const GlobalResult ref = reference_result(cfg, opts.dtype, opts.kernel, o.batch, o.seq, *ref_be, o.seed,
-                                                have ? &ref_loaded.weights : nullptr, have ? &ref_loaded.x : nullptr,
-                                                have ? &ref_loaded.dy : nullptr);
-      std::printf("\ncheck against the single-rank explicit result (relative Frobenius error, tolerance %.0e):\n", tol);
-      Table t({"tensor", "rel. error", "verdict"});
-      for (const auto& c : compare(global, ref)) {
-        const bool ok = c.rel_error <= tol;  // NaN fails
-        if (!ok) failed = 1;
-        t.add({c.tensor, fmt("%.3e", c.rel_error), ok ? "ok" : "FAIL"});
+      GlobalResult ref;
+      {
+        Loaded ref_loaded;
+        if (have) ref_loaded = load_problem(o, cfg, full, opts.dtype, *ref_be);
+        ref = reference_result(cfg, opts.dtype, opts.kernel, o.batch, o.seq, *ref_be, o.seed,
+                               have ? &ref_loaded.weights : nullptr, have ? &ref_loaded.x : nullptr,
+                               have ? &ref_loaded.dy : nullptr);
       }
-      t.print();
+      std::printf("\ncheck against the single-rank explicit result on the same device (%s, %s; relative Frobenius "
+                  "error, tolerance %.0e):\n", cuda ? "cuda" : "cpu", dtype_name(opts.dtype), tol);
+      json rows;
+      if (!print_comparison(global, ref, tol, rows)) failed = 1;
+      check_doc.push_back({{"reference", "explicit P=1, same device"}, {"tolerance", tol}, {"tensors", rows}});
+      if (same_p) {
+        std::printf("\ncheck against explicit at the same P=%d (same device, dtype and communicator; tolerance %.0e):\n",
+                    P, tol);
+        json rows_p;
+        if (!print_comparison(global, explicit_same_p, tol, rows_p)) failed = 1;
+        check_doc.push_back({{"reference", "explicit same P"}, {"tolerance", tol}, {"tensors", rows_p}});
+      }
+      if (cuda) {
+        // And the precision of the dtype itself: the CPU's float64 result of the same problem (the inputs
+        // and weights before rounding to the GPU's dtype).
+        const double tol64 = cpu_reference_tolerance(opts.dtype);
+        auto cpu_be = make_cpu_backend();
+        Loaded ref64_loaded;
+        if (have) ref64_loaded = load_problem(o, cfg, full, DType::f64, *cpu_be);
+        const GlobalResult ref64 = reference_result(cfg, DType::f64, opts.kernel, o.batch, o.seq, *cpu_be, o.seed,
+                                                    have ? &ref64_loaded.weights : nullptr,
+                                                    have ? &ref64_loaded.x : nullptr, have ? &ref64_loaded.dy : nullptr);
+        std::printf("\ncheck against the CPU float64 result (tolerance %.0e):\n", tol64);
+        json rows64;
+        if (!print_comparison(global, ref64, tol64, rows64)) failed = 1;
+        check_doc.push_back({{"reference", "CPU float64"}, {"tolerance", tol64}, {"tensors", rows64}});
+      }
       std::printf("check %s\n", failed ? "FAILED" : "passed");
       std::fflush(stdout);
     }
-    comm.all_reduce(&failed, 1, DType::f64);
+    host.all_reduce(&failed, 1, DType::f64);
+  }
+
+  if (lead && !o.json_path.empty()) {
+    json doc = document_json(o, cfg, P);
+    doc["machine"] = machine_json(p.device, p.gpu, comm.name());
+    doc["phantom"] = false;
+    json entry = options_json(opts);
+    entry["ranks"] = json::array();
+    for (const auto& s : rank_docs) entry["ranks"].push_back(json::parse(s));
+    if (o.check) entry["check"] = check_doc;
+    doc["runs"].push_back(entry);
+    write_json(o.json_path, doc);
   }
   return failed > 0 ? kExitCheckFailed : kExitOk;
 }
@@ -263,16 +618,28 @@ int exit_code_of(const std::exception& e) {
 // Under mpirun: each process is a rank.
 int run_mpi(const RunOptions& o, const MpiSession& mpi) {
   const int world = mpi.size(), rank = mpi.rank();
-  auto comm = make_mpi_communicator();  // collective, reached unconditionally by every rank
+  auto host = make_mpi_communicator();  // collective, reached unconditionally by every rank
+  // GPU placement: rank r takes GPU (local rank % device count); NCCL only when no GPU is shared, on
+  // every node (collectives, reached unconditionally by every rank).
+  const MpiNodeInfo node = mpi_node_info();
+  const int gpus = o.device == "cuda" ? cuda_device_count() : 0;
+  const bool every_rank_own_gpu = mpi_all_ok(gpus > 0 && node.local_size <= gpus);
   // 1. Refuse bad input on every rank before any collective of the run: every rank checks the same
   //    input, prints its own refusal, then the ranks agree on the verdict (so no rank is left waiting
   //    and no rank exits, taking mpirun's kill of the others with it, before every rank has printed).
   Prepared p;
+  GpuComm gpu_comm = GpuComm::single;
   int code = kExitOk;
   try {
     LAGA_REQUIRE(o.sp == 0 || o.sp == world, "sp = ", o.sp, " but mpirun started ", world,
                  " processes: under mpirun the ranks are the processes (omit --sp or make it equal)");
-    p = prepare(o, world, rank);
+    LAGA_REQUIRE(o.phantom_rank == -1, "phantom-rank = ", o.phantom_rank,
+                 ": a phantom rank runs alone; launch it without mpirun");
+    if (parse_device(o.device) == DeviceKind::cuda) {
+      require_cuda_usable();
+      gpu_comm = choose_gpu_comm(o.comm, world, every_rank_own_gpu);
+    }
+    p = prepare(o, world, rank, gpus > 0 ? node.local_rank % gpus : -1);
   } catch (const std::exception& e) {
     code = exit_code_of(e);
     std::fprintf(stderr, "laga: error: %s\n", e.what());
@@ -280,13 +647,13 @@ int run_mpi(const RunOptions& o, const MpiSession& mpi) {
   }
   try {
     double verdict[2] = {code == kExitInvalidInput ? 1.0 : 0.0, code == kExitRuntimeError ? 1.0 : 0.0};
-    comm->all_reduce(verdict, 2, DType::f64);
+    host->all_reduce(verdict, 2, DType::f64);
     if (verdict[0] > 0 || verdict[1] > 0) {
       if (code == kExitOk) {
         std::fprintf(stderr, "laga: error: the input was refused on another rank (its message is above)\n");
         std::fflush(stderr);
       }
-      comm->barrier();  // every rank has printed before any exits
+      host->barrier();  // every rank has printed before any exits
       return verdict[0] > 0 ? kExitInvalidInput : kExitRuntimeError;
     }
   } catch (const std::exception& e) {
@@ -295,23 +662,191 @@ int run_mpi(const RunOptions& o, const MpiSession& mpi) {
   // 2. The run. From here a failure on one rank ends all of them (MpiSession::abort): the exception must
   //    not unwind through ~MpiSession, whose MPI_Finalize would wait for ranks stuck in a collective.
   try {
-    return run_on_rank(o, p, *comm);
+    std::unique_ptr<Communicator> device_comm;
+    if (p.device == DeviceKind::cuda)
+      device_comm = gpu_comm == GpuComm::nccl ? make_nccl_communicator(*host, *p.be)
+                                              : make_host_staging_communicator(*host, *p.be);
+    return run_on_rank(o, p, device_comm ? *device_comm : *host, *host);
   } catch (const std::exception& e) {
     fail_all_ranks(e, rank, world);
   }
 }
 
+// ---------------------------------------------------------------- phantom ranks
+
+// The variants a phantom run covers: one, or with 'all' every variant (variants.hpp), layout, kernel.
+std::vector<BlockOptions> phantom_variants(const RunOptions& o, DType dtype) {
+  std::vector<BlockOptions> forms;
+  if (o.form == "all") {
+    LAGA_REQUIRE(o.recompute == "none" && o.absorbed_attention == "mqa", "form = all covers every variant (",
+                 "absorbed mqa and expanded, laga with and without recompute): leave --recompute and "
+                 "--absorbed-attention out");
+    for (const Variant& v : kVariants) forms.push_back(with_variant(BlockOptions{}, v));
+  } else {
+    forms.push_back(BlockOptions{.form = parse_form(o.form), .recompute = parse_recompute(o.recompute),
+                                 .absorbed_attention = parse_absorbed_attention(o.absorbed_attention)});
+  }
+  std::vector<Layout> layouts;
+  if (o.layout == "all") layouts.assign(kAllLayouts.begin(), kAllLayouts.end());
+  else layouts.push_back(parse_layout(o.layout));
+  std::vector<AttentionKernel> kernels;
+  if (o.kernel == "all") kernels.assign(kAllKernels.begin(), kAllKernels.end());
+  else kernels.push_back(parse_kernel(o.kernel));
+  std::vector<BlockOptions> out;
+  for (Layout l : layouts)
+    for (AttentionKernel k : kernels)
+      for (BlockOptions f : forms) {
+        f.layout = l;
+        f.kernel = k;
+        f.dtype = dtype;
+        out.push_back(f);
+      }
+  return out;
+}
+
+// Rank r of P alone: collectives return correctly sized, deterministic data and move nothing.
+int run_phantom(const RunOptions& o) {
+  const int P = o.sp == 0 ? 1 : o.sp;
+  const int r = o.phantom_rank;
+  const MlaConfig cfg = resolve_model(o.model);
+  const DeviceKind device = parse_device(o.device);
+  const DType dtype = parse_dtype(dtype_text(o));
+  LAGA_REQUIRE(P >= 1, "sp = ", P, ": the number of sequence-parallel ranks must be >= 1");
+  LAGA_REQUIRE(r < P, "phantom-rank = ", r, ": must be in [0, sp = ", P, ")");
+  LAGA_REQUIRE(!o.check && o.save_dir.empty() && o.load_dir.empty(),
+               "phantom-rank: a phantom rank exchanges no real data, so --check, --save and --load do not apply");
+  LAGA_REQUIRE(o.comm == "auto", "comm = '", o.comm, "': a phantom rank uses no communicator (leave --comm out)");
+  require_writable(o.json_path);
+  // Every variant is validated before anything runs.
+  Prepared base;
+  RunOptions one = o;
+  one.form = o.form == "all" ? "laga" : o.form;
+  one.layout = o.layout == "all" ? "a2a" : o.layout;
+  one.kernel = o.kernel == "all" ? "fused" : o.kernel;
+  if (o.form == "all") one.recompute = "none", one.absorbed_attention = "mqa";
+  check_options(one, base, P, r);
+  const std::vector<BlockOptions> variants = phantom_variants(o, dtype);
+  for (const BlockOptions& v : variants) validate(cfg, v, base.sh);
+
+  Prepared p;
+  p.cfg = cfg;
+  p.sh = base.sh;
+  p.device = device;
+  if (device == DeviceKind::cuda) require_cuda_usable();
+  p.gpu = device == DeviceKind::cuda ? 0 : -1;
+  auto make_backend = [&] { return device == DeviceKind::cuda ? make_cuda_backend(p.gpu) : make_cpu_backend(); };
+  // Weights and inputs live on a backend of their own, made once; each variant runs on a fresh backend,
+  // so the memory one variant's kernels keep outside the allocator (scratch, workspaces) is not charged
+  // to the next one.
+  auto data_be = make_backend();
+  const char* notice = "collectives were NOT performed; received data is synthetic";
+  std::printf("phantom rank %d of %d: %s\n", r, P, notice);
+  std::printf("laga run: model '%s', S=%ld, batch %ld, %s, rank %d of P=%d alone on %s%s, %zu variant(s)\n",
+              cfg.name.c_str(), long(o.seq), long(o.batch), dtype_name(dtype), r, P,
+              device == DeviceKind::cuda ? "cuda: " : "cpu", device == DeviceKind::cuda ? cuda_device_name(p.gpu).c_str() : "",
+              variants.size());
+  std::fflush(stdout);
+
+  // Weights and this rank's input are the same for every variant: made once.
+  const MlaWeights w = make_weights(cfg, dtype, *data_be, o.seed);
+  const Tensor x = make_shard(cfg, p.sh, dtype, *data_be, o.seed, DataStream::x);
+  const Tensor dy = make_shard(cfg, p.sh, dtype, *data_be, o.seed, DataStream::dy);
+  data_be->synchronize();
+
+  json doc = document_json(o, cfg, P);
+  doc["machine"] = machine_json(device, p.gpu, "phantom");
+  doc["phantom"] = {{"rank", r}, {"ranks", P}, {"note", std::string("phantom rank ") + std::to_string(r) + " of " +
+                                                            std::to_string(P) + ": " + notice}};
+  std::vector<std::string> header{"variant", "layout", "kernel", "saved", "peak fwd", "peak bwd", "sent", "GFLOP",
+                                  "fwd ms", "bwd ms"};
+  if (device == DeviceKind::cuda) header.push_back("dev peak");
+  Table summary(header, 3);
+  const bool details = o.verbose || variants.size() == 1;
+  for (const BlockOptions& v : variants) {
+    p.opts = v;
+    p.be = make_backend();
+    auto comm = make_phantom_communicator(*p.be, r, P);
+    DeviceMemory mem;
+    const RankRun run = measured_run(p, *comm, o.seed, &w, &x, &dy, mem);
+    std::size_t sent = 0;
+    for (const auto& c : run.traffic) sent += c.bytes_sent;
+    std::vector<std::string> row{variant_label(v), layout_name(v.layout), kernel_name(v.kernel),
+                                 human_bytes(double(run.saved_bytes)), human_bytes(double(run.fwd.peak_bytes)),
+                                 human_bytes(double(run.bwd.peak_bytes)), human_bytes(double(sent)),
+                                 fmt("%.4g", (run.fwd.total_flops() + run.bwd.total_flops()) * 1e-9),
+                                 fmt("%.2f", run.fwd.total_seconds() * 1e3), fmt("%.2f", run.bwd.total_seconds() * 1e3)};
+    if (mem.have) row.push_back(human_bytes(double(mem.peak_used)));
+    summary.add(row);
+    if (!details) {
+      std::string line;
+      for (const auto& cell : row) line += (line.empty() ? "" : " | ") + cell;
+      std::printf("done: %s\n", line.c_str());
+    }
+    if (details) {
+      std::printf("\n%s, layout %s, kernel %s: saved %zu bytes (%s), peak fwd %s, peak bwd %s, sent %s%s\n",
+                  variant_label(v).c_str(), layout_name(v.layout), kernel_name(v.kernel), run.saved_bytes,
+                  human_bytes(double(run.saved_bytes)).c_str(), human_bytes(double(run.fwd.peak_bytes)).c_str(),
+                  human_bytes(double(run.bwd.peak_bytes)).c_str(), human_bytes(double(sent)).c_str(),
+                  mem.have ? (", device in use " + human_bytes(double(mem.used_before)) + " before, peak " +
+                              human_bytes(double(mem.peak_used))).c_str() : "");
+      Table s({"saved tensor", "shape", "bytes"}, 2);
+      for (const auto& rec : run.saved) s.add({rec.name, shape_string(rec.shape), std::to_string(rec.bytes)});
+      s.add({"total", "", std::to_string(run.saved_bytes)});
+      s.print();
+      Table f({"phase", "fwd GFLOP", "bwd GFLOP", "fwd ms", "bwd ms"});
+      for (int ph = 0; ph < kOpPhaseCount; ++ph)
+        f.add({op_phase_name(OpPhase(ph)), fmt("%.3f", run.fwd.flops[ph] * 1e-9), fmt("%.3f", run.bwd.flops[ph] * 1e-9),
+               fmt("%.2f", run.fwd.seconds[ph] * 1e3), fmt("%.2f", run.bwd.seconds[ph] * 1e3)});
+      f.print();
+    }
+    json entry = options_json(v);
+    entry["ranks"] = json::array({rank_json(run, r, mem, p.gpu)});
+    doc["runs"].push_back(entry);
+    // Rewritten after every variant: a sweep stopped part way still leaves what it measured.
+    if (!o.json_path.empty()) write_json(o.json_path, doc);
+    std::fflush(stdout);
+  }
+  p.be.reset();
+  std::printf("\nper rank %d of %d (saved: kept from forward to backward; peak: live activation bytes%s):\n", r, P,
+              device == DeviceKind::cuda ? "; dev peak: cudaMemGetInfo, whole device" : "");
+  summary.print();
+  std::printf("phantom rank %d of %d: %s\n", r, P, notice);
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------- without mpirun
+
 int run_command(const RunOptions& o, int* argc, char*** argv) {
   MpiSession mpi(argc, argv);
   if (mpi.size() > 1) return run_mpi(o, mpi);
+  if (o.phantom_rank >= 0) return run_phantom(o);
+  LAGA_REQUIRE(o.phantom_rank == -1, "phantom-rank = ", o.phantom_rank, ": must be >= 0");
   const int P = o.sp == 0 ? 1 : o.sp;
   LAGA_REQUIRE(P >= 1, "sp = ", P, ": the number of sequence-parallel ranks must be >= 1");
+  if (parse_device(o.device) == DeviceKind::cuda) {
+    LAGA_REQUIRE(P == 1, "sp = ", P, " with --device cuda: GPU ranks are processes, not threads; launch "
+                 "mpirun -np ", P, " laga run --device cuda ... (ranks sharing one GPU exchange data over MPI)");
+    require_cuda_usable();
+    const GpuComm kind = choose_gpu_comm(o.comm, 1, true);
+    Prepared p = prepare(o, 1, 0, 0);
+    // Host gathers at P = 1 need no collective; a single-rank communicator over a CPU backend serves
+    // them (and bootstraps NCCL when --comm nccl asks for it at P = 1).
+    auto host_be = make_cpu_backend();
+    auto host = make_single_rank_communicator(*host_be);
+    std::unique_ptr<Communicator> comm;
+    switch (kind) {
+      case GpuComm::single: comm = make_single_rank_communicator(*p.be); break;
+      case GpuComm::nccl: comm = make_nccl_communicator(*host, *p.be); break;
+      case GpuComm::host_staging: comm = make_host_staging_communicator(*host, *p.be); break;
+    }
+    return run_on_rank(o, p, *comm, *host);
+  }
   // Prepare every rank before starting threads, so bad input never leaves a thread waiting at a barrier.
   std::vector<Prepared> prepared;
-  for (int r = 0; r < P; ++r) prepared.push_back(prepare(o, P, r));
+  for (int r = 0; r < P; ++r) prepared.push_back(prepare(o, P, r, -1));
   if (P == 1) {
     auto comm = make_single_rank_communicator(*prepared[0].be);
-    return run_on_rank(o, prepared[0], *comm);
+    return run_on_rank(o, prepared[0], *comm, *comm);
   }
   auto comms = make_thread_group(P);
   std::vector<int> codes(P, kExitOk);
@@ -319,7 +854,7 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
   for (int r = 0; r < P; ++r)
     threads.emplace_back([&, r] {
       try {
-        codes[r] = run_on_rank(o, prepared[r], *comms[r]);
+        codes[r] = run_on_rank(o, prepared[r], *comms[r], *comms[r]);
       } catch (const std::exception& e) {
         // The other threads may wait at a barrier forever: end the process. (Not MPI_Abort: MPI was
         // initialised for the main thread only.)
@@ -345,20 +880,31 @@ std::function<int()> add_run(CLI::App& app, CLI::App*& sub, int* argc, char*** a
   sub->add_option("--seq", o->seq, "Sequence length S (all ranks together)")->capture_default_str();
   sub->add_option("--batch", o->batch, "Micro-batch size")->capture_default_str();
   sub->add_option("--sp", o->sp, "Sequence-parallel ranks; default: the mpirun process count (1 alone). "
-                                 "Without mpirun, P > 1 runs P threads in this process");
-  sub->add_option("--form", o->form, "explicit, absorbed or laga")->capture_default_str();
-  sub->add_option("--layout", o->layout, "a2a (Ulysses) or all_gather (context parallel)")->capture_default_str();
-  sub->add_option("--kernel", o->kernel, "eager (scores kept) or fused (online softmax)")->capture_default_str();
-  sub->add_option("--dtype", o->dtype, "float32 or float64")->capture_default_str();
+                                 "Without mpirun, P > 1 runs P threads in this process (cpu only)");
+  sub->add_option("--form", o->form, "explicit, absorbed or laga (all: every variant, phantom ranks only)")->capture_default_str();
+  sub->add_option("--layout", o->layout, "a2a (Ulysses) or all_gather (context parallel); all: both, phantom ranks only")->capture_default_str();
+  sub->add_option("--kernel", o->kernel, "eager (scores kept) or fused (online softmax); all: both, phantom ranks only")->capture_default_str();
+  sub->add_option("--device", o->device, "cpu or cuda (one GPU per rank: local rank % device count)")->capture_default_str();
+  sub->add_option("--dtype", o->dtype, "float32 or float64 on the cpu (default float32); bfloat16 or float32 on cuda "
+                                       "(default bfloat16)");
+  sub->add_option("--comm", o->comm, "GPU communicator: auto (NCCL when every rank has its own GPU, else MPI with "
+                                     "host staging; a copy at P = 1), nccl or host-staging")->capture_default_str();
   sub->add_option("--recompute", o->recompute, "none, or kv (laga: keep only the gathered latent)")->capture_default_str();
   sub->add_option("--absorbed-attention", o->absorbed_attention,
                   "absorbed form: mqa (native) or expanded (latent copied per head)")->capture_default_str();
+  sub->add_option("--phantom-rank", o->phantom_rank,
+                  "Run rank R of --sp P alone (no mpirun): collectives are not performed and received data is "
+                  "synthetic; memory, FLOPs and time of one rank of a large job on one device");
   sub->add_option("--seed", o->seed, "Seed of the deterministic weights and inputs")->capture_default_str();
-  sub->add_flag("--check", o->check, "Compare with the single-rank explicit result; exit 1 above tolerance");
-  sub->add_option("--tolerance", o->tolerance, "Relative error bound of --check (default 1e-5 float32, 1e-10 float64)");
+  sub->add_flag("--check", o->check, "Compare with the single-rank explicit result on the same device and dtype "
+                                     "(and, on cuda, with the CPU float64 result); exit 1 above tolerance");
+  sub->add_option("--tolerance", o->tolerance, "Relative error bound of --check against the same-device result "
+                                               "(default 1e-5 float32, 1e-10 float64, 1e-3 bfloat16)");
   sub->add_flag("--verbose", o->verbose, "List the saved tensors and the FLOPs and time by phase");
   sub->add_option("--save", o->save_dir, "Write inputs, weights, output and gradients as .npy files to DIR");
   sub->add_option("--load", o->load_dir, "Read x.npy, weights (and dy.npy if present) from DIR");
+  sub->add_option("--json", o->json_path, "Write the configuration, options, every rank's saved tensors, peaks, "
+                                          "traffic, FLOPs and seconds by phase, and the machine to FILE");
   return [o, argc, argv] { return run_command(*o, argc, argv); };
 }
 

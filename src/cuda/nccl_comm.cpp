@@ -1,0 +1,190 @@
+// NCCL communicator for device buffers, one rank per GPU: the only translation unit of the library that
+// includes nccl.h. Bootstrapped over any host communicator (MPI in the CLI): rank 0 makes the unique id and
+// every rank receives it through an all_gather of host bytes, so no MPI call is made here.
+//
+// Every collective is queued on the CUDA backend's stream, ordered with the block's ops; nothing waits
+// for the host except barrier(). Error policy as in mpi_comm.cpp: every NCCL and CUDA call goes through a
+// check macro that throws RuntimeError naming the call, file:line and NCCL's own message; the caller
+// decides what to do (the CLI ends every rank, since the others may be inside a collective).
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "laga/backend.hpp"
+#include "laga/comm.hpp"
+#include "laga/cuda.hpp"
+#include "laga/errors.hpp"
+#include "laga/nccl_comm.hpp"
+
+#define LAGA_NCCL_CHECK(call)                                                                                \
+  do {                                                                                                       \
+    const ncclResult_t laga_nccl_rc_ = (call);                                                               \
+    if (laga_nccl_rc_ != ncclSuccess) {                                                                      \
+      const char* laga_nccl_last_ = ncclGetLastError(nullptr);                                               \
+      throw ::laga::RuntimeError(::laga::detail::concat(                                                     \
+          #call, " failed at ", __FILE__, ":", __LINE__, ": ", ncclGetErrorString(laga_nccl_rc_),            \
+          " (ncclResult_t ", int(laga_nccl_rc_), ")",                                                        \
+          laga_nccl_last_ && *laga_nccl_last_ ? ::laga::detail::concat("; last NCCL error: ", laga_nccl_last_) \
+                                              : std::string()));                                             \
+    }                                                                                                        \
+  } while (0)
+
+#define LAGA_NCCL_CUDA_CHECK(call)                                                                          \
+  do {                                                                                                      \
+    const cudaError_t laga_err_ = (call);                                                                   \
+    if (laga_err_ != cudaSuccess)                                                                           \
+      throw ::laga::RuntimeError(::laga::detail::concat(#call, " failed at ", __FILE__, ":", __LINE__, ": ", \
+                                                        cudaGetErrorName(laga_err_), " (",                  \
+                                                        cudaGetErrorString(laga_err_), ")"));               \
+  } while (0)
+
+namespace laga {
+namespace {
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return ncclBfloat16;
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+  }
+  throw InvalidArgument("NCCL communicator: unknown dtype");
+}
+
+bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  const auto pa = reinterpret_cast<std::uintptr_t>(a);
+  const auto pb = reinterpret_cast<std::uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
+}
+const char* at(const void* p, std::size_t bytes) { return static_cast<const char*>(p) + bytes; }
+char* at(void* p, std::size_t bytes) { return static_cast<char*>(p) + bytes; }
+
+// The unique id travels as whole doubles through Communicator::all_gather (bitwise copies on every
+// communicator over host memory).
+constexpr std::size_t kIdDoubles = (sizeof(ncclUniqueId) + sizeof(double) - 1) / sizeof(double);
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& bootstrap, Backend& backend)
+      : bootstrap_(bootstrap),
+        device_(cuda_device_of(backend)),
+        stream_(static_cast<cudaStream_t>(cuda_stream(backend))),
+        rank_(bootstrap.rank()),
+        size_(bootstrap.size()) {
+    LAGA_REQUIRE(bootstrap.performs_traffic(), "NCCL bootstrap over communicator '", bootstrap.name(),
+                 "': it must perform traffic (a phantom cannot carry the unique id)");
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof id);
+    if (rank_ == 0) LAGA_NCCL_CHECK(ncclGetUniqueId(&id));
+    std::vector<double> mine(kIdDoubles, 0.0), all(kIdDoubles * static_cast<std::size_t>(size_), 0.0);
+    std::memcpy(mine.data(), &id, sizeof id);
+    bootstrap_.all_gather(mine.data(), all.data(), kIdDoubles, DType::f64);
+    std::memcpy(&id, all.data(), sizeof id);  // rank 0's chunk
+    LAGA_NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  }
+
+  ~NcclCommunicator() override {
+    if (!comm_) return;
+    cudaSetDevice(device_);
+    // Unwinding an exception: peers may never reach their matching calls, so do not wait for them.
+    if (std::uncaught_exceptions() > 0) {
+      ncclCommAbort(comm_);
+      return;
+    }
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);  // a destructor must not throw; errors here are ignored
+  }
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "nccl"; }
+
+  // In place when send is this rank's chunk of recv (as NCCL defines it); any other overlap is refused.
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype) override {
+    if (count == 0) return;
+    const std::size_t chunk = count * dtype_size(dtype);
+    const bool in_place = send == at(recv, static_cast<std::size_t>(rank_) * chunk);
+    LAGA_CHECK(in_place || !overlaps(send, chunk, recv, chunk * size_),
+               "all_gather: send overlaps recv without being this rank's chunk of it");
+    LAGA_NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, stream_));
+  }
+
+  // In place when recv is this rank's chunk of send (as NCCL defines it); any other overlap is refused.
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype) override {
+    if (count == 0) return;
+    const std::size_t chunk = count * dtype_size(dtype);
+    const bool in_place = recv == at(send, static_cast<std::size_t>(rank_) * chunk);
+    LAGA_CHECK(in_place || !overlaps(send, chunk * size_, recv, chunk), "reduce_scatter: send and recv overlap");
+    LAGA_NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(dtype), ncclSum, comm_, stream_));
+  }
+
+  // A group of P sends and P receives (the chunk to and from this rank included). In place (send == recv)
+  // goes through a temporary device copy of send; any other overlap is refused.
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype) override {
+    if (count == 0) return;
+    const std::size_t chunk = count * dtype_size(dtype);
+    const std::size_t total = chunk * static_cast<std::size_t>(size_);
+    const bool in_place = send == recv;
+    LAGA_CHECK(in_place || !overlaps(send, total, recv, total),
+               "all_to_all: send and recv overlap without being the same buffer");
+    LAGA_NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    void* copy = nullptr;
+    if (in_place) {
+      LAGA_NCCL_CUDA_CHECK(cudaMallocAsync(&copy, total, stream_));
+      LAGA_NCCL_CUDA_CHECK(cudaMemcpyAsync(copy, send, total, cudaMemcpyDeviceToDevice, stream_));
+      send = copy;
+    }
+    const ncclDataType_t type = nccl_type(dtype);
+    LAGA_NCCL_CHECK(ncclGroupStart());
+    for (int p = 0; p < size_; ++p) {
+      const std::size_t off = static_cast<std::size_t>(p) * chunk;
+      LAGA_NCCL_CHECK(ncclSend(at(send, off), count, type, p, comm_, stream_));
+      LAGA_NCCL_CHECK(ncclRecv(at(recv, off), count, type, p, comm_, stream_));
+    }
+    LAGA_NCCL_CHECK(ncclGroupEnd());
+    if (copy) LAGA_NCCL_CUDA_CHECK(cudaFreeAsync(copy, stream_));
+  }
+
+  void all_reduce(void* buf, std::size_t count, DType dtype) override {
+    if (count == 0) return;
+    LAGA_NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, comm_, stream_));
+  }
+
+  // Waits for this rank's queued work, reports an asynchronous NCCL error if one occurred, then meets the
+  // other ranks on the bootstrap communicator.
+  void barrier() override {
+    LAGA_NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ncclResult_t async = ncclSuccess;
+    LAGA_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    LAGA_NCCL_CHECK(async);
+    bootstrap_.barrier();
+  }
+
+ private:
+  Communicator& bootstrap_;
+  int device_;
+  cudaStream_t stream_;
+  int rank_;
+  int size_;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+bool nccl_available() { return true; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, Backend& cuda_backend) {
+  return std::make_unique<NcclCommunicator>(bootstrap, cuda_backend);
+}
+
+}  // namespace laga
