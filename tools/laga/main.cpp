@@ -27,9 +27,11 @@ int main(int argc, char** argv) {
   CLI::App* demo = nullptr;
   CLI::App* run = nullptr;
   CLI::App* plan = nullptr;
+  CLI::App* bench = nullptr;
   auto run_demo = add_demo(app, demo);
   auto run_plan = add_plan(app, plan);
   auto run_run = add_run(app, run, &argc, &argv);
+  auto run_bench = add_bench(app, bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -47,6 +49,7 @@ int main(int argc, char** argv) {
   try {
     if (run->parsed()) return run_run();
     if (plan->parsed()) return run_plan();
+    if (bench->parsed()) return run_bench();
     return run_demo();
   } catch (const laga::InvalidArgument& e) {
     std::fprintf(stderr, "laga: error: %s\n", e.what());

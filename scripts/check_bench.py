@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Validates `laga bench` documents against docs/bench-schema.json, then checks what a schema cannot say
+(python3 standard library only).
+
+    python3 scripts/check_bench.py FILE.json [FILE.json ...] [--schema docs/bench-schema.json]
+
+Schema keywords understood (a subset of JSON Schema 2020-12, all the schema uses): type, required, properties,
+additionalProperties, items, enum, const, minimum, minItems, $ref to #/$defs/NAME. An unknown keyword is an
+error, so the schema cannot silently outgrow this checker.
+
+Consistency checks: the saved tensors add up to saved_bytes and the collectives to the traffic totals; every
+summary has min <= q1 <= median <= q3 <= max; a complete document holds one point per combination of the
+configuration's lists; each modeled block time is the measured compute plus the modeled collectives.
+Exit code 0 when every file passes, 1 otherwise (each problem printed with its JSON path).
+"""
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+
+KNOWN = {"$schema", "$id", "title", "description", "$defs", "type", "required", "properties",
+         "additionalProperties", "items", "enum", "const", "minimum", "minItems", "$ref"}
+TYPES = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+
+def validate(value, schema, root, path="$", errors=None):
+    """Appends 'path: problem' strings to errors (returned)."""
+    if errors is None:
+        errors = []
+    unknown = set(schema) - KNOWN
+    if unknown:
+        errors.append(f"{path}: schema uses unsupported keyword(s) {sorted(unknown)}")
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        prefix = "#/$defs/"
+        if not ref.startswith(prefix) or ref[len(prefix):] not in root.get("$defs", {}):
+            errors.append(f"{path}: unresolvable $ref {ref}")
+            return errors
+        return validate(value, root["$defs"][ref[len(prefix):]], root, path, errors)
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        if not any(TYPES[t](value) for t in types):
+            errors.append(f"{path}: expected {' or '.join(types)}, got {type(value).__name__} {value!r:.60}")
+            return errors
+    if "const" in schema and value != schema["const"]:
+        errors.append(f"{path}: expected {schema['const']!r}, got {value!r:.60}")
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r:.60} is not one of {schema['enum']}")
+    if "minimum" in schema and TYPES["number"](value):
+        if not math.isfinite(value) or value < schema["minimum"]:
+            errors.append(f"{path}: {value} is below the minimum {schema['minimum']} (or not finite)")
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            errors.append(f"{path}: {len(value)} items, at least {schema['minItems']} required")
+        if "items" in schema:
+            for i, item in enumerate(value):
+                validate(item, schema["items"], root, f"{path}[{i}]", errors)
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            if key not in value:
+                errors.append(f"{path}: missing required key '{key}'")
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            if key in props:
+                validate(item, props[key], root, f"{path}.{key}", errors)
+            elif extra is False:
+                errors.append(f"{path}: unexpected key '{key}'")
+            elif isinstance(extra, dict):
+                validate(item, extra, root, f"{path}.{key}", errors)
+    return errors
+
+
+def summaries(node, path):
+    """Yields (path, summary) for every summary object under node."""
+    if isinstance(node, dict):
+        if {"median", "q1", "q3", "min", "max", "n"} <= set(node):
+            yield path, node
+            return
+        for k, v in node.items():
+            yield from summaries(v, f"{path}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from summaries(v, f"{path}[{i}]")
+
+
+def consistency(doc):
+    errors = []
+    cfg = doc["config"]
+    for i, p in enumerate(doc["points"]):
+        at = f"$.points[{i}]"
+        mem = p["memory"]
+        if sum(t["bytes"] for t in mem["saved"]) != mem["saved_bytes"]:
+            errors.append(f"{at}.memory: saved tensors do not add up to saved_bytes")
+        tr = p["traffic"]
+        for key in ("bytes_sent", "bytes_received"):
+            if sum(c[key] for c in tr["collectives"]) != tr[key]:
+                errors.append(f"{at}.traffic: collectives do not add up to {key}")
+            if sum(c[key] for c in tr["by_collective"].values()) != tr[key]:
+                errors.append(f"{at}.traffic.by_collective: does not add up to {key}")
+        if p["sp"] == 1 and tr["bytes_sent"] != 0:
+            errors.append(f"{at}.traffic: P = 1 sends bytes")
+        fl = p["flops"]
+        if not math.isclose(sum(fl["forward"].values()) + sum(fl["backward"].values()), fl["total"], rel_tol=1e-9):
+            errors.append(f"{at}.flops: phases do not add up to total")
+        if p["rank"] != p["sp"] - 1:
+            errors.append(f"{at}: rank {p['rank']} is not P-1")
+        for spath, s in summaries(p["time"], f"{at}.time"):
+            tol = 1.5e-9  # values are rounded to the nanosecond
+            if not (s["min"] <= s["q1"] + tol and s["q1"] <= s["median"] + tol and s["median"] <= s["q3"] + tol
+                    and s["q3"] <= s["max"] + tol):
+                errors.append(f"{spath}: not min <= q1 <= median <= q3 <= max: {s}")
+            if s["n"] != cfg["repeat"]:
+                errors.append(f"{spath}: n = {s['n']}, but repeat = {cfg['repeat']}")
+        m = p["modeled"]
+        if m["label"] != "modeled":
+            errors.append(f"{at}.modeled: not labelled modeled")
+        for pl in m["placements"]:
+            if abs(pl["block_s"] - (m["compute_s"] + pl["collective_s"])) > 2e-9:
+                errors.append(f"{at}.modeled: block_s != compute_s + collective_s for {pl['placement']}")
+            if p["sp"] == 1 and pl["collective_s"] != 0:
+                errors.append(f"{at}.modeled: P = 1 has modeled collective time")
+    if doc["complete"]:
+        labels = [v["label"] for v in cfg["variants"]]
+        want = set(itertools.product(cfg["seq"], cfg["sp"], cfg["batch"], cfg["layouts"], cfg["kernels"], labels))
+        got = [(p["seq"], p["sp"], p["batch"], p["layout"], p["kernel"], p["variant"]) for p in doc["points"]]
+        if len(got) != len(set(got)):
+            errors.append("$.points: a point appears twice")
+        if set(got) != want:
+            errors.append(f"$.points: {len(want - set(got))} configured points missing, "
+                          f"{len(set(got) - want)} unexpected")
+    return errors
+
+
+def check_file(path, schema):
+    with open(path) as f:
+        doc = json.load(f)
+    errors = validate(doc, schema, schema)
+    if not errors:
+        errors = consistency(doc)
+    return doc, errors
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--schema", default=os.path.join(here, "..", "docs", "bench-schema.json"))
+    args = ap.parse_args()
+    with open(args.schema) as f:
+        schema = json.load(f)
+    bad = 0
+    for path in args.files:
+        doc, errors = check_file(path, schema)
+        if errors:
+            bad += 1
+            print(f"{path}: {len(errors)} problem(s)")
+            for e in errors[:30]:
+                print(f"  {e}")
+        else:
+            print(f"{path}: ok ({len(doc['points'])} points, schema {doc['schema']})")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

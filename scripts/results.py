@@ -1,0 +1,698 @@
+#!/usr/bin/env python3
+"""Regenerates docs/results.md and its plots (docs/img/) from the `laga bench` documents in bench/results/.
+
+    python3 scripts/results.py [--results bench/results] [--out docs/results.md] [--img docs/img] [--no-plots]
+
+Documents named *-axis-* (one model width varied, for the linearity claim) get a table, not plots.
+
+One command, no build needed: every figure in the page comes from the committed JSON files (each names the
+machine, the commit and the command that made it), and the verdicts on the paper's claims are computed here
+from those figures, with the criterion stated beside each, so adding a file (say, a GPU run) and re-running
+this re-judges them. Plots need matplotlib (Debian: python3-matplotlib); --no-plots keeps the images there.
+Documents that do not validate against docs/bench-schema.json are refused.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import check_bench  # noqa: E402
+import plot_bench  # noqa: E402
+
+GB = 1e9
+MiB = 1024.0 ** 2
+LAYERS = 61  # DeepSeek-V3's attention layers
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
+DSV3 = {"name": "deepseek-v3", "hidden_size": 7168, "num_attention_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+
+
+# ---------------------------------------------------------------- helpers
+
+def human(b):
+    for div, unit in ((1024.0 ** 3, "GiB"), (MiB, "MiB"), (1024.0, "KiB")):
+        if b >= div:
+            return f"{b / div:.2f} {unit}"
+    return f"{b:.0f} B"
+
+
+def pct(a, b):
+    return 100.0 * (a / b - 1.0)
+
+
+def rng(values, f="{:+.1f}"):
+    values = list(values)
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return f.format(lo) if math.isclose(lo, hi, rel_tol=1e-9, abs_tol=1e-12) else f"{f.format(lo)} .. {f.format(hi)}"
+
+
+def key(p):
+    return (p["seq"], p["sp"], p["batch"], p["layout"], p["kernel"])
+
+
+def by_variant(doc):
+    """{(seq, sp, batch, layout, kernel): {variant: point}}"""
+    out = {}
+    for p in doc["points"]:
+        out.setdefault(key(p), {})[p["variant"]] = p
+    return out
+
+
+def placement(p, name):
+    return next(pl for pl in p["modeled"]["placements"] if pl["placement"] == name)
+
+
+def is_dsv3(doc):
+    m = doc["config"]["model"]
+    return all(m.get(k) == v for k, v in DSV3.items() if k != "name")
+
+
+def describe(doc):
+    c, m = doc["config"], doc["machine"]
+    if c["device"] == "cuda" and m["gpus"]:
+        dev = f"{m['gpus'][c.get('gpu', 0)]['name']} (GPU)"
+    else:
+        dev = f"{m['cpu_model']}, {m['cpu_cores']} cores (CPU)"
+    return dev
+
+
+def is_axis(stem):
+    """Documents named *-axis-* sweep one model width for a claim: a table row each, no plots."""
+    return "-axis-" in stem
+
+
+def dirty_text(build):
+    return {True: " (with uncommitted changes)", False: "", None: " (tree state unknown: commit from configure time)"}[
+        build["dirty"]]
+
+
+def ranks_text(doc):
+    pts = doc["points"]
+    kinds = sorted({p["ranks_run"] for p in pts})
+    return ", ".join(kinds)
+
+
+# ---------------------------------------------------------------- closed-form traffic (DESIGN.md section 3)
+
+def closed_form_bytes(model, layout, form, seq, sp, batch, dtype_bytes):
+    """Bytes one rank sends, forward + backward, as CountingCommunicator counts them."""
+    nh = model["num_attention_heads"]
+    dqk = model["qk_nope_head_dim"] + model["qk_rope_head_dim"]
+    dv = model["v_head_dim"]
+    lat = model["kv_lora_rank"] + model["qk_rope_head_dim"]
+    P = sp
+    T = seq // P * batch  # local tokens x batch
+    if P == 1:
+        return 0
+    if layout == "a2a":
+        if form == "explicit":
+            per_tok = 2 * nh * dqk + 2 * nh * dv  # q, k, v, o
+            return 2 * T * per_tok * (P - 1) // P * dtype_bytes
+        return 2 * T * (nh * dqk + nh * dv) * (P - 1) // P * dtype_bytes + 2 * (P - 1) * T * lat * dtype_bytes
+    if form == "explicit":
+        return 2 * (P - 1) * T * (nh * dqk + nh * dv) * dtype_bytes
+    return 2 * (P - 1) * T * lat * dtype_bytes
+
+
+def comm_seconds_closed_form(model, layout, form, seq, sp, dtype_bytes, tm, ranks_per_node, batch=1):
+    """The alpha-beta price of the closed-form collectives (include/laga/bench.hpp), for sizes not run."""
+    P = sp
+    if P == 1:
+        return 0.0
+    nh = model["num_attention_heads"]
+    dqk = model["qk_nope_head_dim"] + model["qk_rope_head_dim"]
+    dv = model["v_head_dim"]
+    lat = model["kv_lora_rank"] + model["qk_rope_head_dim"]
+    T = seq // P * batch
+    # (kind, bytes sent, calls)
+    if layout == "a2a":
+        if form == "explicit":
+            ops = [("all_to_all", 2 * T * (2 * nh * dqk + 2 * nh * dv) * (P - 1) / P * dtype_bytes, 8)]
+        else:
+            ops = [("all_to_all", 2 * T * (nh * dqk + nh * dv) * (P - 1) / P * dtype_bytes, 4),
+                   ("ring", 2 * (P - 1) * T * lat * dtype_bytes, 2)]
+    else:
+        ops = [("ring", 2 * (P - 1) * T * (nh * dqk + nh * dv) * dtype_bytes, 4)] if form == "explicit" else \
+              [("ring", 2 * (P - 1) * T * lat * dtype_bytes, 2)]
+    intra, inter = tm["intra"], tm["inter"]
+    bi, li = intra["bandwidth_bytes_per_s"], intra["latency_s"]
+    be, le = inter["bandwidth_bytes_per_s"], inter["latency_s"]
+    k = ranks_per_node
+    total = 0.0
+    for kind, b, calls in ops:
+        steps = P - 1
+        if k >= P:
+            total += calls * steps * li + b / bi
+        elif kind == "ring":
+            total += calls * steps * le + b / be
+        else:
+            total += calls * ((k - 1) * li + (P - k) * le) + max(b * (k - 1) / (P - 1) / bi, b * (P - k) / (P - 1) / be)
+    return total
+
+
+# ---------------------------------------------------------------- per-file tables
+
+def summary_table(doc, seq, sp, batch):
+    g = by_variant(doc)
+    lines = ["| layout | kernel | variant | saved | vs explicit | peak bwd | sent | explicit / this | GFLOP | "
+             "block ms, median [q1, q3] | node ms (modeled) | cross-node ms (modeled) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for layout in doc["config"]["layouts"]:
+        for kernel in doc["config"]["kernels"]:
+            vs = g.get((seq, sp, batch, layout, kernel), {})
+            ex = vs.get("explicit")
+            for v, p in vs.items():
+                t = p["time"]["block"]
+                sent = p["traffic"]["bytes_sent"]
+                lines.append(
+                    f"| {layout} | {kernel} | {v} | {human(p['memory']['saved_bytes'])} | "
+                    + (f"{pct(p['memory']['saved_bytes'], ex['memory']['saved_bytes']):+.2f}%" if ex else "-")
+                    + f" | {human(p['memory']['peak_backward_bytes'])} | {human(sent)} | "
+                    + (f"{ex['traffic']['bytes_sent'] / sent:.2f}x" if ex and sent else "-")
+                    + f" | {p['flops']['total'] / 1e9:.3f} | {1e3 * t['median']:.2f} [{1e3 * t['q1']:.2f}, {1e3 * t['q3']:.2f}]"
+                    f" | {1e3 * placement(p, 'node')['block_s']:.2f} | {1e3 * placement(p, 'cross-node')['block_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def grid_table(doc, layout, kernel, batch):
+    """Cells over S x P: absorbed % / LAGA % over explicit saved bytes / traffic explicit:LAGA."""
+    g = by_variant(doc)
+    seqs, sps = sorted(doc["config"]["seq"]), sorted(doc["config"]["sp"])
+    lines = ["| S \\ P | " + " | ".join(str(P) for P in sps) + " |", "|---|" + "---|" * len(sps)]
+    for s in seqs:
+        cells = []
+        for P in sps:
+            vs = g.get((s, P, batch, layout, kernel), {})
+            ex = vs.get("explicit")
+            if not ex:
+                cells.append("-")
+                continue
+            parts = []
+            for v in ("absorbed (mqa)", "absorbed (expanded)", "laga"):
+                if v in vs:
+                    parts.append(f"{pct(vs[v]['memory']['saved_bytes'], ex['memory']['saved_bytes']):+.1f}")
+            la = vs.get("laga")
+            parts.append(f"{ex['traffic']['bytes_sent'] / la['traffic']['bytes_sent']:.2f}x"
+                         if la and la["traffic"]["bytes_sent"] else "-")
+            cells.append(" / ".join(parts))
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def time_table(doc, sp, kernel, batch):
+    g = by_variant(doc)
+    seqs = sorted(doc["config"]["seq"])
+    vs = [v["label"] for v in doc["config"]["variants"]]
+    lines = []
+    for layout in doc["config"]["layouts"]:
+        lines += [f"layout `{layout}` (block ms, median; in brackets the modeled one-node / cross-node ms):", "",
+                  "| S | " + " | ".join(vs) + " |", "|---|" + "---|" * len(vs)]
+        for s in seqs:
+            row = []
+            for v in vs:
+                p = g.get((s, sp, batch, layout, kernel), {}).get(v)
+                row.append("-" if not p else f"{1e3 * p['time']['block']['median']:.1f} "
+                           f"({1e3 * placement(p, 'node')['block_s']:.1f} / {1e3 * placement(p, 'cross-node')['block_s']:.1f})")
+            lines.append(f"| {s} | " + " | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the claims
+
+def pairs(docs, variant, **filt):
+    """(doc, explicit point, variant point) at every configuration where both ran."""
+    for stem, doc in docs:
+        for k, vs in by_variant(doc).items():
+            if "explicit" in vs and variant in vs and all(vs["explicit"][f] == v for f, v in filt.items()):
+                yield stem, doc, vs["explicit"], vs[variant]
+
+
+def linear_fit(xs, ys):
+    """Least squares y = a x + b; returns a, b, R^2."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    a = sxy / sxx if sxx else 0.0
+    b = my - a * mx
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    ss_res = sum((y - (a * x + b)) ** 2 for x, y in zip(xs, ys))
+    return a, b, (1.0 - ss_res / ss_tot) if ss_tot else 1.0
+
+
+def grouped(docs, variant, fn, **filt):
+    """{model: {(layout, kernel): [fn(explicit, other)]}} over P > 1."""
+    out = {}
+    for stem, doc, ex, o in pairs(docs, variant, **filt):
+        if ex["sp"] > 1:
+            out.setdefault(doc["config"]["model"]["name"], {}).setdefault((ex["layout"], ex["kernel"]), []).append(fn(ex, o))
+    return out
+
+
+def grouped_text(g, f="{:+.1f}", unit="%"):
+    parts = []
+    for model in sorted(g, key=lambda m: (m != "deepseek-v3", m)):
+        parts.append(f"**{model}**: " + "; ".join(f"{l} {k} {rng(v, f)}{unit}" for (l, k), v in sorted(g[model].items())))
+    return ". ".join(parts)
+
+
+def saved_pct(ex, o):
+    return pct(o["memory"]["saved_bytes"], ex["memory"]["saved_bytes"])
+
+
+def claims(docs):
+    rows = []
+    cpu_docs = [(s, d) for s, d in docs if d["config"]["device"] == "cpu"]
+    dsv3_docs = [(s, d) for s, d in docs if is_dsv3(d)]
+    small = [(s, d) for s, d in docs if not is_dsv3(d)]
+    models = sorted({d["config"]["model"]["name"] for _, d in docs})
+    gpu_cmd = ("`laga bench --device cuda --model deepseek-v3 --phantom --seq 4096,8192,16384 --sp 1,2,4,8 "
+               "--kernel eager,fused --out bench/results/h200-deepseek-v3.json` on a GPU")
+
+    # 1. absorbed inflation 20-34 %
+    g1 = grouped(docs, "absorbed (mqa)", saved_pct)
+    a2a = [x for m in g1 for (l, k), v in g1[m].items() if l == "a2a" for x in v]
+    ds_a2a = [x for (l, k), v in g1.get("deepseek-v3", {}).items() if l == "a2a" for x in v]
+    in_band = sum(20 <= x <= 34 for x in ds_a2a)
+    rows.append(("Absorbed inflates activation memory by 20-34%",
+                 "measured, absorbed (mqa) over explicit saved bytes, P > 1: " + grouped_text(g1) + ".",
+                 ("reproduced in sign for a2a (absorbed keeps more at every a2a point)" if a2a and min(a2a) > 0 else
+                  "not reproduced in sign" if a2a else "not measured") +
+                 (f"; at DeepSeek-V3 {in_band} of {len(ds_a2a)} a2a points fall inside 20-34%" if ds_a2a else "") +
+                 ". The size of one block's inflation depends on the kernel: eager keeps the same probabilities in "
+                 "both forms and dilutes it (a few %), fused exposes it (+80% and more); the paper's 20-34% is "
+                 "presumably of a whole step's activations, which this block-level measurement does not count. In "
+                 "all_gather explicit gathers per-head K/V and keeps more than absorbed at larger P: the trap is "
+                 "an a2a one."))
+
+    # 2. 9.2 GB, eager, DeepSeek-V3, S=16k, SP=8 -- measured there, or at a shorter S and extrapolated
+    def dsv3_gap(kernel, variant):
+        """(text, gap in bf16 bytes per layer at S=16384, measured?) from the DeepSeek-V3 documents, or None."""
+        best = None
+        for stem, doc, ex, ab in pairs(dsv3_docs, variant, layout="a2a", kernel=kernel, sp=8, batch=1):
+            if best is None or abs(ex["seq"] - 16384) < abs(best[2]["seq"] - 16384):
+                best = (stem, doc, ex, ab)
+        if best is None:
+            return None
+        stem, doc, ex, ab = best
+        to_bf16 = 2 / DTYPE_BYTES[doc["config"]["dtype"]]
+        gap = (ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]) * to_bf16 * 16384 / ex["seq"]
+        how = ("measured" if ex["seq"] == 16384 and to_bf16 == 1 else
+               f"measured at S={ex['seq']} in {doc['config']['dtype']} ({stem}), EXTRAPOLATED to S=16384 and bf16 "
+               f"(x 16384/{ex['seq']}, the gap being linear in S; x {to_bf16:g} for the dtype)")
+        return how, gap
+    g2 = dsv3_gap("eager", "absorbed (mqa)")
+    plan_note = ("The plan, which equals measurement exactly, gives 0.419 GB per layer, 25.6 GB over 61 layers "
+                 "([plan-deepseek-v3.md](plan-deepseek-v3.md)).")
+    if g2:
+        how, gap = g2
+        total = gap * LAYERS / GB
+        rows.append(("Up to 9.2 GB more at n_h=128, S=16384, SP=8, eager",
+                     f"{how}: absorbed (mqa) keeps {gap / GB:.3f} GB per layer more than explicit, {total:.1f} GB "
+                     f"over {LAYERS} layers. {plan_note}",
+                     "reproduced within 15%" if abs(total - 9.2) <= 0.15 * 9.2 else
+                     f"not reproduced as stated ({total:.1f} GB over {LAYERS} layers vs 9.2 GB; per layer "
+                     f"{gap / GB:.2f} GB). The gap is q_abs and o_lat (n_h x 512 per token) against q/k/v/o "
+                     "(n_h x 192/128); eager probabilities are the same in both forms."))
+    else:
+        rows.append(("Up to 9.2 GB more at n_h=128, S=16384, SP=8, eager",
+                     "not measured here: no DeepSeek-V3 run in bench/results. " + plan_note,
+                     f"open for measurement: {gpu_cmd}"))
+
+    # 3. widens under a fused kernel
+    wid = {"absorbed (mqa)": [], "absorbed (expanded)": []}
+    for v in wid:
+        eager = {(ex["seq"], ex["sp"], ex["batch"], s): ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]
+                 for s, _, ex, ab in pairs(small, v, layout="a2a", kernel="eager")}
+        for s, _, ex, ab in pairs(small, v, layout="a2a", kernel="fused"):
+            k = (ex["seq"], ex["sp"], ex["batch"], s)
+            if k in eager and eager[k] > 0:
+                wid[v].append((ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]) / eager[k])
+    mqa, exp_ = wid["absorbed (mqa)"], wid["absorbed (expanded)"]
+    f_mqa, f_exp = dsv3_gap("fused", "absorbed (mqa)"), dsv3_gap("fused", "absorbed (expanded)")
+    e_gap = g2[1] if g2 else None
+    ds = ""
+    if f_mqa and f_exp:
+        ds = (f" At DeepSeek-V3 ({f_mqa[0]}): fused native MQA {f_mqa[1] * LAYERS / GB:.1f} GB, latent expanded per "
+              f"head {f_exp[1] * LAYERS / GB:.1f} GB over {LAYERS} layers" +
+              (f" (eager {e_gap * LAYERS / GB:.1f} GB)." if e_gap else "."))
+    size = ""
+    if f_mqa and f_exp:
+        close = [n for n, g in (("native MQA", f_mqa[1]), ("expanded", f_exp[1])) if abs(g * LAYERS / GB - 19.2) <= 0.15 * 19.2]
+        size = (f"; the 19.2 GB size is matched within 15% by {', '.join(close)}" if close else
+                "; the 19.2 GB size is not matched by either variant")
+    rows.append(("The gap widens to 19.2 GB under a fused kernel",
+                 f"measured on the small models, a2a, fused gap / eager gap (absorbed - explicit saved bytes) at the same "
+                 f"S, P: native MQA {rng(mqa, '{:.2f}')}x, latent expanded per head {rng(exp_, '{:.2f}')}x." + ds,
+                 ("the widening reproduces with native MQA" if mqa and min(mqa) > 1 else
+                  "the widening reproduces only when the kernel expands the latent per head" if exp_ and min(exp_) > 1
+                  else "the widening does not reproduce at these widths") +
+                 " (with native MQA, explicit's fused kernel drops its probabilities while absorbed still keeps "
+                 "o_lat and q_abs, n_h x 512 per token)" + size + "."))
+
+    # 4. linear in seq and n_h
+    lin = []
+    groups = {}
+    for stem, doc, ex, ab in pairs(small, "absorbed (mqa)", layout="a2a"):
+        groups.setdefault((stem, ex["sp"], ex["kernel"], ex["batch"]), []).append(
+            (ex["seq"], ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]))
+    for (stem, P, kernel, B), pts in sorted(groups.items()):
+        if len({s for s, _ in pts}) >= 3:
+            a, b, r2 = linear_fit([s for s, _ in pts], [g for _, g in pts])
+            lin.append(r2)
+    heads = {}
+    for stem, doc, ex, ab in pairs(small, "absorbed (mqa)", layout="a2a"):
+        m = doc["config"]["model"]
+        base = tuple(sorted((k, v) for k, v in m.items() if k not in ("name", "num_attention_heads")
+                            and not isinstance(v, dict)))
+        heads.setdefault((base, ex["seq"], ex["sp"], ex["kernel"]), {})[m["num_attention_heads"]] = \
+            ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]
+    hfits = []
+    for k, hv in heads.items():
+        if len(hv) >= 3:
+            xs = sorted(hv)
+            hfits.append(linear_fit(xs, [hv[x] for x in xs])[2])
+    rows.append(("The gap is linear in seq and in n_h",
+                 f"measured, a2a, absorbed (mqa) - explicit saved bytes: against S, R^2 {rng(lin, '{:.6f}')} over "
+                 f"{len(lin)} (P, kernel) series; against n_h (models differing only in n_h), R^2 "
+                 f"{rng(hfits, '{:.6f}')} over {len(hfits)} (S, P, kernel) series.",
+                 ("reproduced on both axes (R^2 >= 0.999)" if lin and hfits and min(lin + hfits) >= 0.999 else
+                  "reproduced in seq (R^2 >= 0.999)" if lin and min(lin) >= 0.999 else "not reproduced") +
+                 ("" if hfits else "; n_h not swept here")))
+
+    # 5. LAGA within 0.5 %
+    g5 = grouped(docs, "laga", saved_pct)
+    g5r = grouped(docs, "laga +recompute kv", saved_pct)
+    ds = g5.get("deepseek-v3", {})
+    def ok(kernel, layout="a2a"):
+        v = ds.get((layout, kernel), [])
+        return bool(v) and all(abs(x) <= 0.5 for x in v)
+    rows.append(("LAGA matches explicit memory within 0.5%",
+                 "measured, LAGA over explicit saved bytes, P > 1: " + grouped_text(g5, "{:+.2f}") +
+                 ". With K/V recomputation: " + grouped_text(g5r) + ".",
+                 (("at DeepSeek-V3 a2a: reproduced for the eager kernel" if ok("eager") else
+                   "at DeepSeek-V3 a2a: not within 0.5% for the eager kernel at every point") + "; " +
+                  ("also for fused" if ok("fused") else
+                   "not for fused: LAGA keeps the gathered latent (S x (r_kv + d_r) per rank) where explicit keeps "
+                   "the local one (s x (r_kv + d_r)); against the per-head tensors (s x n_h x (d_qk + d_v)) its share "
+                   "grows with P and shrinks with n_h, and is plain once the fused kernel drops the probabilities. "
+                   "K/V recomputation more than pays it back") if ds else
+                  "no DeepSeek-V3 run; at the small models' widths the gathered latent weighs more") + "."))
+
+    # 6. bit-identical at SP=1, 1e-3 at SP=2-8
+    bit = [p["check"]["bit_identical_to_explicit"] for _, d in docs for p in d["points"]
+           if p.get("check") and "bit_identical_to_explicit" in p["check"] and p["form"] == "laga"]
+    errs = [(p["check"]["max_rel_error"], d["config"]["dtype"]) for _, d in docs for p in d["points"]
+            if p.get("check") and "max_rel_error" in p["check"] and p["sp"] > 1]
+    if bit or errs:
+        worst = max(e for e, _ in errs) if errs else float("nan")
+        tol = {"float32": 1e-5, "float64": 1e-10, "bfloat16": 1e-3}
+        rows.append(("LAGA bit-identical to explicit at SP=1, within 1e-3 at SP=2-8",
+                     f"measured (`--check`): LAGA at P = 1 bit-identical to explicit in {sum(bit)} of {len(bit)} "
+                     f"runs; largest relative error of y, dx and every weight gradient against the single-rank "
+                     f"explicit result at P > 1: {worst:.1e} over {len(errs)} runs ({', '.join(sorted({d for _, d in errs}))}).",
+                     ("reproduced" if bit and all(bit) and all(e <= 1e-3 for e, _ in errs) else "NOT reproduced") +
+                     (f", and within this project's float32 bound 1e-5" if errs and all(e <= tol.get(d, 1e-3) for e, d in errs) else "")
+                     + " (CPU float32; the GPU's bf16 bound is 1e-3)."))
+
+    # 7. traffic 1.98x
+    exact, total = 0, 0
+    for stem, doc in docs:
+        eb = DTYPE_BYTES[doc["config"]["dtype"]]
+        for p in doc["points"]:
+            total += 1
+            exact += closed_form_bytes(doc["config"]["model"], p["layout"], p["form"], p["seq"], p["sp"], p["batch"], eb) \
+                == p["traffic"]["bytes_sent"]
+    tr = {}
+    for stem, doc, ex, la in pairs(docs, "laga", layout="a2a"):
+        if ex["sp"] > 1:
+            tr.setdefault(ex["sp"], set()).add(round(ex["traffic"]["bytes_sent"] / la["traffic"]["bytes_sent"], 2))
+    meas = "; ".join(f"P={P}: {', '.join(f'{x:.2f}x' for x in sorted(v))}" for P, v in sorted(tr.items()))
+    ds = closed_form_bytes(DSV3, "a2a", "explicit", 16384, 8, 1, 2) / closed_form_bytes(DSV3, "a2a", "laga", 16384, 8, 1, 2)
+    nh, dqk, dv, lat = 128, 192, 128, 576
+    alt = (2 * nh * dqk + 2 * nh * dv) / (nh * dqk + nh * dv + lat)  # the latent gather counted as (P-1)/P of its input
+    ag = closed_form_bytes(DSV3, "all_gather", "explicit", 16384, 8, 1, 2) / \
+        closed_form_bytes(DSV3, "all_gather", "laga", 16384, 8, 1, 2)
+    rows.append(("Collective communication cut 1.98x",
+                 f"measured, a2a, explicit / LAGA bytes sent ({', '.join(models)}): {meas}. The closed form of "
+                 f"DESIGN.md section 3 equals the measured bytes at {exact} of {total} points; at DeepSeek-V3, SP=8 "
+                 f"it gives {ds:.2f}x in a2a ({alt:.2f}x if the latent all-gather is counted as (P-1)/P of its "
+                 f"input, like an all-to-all), {ag:.1f}x in all_gather.",
+                 "reproduced only under the paper's apparent accounting of the latent all-gather (1.97x); counting "
+                 f"every byte that leaves a rank, LAGA's a2a cut at DeepSeek-V3, SP=8 is {ds:.2f}x. The small models "
+                 "measured here have other widths, hence other ratios."))
+
+    # 8. throughput 1.04-1.06x single node, 1.07-1.24x cross-node (fused)
+    # The time model wants a rank's own compute: phantom ranks (alone on the device), not threads sharing cores.
+    agree, priced = 0, 0
+    for stem, doc in docs:
+        for p in doc["points"]:
+            for pl in p["modeled"]["placements"]:
+                priced += 1
+                py = comm_seconds_closed_form(doc["config"]["model"], p["layout"], p["form"], p["seq"], p["sp"],
+                                              DTYPE_BYTES[doc["config"]["dtype"]], doc["time_model"],
+                                              pl["ranks_per_node"], p["batch"])
+                agree += abs(py - pl["collective_s"]) <= 1e-9 + 1e-6 * py
+    timed = [(stem, d) for stem, d in docs if not is_axis(stem)]  # axis runs serve the memory claims
+    ratios = {}  # (device, model, kernel) -> ([node], [cross])
+    for stem, doc, ex, la in pairs(timed, "laga", layout="a2a", ranks_run="phantom"):
+        r = ratios.setdefault((doc["config"]["device"], doc["config"]["model"]["name"], ex["kernel"]), ([], []))
+        if ex["sp"] <= doc["time_model"]["node_size"]:  # "one node": the group fits a node
+            r[0].append(placement(ex, "node")["block_s"] / placement(la, "node")["block_s"])
+        r[1].append(placement(ex, "cross-node")["block_s"] / placement(la, "cross-node")["block_s"])
+    modeled_txt = "; ".join(f"{dev} {m} {k}: one node (P <= node size) {rng(n, '{:.3f}')}x, one rank a node {rng(c, '{:.3f}')}x"
+                            for (dev, m, k), (n, c) in sorted(ratios.items())) or "no phantom runs"
+    # How fast the attention kernel ran (explicit, a2a): a fair test of a fused-kernel claim needs a fast kernel.
+    attn_tflops = {}
+    for stem, doc, ex, la in pairs([d for d in docs if d[1]["config"]["device"] == "cuda"], "laga", layout="a2a",
+                                   ranks_run="phantom"):
+        t = ex["time"]["forward"]["by_phase"]["attention"]["median"] + ex["time"]["backward"]["by_phase"]["attention"]["median"]
+        f = ex["flops"]["forward"]["attention"] + ex["flops"]["backward"]["attention"]
+        if t > 0:
+            attn_tflops.setdefault(ex["kernel"], []).append(f / t / 1e12)
+    tm = docs[0][1]["time_model"] if docs else None
+    ds_lines = []
+    if tm:
+        for S in (4096, 16384, 65536):
+            t = {(f, k): comm_seconds_closed_form(DSV3, "a2a", f, S, 8, 2, tm, k) for f in ("explicit", "laga") for k in (8, 1)}
+            need = lambda r, k: (t[("explicit", k)] - r * t[("laga", k)]) / (r - 1)
+            ds_lines.append(f"S={S // 1024}k: explicit {1e3 * t[('explicit', 8)]:.2f} / {1e3 * t[('explicit', 1)]:.1f} ms, "
+                            f"LAGA {1e3 * t[('laga', 8)]:.2f} / {1e3 * t[('laga', 1)]:.1f} ms (node / cross-node), so "
+                            f"the paper's 1.05x on a node corresponds to {1e3 * need(1.05, 8):.1f} ms of block compute "
+                            f"and its 1.24x cross-node to {1e3 * need(1.24, 1):.1f} ms")
+    gpu = {k: v for k, v in ratios.items() if k[0] == "cuda" and k[1] == "deepseek-v3"}
+    cmp_ = [la["modeled"]["compute_s"] < ex["modeled"]["compute_s"]
+            for _, d, ex, la in pairs(timed, "laga", layout="a2a", kernel="eager", ranks_run="phantom")
+            if d["config"]["device"] == "cuda" and is_dsv3(d)]
+    faster = (sum(cmp_), len(cmp_))
+    fused_fast = attn_tflops.get("fused") and min(attn_tflops["fused"]) >= 200
+    if ("cuda", "deepseek-v3", "fused") in gpu and fused_fast:
+        n, c = gpu[("cuda", "deepseek-v3", "fused")]
+        verdict = (f"MODELED on measured H200 compute: one node {rng(n, '{:.3f}')}x ("
+                   + ("inside" if all(1.04 <= x <= 1.06 for x in n) else "outside") + " 1.04-1.06x), cross-node "
+                   f"{rng(c, '{:.3f}')}x (" + ("inside" if all(1.07 <= x <= 1.24 for x in c) else "outside") +
+                   " 1.07-1.24x)")
+    elif gpu:
+        fused_txt = (f"the fused kernel measured here runs attention at {rng(attn_tflops['fused'], '{:.0f}')} TFLOP/s "
+                     f"(eager: {rng(attn_tflops.get('eager', []), '{:.0f}')}; H200 bf16 peak ~790), so its compute "
+                     "dwarfs the collectives and its ratio (~1.00x) does not test the claim"
+                     if attn_tflops.get("fused") else "no fused GPU run")
+        e = gpu.get(("cuda", "deepseek-v3", "eager"))
+        verdict = ("open for the fused kernel: " + fused_txt + "." +
+                   (f" With the eager kernel (cuBLASLt), the MODELED DeepSeek-V3 gain is {rng(e[0], '{:.3f}')}x on a "
+                    f"node and {rng(e[1], '{:.3f}')}x cross-node (paper, fused: 1.04-1.06x and 1.07-1.24x); "
+                    + ("larger cross-node than on a node, as claimed" if e[0] and min(e[1]) > max(e[0]) else
+                       "cross-node above one node on average, as claimed, though the ranges overlap"
+                       if e[0] and sum(e[1]) / len(e[1]) > sum(e[0]) / len(e[0]) else "not larger cross-node")
+                    + f". LAGA's measured compute is below explicit's at {faster[0]} of {faster[1]} of these points "
+                      "(see the up-projection phase in the time plots), so part of the modeled gain is compute, not "
+                      "communication" if e else ""))
+    else:
+        verdict = ("open: the compute here is a CPU's, far slower than a GPU's, so the modeled ratio is the compute "
+                   f"ratio. A GPU run ({gpu_cmd}) decides it")
+    rows.append(("Fused kernel: LAGA attention-block throughput 1.04-1.06x single-node, 1.07-1.24x cross-node",
+                 f"MODELED (compute measured on phantom ranks + alpha-beta collectives), a2a, P > 1, explicit / LAGA "
+                 f"block time: {modeled_txt}. MODELED collectives alone at DeepSeek-V3, SP=8, bf16 (closed form, "
+                 f"which prices {agree} of {priced} measured points exactly as the C++ model did): " +
+                 "; ".join(ds_lines) + ".", verdict + "."))
+
+    # 9. leading at all sequence lengths cross-node
+    lead = {}
+    for stem, doc, ex, la in pairs(timed, "laga", ranks_run="phantom"):
+        k = (doc["config"]["device"], doc["config"]["model"]["name"], ex["layout"], ex["kernel"])
+        lead.setdefault(k, []).append(placement(la, "cross-node")["block_s"] < placement(ex, "cross-node")["block_s"])
+    ds_lead = {k: v for k, v in lead.items() if k[0] == "cuda" and k[1] == "deepseek-v3"}
+    a2a_ok = [all(v) for k, v in ds_lead.items() if k[2] == "a2a"]
+    rows.append(("LAGA leads at all sequence lengths cross-node",
+                 "MODELED (phantom-rank compute + alpha-beta collectives), P > 1: LAGA's cross-node block faster "
+                 "than explicit's at " + "; ".join(f"{sum(v)} of {len(v)} {d} {m} {l} {k} points"
+                                                    for (d, m, l, k), v in sorted(lead.items())) + ".",
+                 ("no phantom runs to model" if not lead else
+                  ("reproduced in the model for a2a at DeepSeek-V3 on H200 compute (every S and P)" if a2a_ok and all(a2a_ok)
+                   else "not at every a2a DeepSeek-V3 point in the model" if a2a_ok else
+                   "no GPU run at DeepSeek-V3: the CPU compute does not test it")) +
+                 "; where LAGA loses, its compute is larger (all_gather: every rank rebuilds K/V for all heads over "
+                 "S, P x explicit's up-projection work) or timing noise exceeds the modeled saving."))
+
+    return rows
+
+
+# ---------------------------------------------------------------- the page
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default=os.path.join(HERE, "..", "bench", "results"))
+    ap.add_argument("--out", default=os.path.join(HERE, "..", "docs", "results.md"))
+    ap.add_argument("--img", default=os.path.join(HERE, "..", "docs", "img"))
+    ap.add_argument("--no-plots", action="store_true", help="keep the images already there")
+    args = ap.parse_args()
+
+    with open(os.path.join(HERE, "..", "docs", "bench-schema.json")) as f:
+        schema = json.load(f)
+    docs = []
+    for path in sorted(glob.glob(os.path.join(args.results, "*.json"))):
+        doc, errors = check_bench.check_file(path, schema)
+        if errors:
+            print(f"{path} does not validate:\n  " + "\n  ".join(errors[:20]), file=sys.stderr)
+            return 1
+        if not doc["complete"]:
+            print(f"{path}: the sweep did not finish (complete: false); skipped", file=sys.stderr)
+            continue
+        docs.append((os.path.splitext(os.path.basename(path))[0], doc))
+    if not docs:
+        print(f"no complete documents in {args.results}", file=sys.stderr)
+        return 1
+    docs.sort(key=lambda sd: (sd[1]["config"]["device"] != "cuda", sd[0]))  # GPU runs first
+
+    if not args.no_plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("results.py: matplotlib is not installed (Debian: apt-get install python3-matplotlib); "
+                  "use --no-plots to keep the images already in docs/img", file=sys.stderr)
+            return 2
+        for stem, doc in docs:
+            if not is_axis(stem):
+                plot_bench.make_plots(doc, args.img, stem)
+    img_rel = os.path.relpath(args.img, os.path.dirname(os.path.abspath(args.out)))
+
+    md = ["# Results: measured here, and what is modeled",
+          "",
+          "Generated by `python3 scripts/results.py` from the `laga bench` documents in "
+          "[bench/results/](../bench/results/) (do not edit by hand; schema: [bench.md](bench.md)). Each document "
+          "names the machine, the commit and the command that produced it; re-run that command to reproduce it. "
+          "**Measured** figures come from the allocator, the counting communicator and the timing marks of that "
+          "run (rank P-1, median over the repeats). **Modeled** figures are the measured compute plus the "
+          "collectives priced by the alpha-beta model of [bench.md](bench.md); they are labelled so everywhere.",
+          ""]
+    tm = docs[0][1]["time_model"]
+    md += ["## Reproduction of the paper's claims", "",
+           "The claims of the paper's abstract against our figures. The verdicts are computed by "
+           "`scripts/results.py` from the documents below with the criterion stated in each.", "",
+           "| claim (abstract) | ours | verdict |", "|---|---|---|"]
+    md += [f"| {c} | {f} | {v} |" for c, f, v in claims(docs)]
+    md += ["", f"Time model (MODELED figures): {tm['node_size']} GPUs a node; within a node "
+           f"{tm['intra']['name']} {tm['intra']['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s per direction and "
+           f"{tm['intra']['latency_s'] * 1e6:.0f} us a step ({tm['intra']['source']}); across nodes "
+           f"{tm['inter']['name']} {tm['inter']['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s and "
+           f"{tm['inter']['latency_s'] * 1e6:.0f} us a step ({tm['inter']['source']}). No overlap of compute and "
+           "communication is assumed.", ""]
+
+    md += ["## The runs", "", "| document | device | model | dtype | ranks | points | commit | generated |",
+           "|---|---|---|---|---|---|---|---|"]
+    for stem, doc in docs:
+        c, b = doc["config"], doc["build"]
+        md.append(f"| [{stem}](../bench/results/{stem}.json) | {describe(doc)} | {c['model']['name']} | {c['dtype']} | "
+                  f"{ranks_text(doc)} | {len(doc['points'])} | `{b['commit'][:10]}`{dirty_text(b)} | "
+                  f"{doc['generated']} |")
+    md.append("")
+
+    axis = [(stem, doc) for stem, doc in docs if is_axis(stem)]
+    if axis:
+        md += ["## Axis runs (for the linearity claim)", "",
+               "Models that differ in one width only, measured the same way (phantom rank P-1, a2a); no plots. "
+               "Gap = absorbed (mqa) - explicit saved bytes.", "",
+               "| document | model | n_h | S | P | kernel | explicit saved | absorbed (mqa) saved | gap |",
+               "|---|---|---|---|---|---|---|---|---|"]
+        for stem, doc in axis:
+            nh = doc["config"]["model"]["num_attention_heads"]
+            for st, d, ex, ab in pairs([(stem, doc)], "absorbed (mqa)"):
+                gap = ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]
+                md.append(f"| [{stem}](../bench/results/{stem}.json) | {doc['config']['model']['name']} | {nh} | "
+                          f"{ex['seq']} | {ex['sp']} | {ex['kernel']} | {human(ex['memory']['saved_bytes'])} | "
+                          f"{human(ab['memory']['saved_bytes'])} | {human(gap)} |")
+        md.append("")
+
+    for stem, doc in docs:
+        if is_axis(stem):
+            continue
+        c, m = doc["config"], doc["machine"]
+        sl = plot_bench.default_slice(doc)
+        md += [f"## {stem}", "",
+               f"- machine: `{m['hostname']}`, {describe(doc)}, {m['memory_bytes'] / 2**30:.0f} GiB, {m['os']}"
+               + (f"; GPUs: {', '.join(g['name'] for g in m['gpus'])}" if m["gpus"] else ""),
+               f"- build: commit `{doc['build']['commit']}`{dirty_text(doc['build'])}, "
+               f"{doc['build']['build_type']}, compiler {doc['build']['compiler']}",
+               f"- command: `{c['command']}`",
+               f"- ranks: {c['ranks']}" + (f"; {c['cpu_threads_per_rank']} BLAS threads for P = 1 and phantom ranks, "
+                                            f"1 per rank for threads" if c["cpu_threads_per_rank"] else ""),
+               f"- {len(doc['points'])} points, {c['warmup']} warm-up + {c['repeat']} timed repeats each, "
+               f"{doc.get('elapsed_s', 0):.0f} s", ""]
+        spread = [p["time"]["block"] for p in doc["points"]]
+        noisy = sum(t["q3"] - t["q1"] > 0.10 * t["median"] for t in spread)
+        md += [f"Timing spread: {noisy} of {len(spread)} points have an interquartile range above 10% of their median "
+               f"block time" + (" (spreads this wide mean the cores were shared with other work; the memory, "
+                                "traffic and FLOPs columns are exact regardless)" if noisy > len(spread) // 10 else "")
+               + ".", ""]
+        if c["device"] == "cpu":
+            md += ["Times on this CPU measure the code, not a GPU: " +
+                   ("ranks are threads sharing the machine's cores, so at P > 1 they include contention and the "
+                    "'communication' phase includes waiting for the slowest rank. " if "threads" in ranks_text(doc) else
+                    "a phantom rank runs alone with every core, so its compute is the rank's own. ") +
+                   "Memory, traffic and FLOPs are exact and device-independent (in this dtype).", ""]
+        md += [f"![memory]({img_rel}/{stem}-memory.png)", "",
+               f"![time by phase]({img_rel}/{stem}-time-phases.png)", "",
+               f"![traffic]({img_rel}/{stem}-traffic.png)", "",
+               f"![ratios]({img_rel}/{stem}-ratios.png)", "",
+               f"![modeled time]({img_rel}/{stem}-modeled-time.png)", "",
+               f"### S={sl['seq']}, P={sl['sp']}, batch {sl['batch']}, every variant", "",
+               summary_table(doc, sl["seq"], sl["sp"], sl["batch"]), ""]
+        for layout in c["layouts"]:
+            for kernel in c["kernels"]:
+                md += [f"### layout `{layout}`, kernel `{kernel}` over S and P", "",
+                       "Cell: absorbed (mqa) % / " + ("absorbed (expanded) % / " if any(
+                           v["label"] == "absorbed (expanded)" for v in c["variants"]) else "") +
+                       "LAGA % over explicit saved bytes / traffic explicit:LAGA (measured).", "",
+                       grid_table(doc, layout, kernel, sl["batch"]), ""]
+        md += [f"### Time against S at P={sl['sp']}, kernel `{sl['kernel']}`", "",
+               time_table(doc, sl["sp"], sl["kernel"], sl["batch"]), ""]
+
+    gpu_docs = [stem for stem, d in docs if d["config"]["device"] == "cuda"]
+    md += ["## What remains for a GPU", "",
+           ("GPU documents here: " + ", ".join(gpu_docs) + "." if gpu_docs else "No GPU document yet.") + " Left:", "",
+           "- The fused kernel at speed: the throughput claims are about a fused kernel, and a fused document's "
+           "attention throughput (computed in the claims table) must approach the eager kernel's before its modeled "
+           "ratios mean anything. Re-run `laga bench --device cuda --model deepseek-v3 --phantom --seq 4096,8192,16384 "
+           "--sp 4,8,16 --layout all --kernel fused --form all --out bench/results/h200-deepseek-v3-fused.json`, then "
+           "`python3 scripts/results.py`.",
+           "- Longer sequences and P = 1, 2 at S >= 16k: the eager kernel keeps S^2 probabilities per head, so "
+           "some of these points do not fit one H200 (a2a, P = 2, S = 16384, absorbed with the latent expanded ran "
+           "out of memory); sweep them with the fused kernel.",
+           "- Real multi-GPU collectives (NCCL, `laga run` under mpirun) to measure the bandwidths the alpha-beta "
+           "model assumes, on one node and across nodes, and to replace the modeled collective time by a measured one.",
+           ""]
+    with open(args.out, "w") as f:
+        f.write("\n".join(md))
+    print(f"wrote {args.out} from {len(docs)} document(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

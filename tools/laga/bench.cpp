@@ -1,0 +1,833 @@
+// `laga bench`: sweeps sequence length, P, micro-batch, form, layout and kernel on this machine (CPU ranks as
+// threads, or one rank of P alone -- a phantom rank -- on the CPU or a GPU), repeats each point, and writes one
+// JSON document (docs/bench.md) while printing a table as it goes. Collective time on links this machine does
+// not have is priced by the alpha-beta model of include/laga/bench.hpp and labelled "modeled" everywhere.
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+#include <tuple>
+
+#include "commands.hpp"
+#include "format.hpp"
+#include "laga/bench.hpp"
+#include "laga/cuda.hpp"
+#include "laga/errors.hpp"
+#include "laga/problem.hpp"
+#include "variants.hpp"
+
+#ifndef LAGA_SOURCE_DIR
+#define LAGA_SOURCE_DIR ""
+#endif
+#ifndef LAGA_GIT_COMMIT
+#define LAGA_GIT_COMMIT "unknown"
+#endif
+#ifndef LAGA_BUILD_TYPE
+#define LAGA_BUILD_TYPE ""
+#endif
+
+namespace laga::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr const char* kSchema = "laga-bench/1";
+
+// Short names of the variants for the command line (the JSON and tables carry both).
+struct VariantId {
+  const char* id;
+  std::size_t index;  // into kVariants
+};
+constexpr VariantId kVariantIds[] = {{"explicit", 0}, {"absorbed", 1}, {"absorbed-expanded", 2}, {"laga", 3},
+                                     {"laga-recompute", 4}};
+
+struct BenchOptions {
+  std::string model = "small";
+  std::vector<std::string> seq{"256"}, sp{"1"}, batch{"1"};
+  std::vector<std::string> form{"all"}, layout{"all"}, kernel{"all"};
+  std::vector<std::string> sweep;
+  std::string device = "cpu", dtype;  // dtype default: float32 on cpu, bfloat16 on cuda
+  int gpu = 0;
+  bool phantom = false;
+  int repeat = 5, warmup = 1;
+  bool check = false;
+  std::uint64_t seed = 1;
+  std::string out;
+  int node_size = 8;
+  double nvlink_gbs = 450, ib_gbs = 50, nvlink_latency_us = 2, ib_latency_us = 5;
+};
+
+// ---------------------------------------------------------------- parsing the sweep
+
+std::int64_t parse_count(const std::string& what, const std::string& text) {
+  std::size_t pos = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &pos);
+  } catch (...) {
+    LAGA_REQUIRE(false, what, " = '", text, "': expected a positive integer (a 'k' suffix multiplies by 1024)");
+  }
+  std::string rest = text.substr(pos);
+  if (rest == "k" || rest == "K") v *= 1024, rest.clear();
+  LAGA_REQUIRE(rest.empty() && v > 0, what, " = '", text, "': expected a positive integer (a 'k' suffix multiplies by 1024)");
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream is(s);
+  while (std::getline(is, cur, sep)) out.push_back(cur);
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep = ",") {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+// --sweep KEY=V1,V2 replaces the list of KEY.
+void apply_sweeps(BenchOptions& o) {
+  for (const std::string& item : o.sweep) {
+    const auto eq = item.find('=');
+    LAGA_REQUIRE(eq != std::string::npos && eq + 1 < item.size(), "sweep = '", item,
+                 "': expected KEY=V1,V2,... with KEY one of seq, sp, batch, form, layout, kernel");
+    const std::string key = item.substr(0, eq);
+    const std::vector<std::string> values = split(item.substr(eq + 1), ',');
+    if (key == "seq") o.seq = values;
+    else if (key == "sp") o.sp = values;
+    else if (key == "batch") o.batch = values;
+    else if (key == "form") o.form = values;
+    else if (key == "layout") o.layout = values;
+    else if (key == "kernel") o.kernel = values;
+    else LAGA_REQUIRE(false, "sweep key '", key, "': expected one of seq, sp, batch, form, layout, kernel");
+  }
+}
+
+std::vector<std::size_t> parse_variants(const std::vector<std::string>& forms) {
+  std::vector<std::size_t> out;
+  auto add = [&](std::size_t i) {
+    if (std::find(out.begin(), out.end(), i) == out.end()) out.push_back(i);
+  };
+  for (const std::string& f : forms) {
+    if (f == "all") {
+      for (const auto& v : kVariantIds) add(v.index);
+      continue;
+    }
+    bool found = false;
+    for (const auto& v : kVariantIds)
+      if (f == v.id) add(v.index), found = true;
+    std::string known;
+    for (const auto& v : kVariantIds) known += std::string(known.empty() ? "" : ", ") + v.id;
+    LAGA_REQUIRE(found, "form = '", f, "': expected all or a list of ", known);
+  }
+  std::sort(out.begin(), out.end());  // explicit first: the others compare with it
+  return out;
+}
+
+template <typename T, std::size_t N, typename Parse>
+std::vector<T> parse_all(const std::vector<std::string>& v, const std::array<T, N>& all, Parse parse) {
+  if (v.size() == 1 && v[0] == "all") return {all.begin(), all.end()};
+  std::vector<T> out;
+  for (const auto& s : v) out.push_back(parse(s));
+  return out;
+}
+
+const char* variant_id(std::size_t index) {
+  for (const auto& v : kVariantIds)
+    if (v.index == index) return v.id;
+  return "?";
+}
+
+// ---------------------------------------------------------------- provenance
+
+std::string run_capture(const std::string& cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    if (pclose(p) != 0) return "";
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+std::string read_file_field(const char* path, const std::string& key) {
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(key, 0) == 0) {
+      auto c = line.find(':');
+      if (c == std::string::npos) continue;
+      std::string v = line.substr(c + 1);
+      v.erase(0, v.find_first_not_of(" \t"));
+      return v;
+    }
+  return "";
+}
+
+json machine_info() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  struct utsname u {};
+  uname(&u);
+  std::string cpu = read_file_field("/proc/cpuinfo", "model name");
+  if (cpu.empty()) cpu = read_file_field("/proc/cpuinfo", "Model");  // some ARM kernels
+  const std::string mem = read_file_field("/proc/meminfo", "MemTotal");  // "131072 kB"
+  double mem_bytes = 0;
+  if (!mem.empty()) mem_bytes = std::atof(mem.c_str()) * 1024.0;
+  json gpus = json::array();
+  const std::string smi = run_capture(
+      "nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader,nounits 2>/dev/null");
+  for (const std::string& line : split(smi, '\n')) {
+    auto f = split(line, ',');
+    if (f.size() < 4) continue;
+    for (auto& x : f) x.erase(0, x.find_first_not_of(' '));
+    gpus.push_back({{"index", std::atoi(f[0].c_str())}, {"name", f[1]},
+                    {"memory_bytes", std::atof(f[2].c_str()) * 1024.0 * 1024.0}, {"driver", f[3]}});
+  }
+  return {{"hostname", host},
+          {"os", std::string(u.sysname) + " " + u.release + " " + u.machine},
+          {"cpu_model", cpu.empty() ? "unknown" : cpu},
+          {"cpu_cores", std::thread::hardware_concurrency()},
+          {"memory_bytes", mem_bytes},
+          {"gpus", gpus},
+          {"cuda_devices", cuda_device_count()}};
+}
+
+json build_info() {
+  std::string commit, source = "configure";
+  bool dirty = false;
+  const std::string dir = LAGA_SOURCE_DIR;
+  if (!dir.empty() && std::filesystem::exists(dir + "/.git")) {
+    const std::string c = run_capture("git -C '" + dir + "' rev-parse HEAD 2>/dev/null");
+    if (c.size() == 40) {
+      commit = c;
+      source = "git";
+      dirty = !run_capture("git -C '" + dir + "' status --porcelain --untracked-files=no 2>/dev/null").empty();
+    }
+  }
+  if (commit.empty()) commit = LAGA_GIT_COMMIT;  // configure time, short; whether the tree was dirty is unknown
+  json b = {{"commit", commit},
+            {"commit_from", commit == "unknown" ? "unknown" : source},
+            {"dirty", source == "git" ? json(dirty) : json(nullptr)},
+            {"compiler", __VERSION__},
+            {"build_type", LAGA_BUILD_TYPE},
+#ifdef LAGA_HAVE_CUDA
+            {"cuda", true}
+#else
+            {"cuda", false}
+#endif
+  };
+  return b;
+}
+
+std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// ---------------------------------------------------------------- one point
+
+struct Point {
+  std::int64_t seq, batch;
+  int sp;
+  Layout layout;
+  AttentionKernel kernel;
+  std::size_t variant;  // into kVariants
+};
+
+// What each repeat of one rank measured.
+struct Repeat {
+  PassStats fwd, bwd;
+};
+
+struct Measured {
+  int rank = 0;                             // the rank described in detail (P-1)
+  RankRun run;                              // its last repeat
+  std::vector<std::vector<Repeat>> repeats; // [rank][repeat], warm-up excluded; only rank `rank` when phantom
+  std::vector<RankRun> others;              // the other ranks' last repeat (threads)
+  GlobalResult result;                      // with --check (rank order, gathered)
+  bool have_result = false;
+};
+
+// Per-rank state kept across points: a backend, its weights (made once), and the current point's input.
+struct RankState {
+  std::unique_ptr<Backend> be;
+  MlaWeights w;
+  Tensor x, dy;
+  BlockShape shape{};
+};
+
+struct Bench {
+  BenchOptions o;
+  MlaConfig cfg;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  TimeModel model;
+  std::vector<RankState> ranks;  // threads: rank r; phantom or P = 1: element 0
+  int default_blas_threads = 1;
+
+  std::unique_ptr<Backend> new_backend() {
+    return device == Device::cuda ? make_cuda_backend(o.gpu) : make_cpu_backend();
+  }
+
+  RankState& state(std::size_t i) {
+    while (ranks.size() <= i) {
+      RankState s;
+      s.be = new_backend();
+      s.w = make_weights(cfg, dtype, *s.be, o.seed);
+      ranks.push_back(std::move(s));
+    }
+    return ranks[i];
+  }
+
+  // Input shards of this shape on state i (kept while the shape does not change).
+  void prepare(RankState& s, const BlockShape& shape) {
+    if (s.x.defined() && s.shape.seq == shape.seq && s.shape.batch == shape.batch && s.shape.ranks == shape.ranks &&
+        s.shape.rank == shape.rank)
+      return;
+    s.x = Tensor();
+    s.dy = Tensor();
+    s.x = make_shard(cfg, shape, dtype, *s.be, o.seed, DataStream::x);
+    s.dy = make_shard(cfg, shape, dtype, *s.be, o.seed, DataStream::dy);
+    s.shape = shape;
+  }
+
+  BlockOptions options(const Point& p) const {
+    return with_variant({.layout = p.layout, .kernel = p.kernel, .dtype = dtype}, kVariants[p.variant]);
+  }
+
+  // One rank alone: P = 1, or rank P-1 of P as a phantom.
+  Measured measure_alone(const Point& p) {
+    Measured m;
+    const int rank = p.sp - 1;
+    m.rank = rank;
+    RankState& s = state(0);
+    const BlockShape shape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = rank};
+    prepare(s, shape);
+    auto comm = p.sp == 1 ? make_single_rank_communicator(*s.be) : make_phantom_communicator(*s.be, rank, p.sp);
+    if (device == Device::cpu) set_cpu_blas_threads(default_blas_threads);
+    m.repeats.assign(1, {});
+    for (int it = 0; it < o.warmup + o.repeat; ++it) {
+      RankRun run = run_rank(cfg, options(p), shape, *s.be, *comm, o.seed, &s.w, &s.x, &s.dy);
+      if (it >= o.warmup) m.repeats[0].push_back({run.fwd, run.bwd});
+      if (it + 1 == o.warmup + o.repeat) m.run = std::move(run);
+    }
+    if (o.check && p.sp == 1) {
+      m.result = gather_result(*s.be, *comm, m.run);
+      m.have_result = true;
+    }
+    return m;
+  }
+
+  // P ranks as threads of this process (CPU): real in-process collectives.
+  Measured measure_threads(const Point& p) {
+    Measured m;
+    m.rank = p.sp - 1;
+    for (int r = 0; r < p.sp; ++r) prepare(state(r), BlockShape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = r});
+    auto comms = make_thread_group(p.sp);
+    m.repeats.assign(p.sp, {});
+    std::vector<RankRun> last(p.sp);
+    std::vector<GlobalResult> results(p.sp);
+    set_cpu_blas_threads(1);  // P ranks share the cores
+    std::vector<std::thread> threads;
+    const BlockOptions opts = options(p);
+    for (int r = 0; r < p.sp; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          RankState& s = ranks[r];
+          for (int it = 0; it < o.warmup + o.repeat; ++it) {
+            comms[r]->barrier();
+            RankRun run = run_rank(cfg, opts, s.shape, *s.be, *comms[r], o.seed, &s.w, &s.x, &s.dy);
+            if (it >= o.warmup) m.repeats[r].push_back({run.fwd, run.bwd});
+            if (it + 1 == o.warmup + o.repeat) last[r] = std::move(run);
+          }
+          if (o.check) results[r] = gather_result(*s.be, *comms[r], last[r]);
+        } catch (const std::exception& e) {
+          // The other ranks may wait in a collective forever: end the process.
+          std::fprintf(stderr, "laga: failure on rank %d of %d (thread): %s\n", r, p.sp, e.what());
+          std::fflush(nullptr);
+          std::_Exit(dynamic_cast<const InvalidArgument*>(&e) ? kExitInvalidInput : kExitRuntimeError);
+        }
+      });
+    for (auto& t : threads) t.join();
+    set_cpu_blas_threads(default_blas_threads);
+    m.run = std::move(last[m.rank]);
+    for (int r = 0; r < p.sp; ++r)
+      if (r != m.rank) m.others.push_back(std::move(last[r]));
+    if (o.check) {
+      m.result = std::move(results[0]);
+      m.have_result = true;
+    }
+    return m;
+  }
+
+  Measured measure(const Point& p) {
+    if (p.sp == 1 || o.phantom) return measure_alone(p);
+    return measure_threads(p);
+  }
+};
+
+// ---------------------------------------------------------------- JSON of one point
+
+// Seconds rounded to the nanosecond (the clock's resolution), so the document stays short.
+double ns(double seconds) { return std::round(seconds * 1e9) / 1e9; }
+
+json summary_json(const Summary& s) {
+  return {{"median", ns(s.median)}, {"q1", ns(s.q1)}, {"q3", ns(s.q3)}, {"min", ns(s.min)}, {"max", ns(s.max)},
+          {"mean", ns(s.mean)}, {"n", s.n}};
+}
+
+json pass_time_json(const std::vector<Repeat>& reps, bool forward) {
+  auto pick = [&](const Repeat& r) -> const PassStats& { return forward ? r.fwd : r.bwd; };
+  std::vector<double> total;
+  for (const auto& r : reps) total.push_back(pick(r).total_seconds());
+  json by_phase = json::object();
+  for (int ph = 0; ph < kOpPhaseCount; ++ph) {
+    std::vector<double> v;
+    for (const auto& r : reps) v.push_back(pick(r).seconds[ph]);
+    by_phase[op_phase_name(OpPhase(ph))] = summary_json(summarize(v));
+  }
+  return {{"total", summary_json(summarize(total))}, {"by_phase", by_phase}};
+}
+
+double block_seconds(const Repeat& r) { return r.fwd.total_seconds() + r.bwd.total_seconds(); }
+double compute_seconds(const Repeat& r) {
+  const int c = int(OpPhase::communication);
+  return block_seconds(r) - r.fwd.seconds[c] - r.bwd.seconds[c];
+}
+
+json flops_json(const PassStats& s) {
+  json j = json::object();
+  for (int i = 0; i < kOpPhaseCount; ++i) j[op_phase_name(OpPhase(i))] = s.flops[i];
+  return j;
+}
+
+std::size_t sent_of(const RankRun& r) {
+  std::size_t b = 0;
+  for (const auto& c : r.traffic) b += c.bytes_sent;
+  return b;
+}
+std::size_t received_of(const RankRun& r) {
+  std::size_t b = 0;
+  for (const auto& c : r.traffic) b += c.bytes_received;
+  return b;
+}
+
+json traffic_json(const RankRun& r) {
+  json records = json::array();
+  json by_kind = json::object();
+  for (const auto& c : r.traffic) {
+    records.push_back({{"phase", phase_name(c.phase)}, {"collective", collective_name(c.kind)}, {"tensor", c.tensor},
+                       {"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}});
+    json& k = by_kind[collective_name(c.kind)];
+    if (k.is_null()) k = {{"calls", 0}, {"bytes_sent", 0}, {"bytes_received", 0}};
+    k["calls"] = k["calls"].get<int>() + c.calls;
+    k["bytes_sent"] = k["bytes_sent"].get<std::size_t>() + c.bytes_sent;
+    k["bytes_received"] = k["bytes_received"].get<std::size_t>() + c.bytes_received;
+  }
+  return {{"bytes_sent", sent_of(r)}, {"bytes_received", received_of(r)}, {"by_collective", by_kind},
+          {"collectives", records}};
+}
+
+struct PointResult {
+  json doc;
+  // For the table row.
+  double saved = 0, peak_bwd = 0, sent = 0, gflop = 0;
+  Summary fwd, bwd, block;
+  double modeled_node = 0, modeled_cross = 0;
+  std::string check;
+};
+
+PointResult point_json(const Bench& b, const Point& p, const Measured& m, const GlobalResult* reference,
+                       const GlobalResult* explicit_p1) {
+  const RankRun& run = m.run;
+  const std::vector<Repeat>& reps = m.repeats.size() == 1 ? m.repeats[0] : m.repeats[m.rank];
+  const Variant& v = kVariants[p.variant];
+  PointResult pr;
+
+  json saved = json::array();
+  for (const auto& t : run.saved)
+    saved.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"bytes", t.bytes}});
+  json memory = {{"saved_bytes", run.saved_bytes}, {"peak_forward_bytes", run.fwd.peak_bytes},
+                 {"peak_backward_bytes", run.bwd.peak_bytes}, {"saved", saved}};
+
+  std::vector<double> block, compute, comm_measured;
+  for (const auto& r : reps) {
+    block.push_back(block_seconds(r));
+    compute.push_back(compute_seconds(r));
+    comm_measured.push_back(block_seconds(r) - compute_seconds(r));
+  }
+  json time = {{"unit", "s"},
+               {"clock", "marks on the backend's queue around each op (CUDA events on the GPU, the host clock on the "
+                         "CPU), read once per pass, summed by phase"},
+               {"rank", m.rank},
+               {"repeats", reps.size()},
+               {"warmup", b.o.warmup},
+               {"forward", pass_time_json(reps, true)},
+               {"backward", pass_time_json(reps, false)},
+               {"block", summary_json(summarize(block))},
+               {"compute", summary_json(summarize(compute))},
+               {"communication", summary_json(summarize(comm_measured))}};
+  if (m.repeats.size() > 1) {  // every rank measured: the slowest rank of each repeat
+    std::vector<double> slowest;
+    for (std::size_t it = 0; it < reps.size(); ++it) {
+      double s = 0;
+      for (const auto& rr : m.repeats) s = std::max(s, block_seconds(rr[it]));
+      slowest.push_back(s);
+    }
+    time["block_slowest_rank"] = summary_json(summarize(slowest));
+  }
+
+  // The modeled block time: measured compute of this rank + its collectives priced by the model.
+  const double compute_median = summarize(compute).median;
+  json placements = json::array();
+  for (const Placement& pl : standard_placements(b.model, p.sp)) {
+    const double c = communication_seconds(b.model, run.traffic, p.sp, pl.ranks_per_node);
+    placements.push_back({{"placement", pl.name}, {"ranks_per_node", pl.ranks_per_node},
+                          {"nodes", (p.sp + pl.ranks_per_node - 1) / pl.ranks_per_node},
+                          {"collective_s", ns(c)}, {"block_s", ns(compute_median + c)}});
+    (pl.name == "node" ? pr.modeled_node : pr.modeled_cross) = compute_median + c;
+  }
+  json modeled = {{"label", "modeled"},
+                  {"what", "block time = measured compute (median, this rank, communication phase excluded) + "
+                           "collectives priced by the alpha-beta model; no overlap of compute and communication"},
+                  {"compute_s", ns(compute_median)},
+                  {"placements", placements}};
+
+  json per_rank = json::array();
+  auto rank_row = [&](const RankRun& r, int rank) {
+    json j = {{"rank", rank}, {"saved_bytes", r.saved_bytes}, {"peak_forward_bytes", r.fwd.peak_bytes},
+              {"peak_backward_bytes", r.bwd.peak_bytes}, {"bytes_sent", sent_of(r)}, {"bytes_received", received_of(r)},
+              {"flops", r.fwd.total_flops() + r.bwd.total_flops()}};
+    if (m.repeats.size() > 1) {
+      std::vector<double> bl;
+      for (const auto& rep : m.repeats[rank]) bl.push_back(block_seconds(rep));
+      j["block_s"] = summary_json(summarize(bl));
+    }
+    return j;
+  };
+  if (m.others.empty()) {
+    per_rank.push_back(rank_row(run, m.rank));
+  } else {
+    for (int r = 0, k = 0; r < p.sp; ++r) per_rank.push_back(r == m.rank ? rank_row(run, r) : rank_row(m.others[k++], r));
+  }
+
+  json doc = {{"seq", p.seq},
+              {"sp", p.sp},
+              {"batch", p.batch},
+              {"layout", layout_name(p.layout)},
+              {"kernel", kernel_name(p.kernel)},
+              {"variant", v.label},
+              {"variant_id", variant_id(p.variant)},
+              {"form", form_name(v.form)},
+              {"recompute", recompute_name(v.recompute)},
+              {"absorbed_attention", v.form == Form::Absorbed ? json(absorbed_attention_name(v.absorbed)) : json(nullptr)},
+              {"rank", m.rank},
+              {"ranks_run", b.o.phantom && p.sp > 1 ? "phantom" : p.sp == 1 ? "single" : "threads"},
+              {"memory", memory},
+              {"traffic", traffic_json(run)},
+              {"flops", {{"forward", flops_json(run.fwd)}, {"backward", flops_json(run.bwd)},
+                         {"total", run.fwd.total_flops() + run.bwd.total_flops()}}},
+              {"time", time},
+              {"modeled", modeled},
+              {"per_rank", per_rank}};
+
+  if (b.o.check && m.have_result) {
+    json check = json::object();
+    if (reference) {
+      const auto errs = compare(m.result, *reference);
+      json e = json::object();
+      for (const auto& c : errs) e[c.tensor] = c.rel_error;
+      check["max_rel_error"] = max_error(errs);
+      check["rel_error"] = e;
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.1e", max_error(errs));
+      pr.check = buf;
+    }
+    if (explicit_p1 && p.sp == 1 && v.form != Form::Explicit) {
+      const bool same = m.result.y == explicit_p1->y && m.result.dx == explicit_p1->dx &&
+                        m.result.grads == explicit_p1->grads;
+      check["bit_identical_to_explicit"] = same;
+      if (v.form == Form::Laga) pr.check += same ? ", bitwise = explicit" : ", DIFFERS from explicit";
+    }
+    doc["check"] = check;
+  }
+  pr.doc = std::move(doc);
+  pr.saved = double(run.saved_bytes);
+  pr.peak_bwd = double(run.bwd.peak_bytes);
+  pr.sent = double(sent_of(run));
+  pr.gflop = (run.fwd.total_flops() + run.bwd.total_flops()) * 1e-9;
+  std::vector<double> f, bw;
+  for (const auto& r : reps) f.push_back(r.fwd.total_seconds()), bw.push_back(r.bwd.total_seconds());
+  pr.fwd = summarize(f);
+  pr.bwd = summarize(bw);
+  pr.block = summarize(block);
+  return pr;
+}
+
+json link_json(const Link& l) {
+  return {{"name", l.name}, {"bandwidth_bytes_per_s", l.bandwidth}, {"latency_s", l.latency}, {"source", l.source}};
+}
+
+std::string canonical_command(const BenchOptions& o, const std::string& dtype) {
+  std::ostringstream c;
+  c << "laga bench --model " << o.model << " --device " << o.device << " --dtype " << dtype << " --seq "
+    << join(o.seq) << " --sp " << join(o.sp) << " --batch " << join(o.batch) << " --form " << join(o.form)
+    << " --layout " << join(o.layout) << " --kernel " << join(o.kernel) << " --repeat " << o.repeat << " --warmup "
+    << o.warmup << " --seed " << o.seed;
+  if (o.phantom) c << " --phantom";
+  if (o.check) c << " --check";
+  if (o.device == "cuda") c << " --gpu " << o.gpu;
+  return c.str();
+}
+
+// The document indented, except each point on one line (short, and a diff shows which points changed).
+std::string document_text(const json& doc) {
+  json head = doc;
+  head["points"] = json::array();
+  std::string text = head.dump(1);
+  std::string points = "[";
+  for (std::size_t i = 0; i < doc["points"].size(); ++i) points += (i ? ",\n  " : "\n  ") + doc["points"][i].dump();
+  points += doc["points"].empty() ? "]" : "\n ]";
+  const std::string key = "\"points\": []";
+  const auto at = text.find(key);
+  LAGA_CHECK(at != std::string::npos, "points missing from the document");
+  return text.replace(at, key.size(), "\"points\": " + points);
+}
+
+void write_atomically(const std::string& path, const json& doc) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    LAGA_REQUIRE(f.good(), "out = '", path, "': cannot open ", tmp, " for writing");
+    f << document_text(doc) << "\n";
+    LAGA_CHECK(f.good(), "writing ", tmp, " failed");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+std::string ms(const Summary& s) { return fmt("%.2f", s.median * 1e3); }
+
+int run_bench(BenchOptions o) {
+  apply_sweeps(o);
+  Bench b;
+  LAGA_REQUIRE(o.device == "cpu" || o.device == "cuda", "device = '", o.device, "': expected cpu or cuda");
+  b.device = o.device == "cuda" ? Device::cuda : Device::cpu;
+  const std::string dtype_text = o.dtype.empty() ? (b.device == Device::cuda ? "bfloat16" : "float32") : o.dtype;
+  b.dtype = parse_dtype(dtype_text);
+  LAGA_REQUIRE(b.device != Device::cpu || b.dtype != DType::bf16,
+               "dtype = bfloat16: the cpu backend runs float32 or float64");
+  LAGA_REQUIRE(o.repeat >= 1, "repeat = ", o.repeat, ": must be >= 1");
+  LAGA_REQUIRE(o.warmup >= 0, "warmup = ", o.warmup, ": must be >= 0");
+  b.cfg = resolve_model(o.model);
+  b.model = default_time_model();
+  b.model.node_size = o.node_size;
+  b.model.intra.bandwidth = o.nvlink_gbs * 1e9;
+  b.model.inter.bandwidth = o.ib_gbs * 1e9;
+  b.model.intra.latency = o.nvlink_latency_us / 1e6;
+  b.model.inter.latency = o.ib_latency_us / 1e6;
+  validate(b.model);
+
+  std::vector<std::int64_t> seqs, batches;
+  std::vector<int> sps;
+  for (const auto& s : o.seq) seqs.push_back(parse_count("seq", s));
+  for (const auto& s : o.batch) batches.push_back(parse_count("batch", s));
+  for (const auto& s : o.sp) {
+    const std::int64_t v = parse_count("sp", s);
+    LAGA_REQUIRE(v <= 4096, "sp = ", v, ": at most 4096");
+    sps.push_back(int(v));
+  }
+  const std::vector<Layout> layouts = parse_all(o.layout, kAllLayouts, parse_layout);
+  const std::vector<AttentionKernel> kernels = parse_all(o.kernel, kAllKernels, parse_kernel);
+  const std::vector<std::size_t> variants = parse_variants(o.form);
+  if (b.device == Device::cuda) {
+    LAGA_REQUIRE(cuda_available(), "device = cuda: ", cuda_device_count() == 0 ? "no usable GPU (or laga was built without CUDA)" : "CUDA is not available");
+    for (int P : sps)
+      LAGA_REQUIRE(P == 1 || o.phantom, "sp = ", P, " on device cuda: bench runs P = 1 or one rank of P alone "
+                   "(--phantom); real ranks on several GPUs run under mpirun with `laga run`");
+  }
+  LAGA_REQUIRE(!(o.check && o.phantom), "check with phantom: a phantom rank's collectives return stand-in data, "
+               "so its result cannot be compared (drop --check or --phantom)");
+
+  // Every point, validated before anything runs.
+  std::vector<Point> points;
+  for (auto S : seqs)
+    for (int P : sps)
+      for (auto B : batches)
+        for (Layout l : layouts)
+          for (AttentionKernel k : kernels)
+            for (std::size_t v : variants) {
+              Point p{S, B, P, l, k, v};
+              validate(b.cfg, b.options(p), BlockShape{.batch = B, .seq = S, .ranks = P, .rank = 0});
+              points.push_back(p);
+            }
+  if (!o.out.empty()) {
+    std::ofstream f(o.out, std::ios::app);
+    LAGA_REQUIRE(f.good(), "out = '", o.out, "': cannot open for writing");
+  }
+
+  b.o = o;
+  b.default_blas_threads = set_cpu_blas_threads(1);
+  set_cpu_blas_threads(b.default_blas_threads);
+
+  const std::string command = canonical_command(o, dtype_text);
+  json config = {{"command", command},
+                 {"model", json::parse(config_to_json(b.cfg))},
+                 {"device", device_name(b.device)},
+                 {"dtype", dtype_name(b.dtype)},
+                 {"seq", seqs},
+                 {"sp", sps},
+                 {"batch", batches},
+                 {"layouts", json::array()},
+                 {"kernels", json::array()},
+                 {"variants", json::array()},
+                 {"repeat", o.repeat},
+                 {"warmup", o.warmup},
+                 {"seed", o.seed},
+                 {"ranks", o.phantom ? "phantom: rank P-1 of P alone on this device (collectives counted, not performed)"
+                                     : "P = 1 alone; P > 1 as threads of this process with in-process collectives"},
+                 {"cpu_threads_per_rank", b.device == Device::cpu ? json(b.default_blas_threads) : json(nullptr)},
+                 {"check", o.check}};
+  if (b.device == Device::cuda) config["gpu"] = o.gpu;
+  for (Layout l : layouts) config["layouts"].push_back(layout_name(l));
+  for (AttentionKernel k : kernels) config["kernels"].push_back(kernel_name(k));
+  for (std::size_t v : variants) config["variants"].push_back({{"id", variant_id(v)}, {"label", kVariants[v].label}});
+  json doc = {{"schema", kSchema},
+              {"generated", utc_now()},
+              {"complete", false},
+              {"machine", machine_info()},
+              {"build", build_info()},
+              {"config", config},
+              {"time_model", {{"label", "modeled"},
+                              {"description", "alpha-beta model: a collective's time = steps x latency + bytes sent "
+                                              "by the rank / bandwidth (ring all-gather/reduce-scatter and pairwise "
+                                              "all-to-all: P-1 steps; all-reduce 2(P-1)); across nodes ring collectives "
+                                              "go at InfiniBand's pace, all-to-all splits its bytes between NVLink "
+                                              "(peers on the node) and InfiniBand, concurrently. docs/bench.md"},
+                              {"node_size", b.model.node_size},
+                              {"intra", link_json(b.model.intra)},
+                              {"inter", link_json(b.model.inter)},
+                              {"placements", {{{"name", "node"}, {"ranks_per_node", "min(P, node_size)"}},
+                                              {{"name", "cross-node"}, {"ranks_per_node", 1}}}}}},
+              {"points", json::array()}};
+
+  std::printf("laga bench: model '%s', %s, %s, %zu points x (%d warm-up + %d timed), %s\n", b.cfg.name.c_str(),
+              device_name(b.device), dtype_name(b.dtype), points.size(), o.warmup, o.repeat,
+              o.phantom ? "phantom ranks (rank P-1 of P alone)" : "P > 1 as threads of this process");
+  std::printf("modeled collectives: %d GPUs a node, %s %.0f GB/s + %.1f us a step within a node, %s %.0f GB/s "
+              "+ %.1f us a step across nodes\n",
+              b.model.node_size, b.model.intra.name.c_str(), b.model.intra.bandwidth * 1e-9, b.model.intra.latency * 1e6,
+              b.model.inter.name.c_str(), b.model.inter.bandwidth * 1e-9, b.model.inter.latency * 1e6);
+  std::printf("times: median over the timed repeats of rank P-1 (spread = IQR / median of fwd + bwd); "
+              "'modeled' = measured compute + modeled collectives\n\n");
+  const char* rowfmt = "%-9s %5s %6s %3s %3s %-10s %-5s %-19s %10s %10s %10s %8s %9s %9s %6s %9s %9s%s\n";
+  std::printf(rowfmt, "point", "left", "S", "P", "B", "layout", "kern", "variant", "saved", "peak bwd", "sent", "GFLOP",
+              "fwd ms", "bwd ms", "spread", "node ms*", "xnode ms*", o.check ? "  check" : "");
+  std::fflush(stdout);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::map<std::tuple<std::int64_t, std::int64_t, int>, GlobalResult> references;  // (S, B, kernel)
+  // Explicit's result at P = 1, by (S, B, layout, kernel): LAGA's must equal it bit for bit.
+  std::map<std::tuple<std::int64_t, std::int64_t, int, int>, GlobalResult> explicit_p1;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const Point& p = points[i];
+    const GlobalResult* reference = nullptr;
+    if (o.check) {
+      auto key = std::make_tuple(p.seq, p.batch, int(p.kernel));
+      auto it = references.find(key);
+      if (it == references.end()) {
+        auto ref_be = b.new_backend();
+        it = references.emplace(key, reference_result(b.cfg, b.dtype, p.kernel, p.batch, p.seq, *ref_be, o.seed)).first;
+      }
+      reference = &it->second;
+    }
+    Measured m = b.measure(p);
+    const Variant& v = kVariants[p.variant];
+    const auto group = std::make_tuple(p.seq, p.batch, int(p.layout), int(p.kernel));
+    if (o.check && p.sp == 1 && v.form == Form::Explicit && m.have_result) explicit_p1[group] = m.result;
+    const auto ex = explicit_p1.find(group);
+    PointResult pr = point_json(b, p, m, reference, ex == explicit_p1.end() ? nullptr : &ex->second);
+    doc["points"].push_back(std::move(pr.doc));
+    char prog[32];
+    std::snprintf(prog, sizeof prog, "%zu/%zu", i + 1, points.size());
+    std::printf(rowfmt, prog, std::to_string(points.size() - i - 1).c_str(), std::to_string(p.seq).c_str(), std::to_string(p.sp).c_str(),
+                std::to_string(p.batch).c_str(), layout_name(p.layout), kernel_name(p.kernel), v.label,
+                human_bytes(pr.saved).c_str(), human_bytes(pr.peak_bwd).c_str(), human_bytes(pr.sent).c_str(),
+                fmt("%.3f", pr.gflop).c_str(), ms(pr.fwd).c_str(), ms(pr.bwd).c_str(),
+                fmt("%.0f%%", 100 * pr.block.relative_iqr()).c_str(), fmt("%.2f", pr.modeled_node * 1e3).c_str(),
+                fmt("%.2f", pr.modeled_cross * 1e3).c_str(), o.check ? ("  " + pr.check).c_str() : "");
+    std::fflush(stdout);
+    if (!o.out.empty()) write_atomically(o.out, doc);
+  }
+  doc["complete"] = true;
+  doc["elapsed_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!o.out.empty()) {
+    write_atomically(o.out, doc);
+    std::printf("\nwrote %s (%zu points; schema docs/bench.md). Plots: python3 scripts/plot_bench.py %s\n",
+                o.out.c_str(), points.size(), o.out.c_str());
+  }
+  std::printf("\nsaved: activation bytes kept for backward; peak bwd: highest live activation bytes in backward; "
+              "sent: bytes the rank sent, fwd + bwd.\n"
+              "* MODELED, not measured: node ms* = measured compute + collectives priced for P ranks on nodes of %d "
+              "(%s within a node; P > %d fills several nodes); xnode ms* = the same with one rank a node (%s).\n",
+              b.model.node_size, b.model.intra.name.c_str(), b.model.node_size, b.model.inter.name.c_str());
+  if (o.check)
+    std::printf("check: largest relative error of y, dx and every weight gradient (summed over ranks) against the "
+                "single-rank explicit result; at P = 1 whether LAGA is bit-identical to explicit.\n");
+  std::printf("bench took %.1f s.\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return kExitOk;
+}
+
+}  // namespace
+
+std::function<int()> add_bench(CLI::App& app, CLI::App*& sub) {
+  auto o = std::make_shared<BenchOptions>();
+  sub = app.add_subcommand("bench", "Sweep sizes, P, forms, layouts and kernels; repeat each point; write one JSON "
+                                    "document (docs/bench.md) and print a table as it goes");
+  sub->add_option("--model", o->model, "Preset or path to a config.json")->capture_default_str();
+  sub->add_option("--seq", o->seq, "Sequence lengths S, comma separated; 16k = 16384")->delimiter(',')->capture_default_str();
+  sub->add_option("--sp", o->sp, "Sequence-parallel ranks P, comma separated")->delimiter(',')->capture_default_str();
+  sub->add_option("--batch", o->batch, "Micro-batch sizes, comma separated")->delimiter(',')->capture_default_str();
+  sub->add_option("--form", o->form, "all, or a list of explicit, absorbed, absorbed-expanded, laga, laga-recompute")
+      ->delimiter(',')->capture_default_str();
+  sub->add_option("--layout", o->layout, "all, or a list of a2a, all_gather")->delimiter(',')->capture_default_str();
+  sub->add_option("--kernel", o->kernel, "all, or a list of eager, fused")->delimiter(',')->capture_default_str();
+  sub->add_option("--sweep", o->sweep, "KEY=V1,V2,... (KEY: seq, sp, batch, form, layout, kernel); repeatable, "
+                                       "replaces that list");
+  sub->add_option("--device", o->device, "cpu or cuda")->capture_default_str();
+  sub->add_option("--gpu", o->gpu, "CUDA device index")->capture_default_str();
+  sub->add_option("--dtype", o->dtype, "float32, float64 or bfloat16 (default: float32 on cpu, bfloat16 on cuda)");
+  sub->add_flag("--phantom", o->phantom, "Run rank P-1 of P alone (collectives counted, not performed): one device "
+                                         "measures any P; the only way to P > 1 on cuda here");
+  sub->add_option("--repeat", o->repeat, "Timed repeats of each point (median and spread reported)")->capture_default_str();
+  sub->add_option("--warmup", o->warmup, "Untimed runs before the repeats")->capture_default_str();
+  sub->add_flag("--check", o->check, "Also record each point's error against the single-rank explicit result, and "
+                                     "whether LAGA at P = 1 is bit-identical to explicit");
+  sub->add_option("--seed", o->seed, "Seed of the deterministic weights and inputs")->capture_default_str();
+  sub->add_option("--out", o->out, "The JSON document (rewritten after every point; complete: true at the end)");
+  sub->add_option("--node-size", o->node_size, "Model: GPUs a node")->capture_default_str();
+  sub->add_option("--nvlink-gbs", o->nvlink_gbs, "Model: NVLink GB/s per GPU per direction")->capture_default_str();
+  sub->add_option("--ib-gbs", o->ib_gbs, "Model: InfiniBand GB/s per GPU per direction (50 = 400 Gb/s)")
+      ->capture_default_str();
+  sub->add_option("--nvlink-latency-us", o->nvlink_latency_us, "Model: NVLink latency a step, us")->capture_default_str();
+  sub->add_option("--ib-latency-us", o->ib_latency_us, "Model: InfiniBand latency a step, us")->capture_default_str();
+  return [o] { return run_bench(*o); };
+}
+
+}  // namespace laga::cli
