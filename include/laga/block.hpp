@@ -54,6 +54,33 @@ struct BlockOptions {
   DType dtype = DType::f32;
 };
 
+// One strategy as reports and tests enumerate them: a form plus the options only some forms take.
+struct Variant {
+  Form form = Form::Explicit;
+  Recompute recompute = Recompute::None;
+  AbsorbedAttention absorbed = AbsorbedAttention::Mqa;
+
+  const char* label() const;  // as printed: "explicit", "absorbed (mqa)", ..., "laga +recompute kv"
+  std::string name() const;   // an identifier: "explicit", "absorbed_mqa", ..., "laga_recompute_kv"
+  BlockOptions options(Layout layout, AttentionKernel kernel, DType dtype) const {
+    return BlockOptions{.form = form, .layout = layout, .kernel = kernel, .recompute = recompute,
+                        .absorbed_attention = absorbed, .dtype = dtype};
+  }
+};
+// `base` with the variant's form, recompute and absorbed attention.
+inline BlockOptions with_variant(BlockOptions base, const Variant& v) {
+  return v.options(base.layout, base.kernel, base.dtype);
+}
+// The variant a set of options runs (the absorbed attention choice only matters for the absorbed form).
+inline Variant variant_of(const BlockOptions& o) {
+  return Variant{o.form, o.recompute, o.form == Form::Absorbed ? o.absorbed_attention : AbsorbedAttention::Mqa};
+}
+// Every variant a report sets side by side, explicit first (the reference).
+inline constexpr std::array<Variant, 5> kAllVariants = {
+    Variant{Form::Explicit}, Variant{Form::Absorbed, Recompute::None, AbsorbedAttention::Mqa},
+    Variant{Form::Absorbed, Recompute::None, AbsorbedAttention::Expanded}, Variant{Form::Laga},
+    Variant{Form::Laga, Recompute::KV}};
+
 // The problem one rank sees: `seq` is the full sequence S; each rank holds s = S / ranks tokens.
 struct BlockShape {
   std::int64_t batch = 1;

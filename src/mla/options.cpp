@@ -114,6 +114,19 @@ MlaWeights allocate_weights(const MlaConfig& c, DType dtype, Allocator& alloc, c
   return w;
 }
 
+const char* Variant::label() const {
+  if (form == Form::Absorbed) return absorbed == AbsorbedAttention::Mqa ? "absorbed (mqa)" : "absorbed (expanded)";
+  if (form == Form::Laga) return recompute == Recompute::KV ? "laga +recompute kv" : "laga";
+  return "explicit";
+}
+
+std::string Variant::name() const {
+  std::string n = form_name(form);
+  if (form == Form::Absorbed) n += std::string("_") + absorbed_attention_name(absorbed);
+  if (recompute != Recompute::None) n += std::string("_recompute_") + recompute_name(recompute);
+  return n;
+}
+
 double PassStats::total_flops() const { return std::accumulate(flops.begin(), flops.end(), 0.0); }
 double PassStats::total_seconds() const { return std::accumulate(seconds.begin(), seconds.end(), 0.0); }
 

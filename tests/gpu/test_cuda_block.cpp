@@ -40,21 +40,6 @@ MlaConfig mla_dims() {
 MlaConfig config_by_name(const std::string& name) { return name == "mla_dims" ? mla_dims() : preset(name); }
 std::int64_t seq_for(const std::string& name) { return name == "tiny" ? 16 : 32; }
 
-struct Variant {
-  Form form;
-  Recompute recompute = Recompute::None;
-  AbsorbedAttention absorbed = AbsorbedAttention::Mqa;
-  std::string name() const {
-    std::string n = form_name(form);
-    if (form == Form::Absorbed) n += std::string("_") + absorbed_attention_name(absorbed);
-    if (recompute != Recompute::None) n += std::string("_recompute_") + recompute_name(recompute);
-    return n;
-  }
-};
-const Variant kVariants[] = {
-    {Form::Explicit}, {Form::Absorbed, Recompute::None, AbsorbedAttention::Mqa},
-    {Form::Absorbed, Recompute::None, AbsorbedAttention::Expanded}, {Form::Laga}, {Form::Laga, Recompute::KV}};
-
 struct BlockParam {
   std::string config;
   Variant variant;
@@ -85,7 +70,7 @@ GpuRun run_on(Backend& be, const MlaConfig& cfg, const BlockOptions& opts, std::
 std::vector<BlockParam> block_params() {
   std::vector<BlockParam> out;
   for (const char* cfg : {"tiny", "small", "mla_dims"})
-    for (const Variant& v : kVariants)
+    for (const Variant& v : kAllVariants)
       for (Layout l : kAllLayouts)
         for (AttentionKernel k : kAllKernels)
           for (DType t : {DType::f32, DType::bf16}) out.push_back({cfg, v, l, k, t});

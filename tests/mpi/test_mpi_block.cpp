@@ -40,25 +40,12 @@ constexpr std::uint64_t kSeed = 11;
 
 // ---------------------------------------------------------------- what is run
 
-struct Variant {
-  Form form = Form::Explicit;
-  Recompute recompute = Recompute::None;
-  AbsorbedAttention absorbed = AbsorbedAttention::Mqa;
-  std::string name() const {
-    std::string n = form_name(form);
-    if (form == Form::Absorbed) n += std::string("_") + absorbed_attention_name(absorbed);
-    if (recompute != Recompute::None) n += std::string("_recompute_") + recompute_name(recompute);
-    return n;
-  }
-};
-
 const Variant kExplicit{.form = Form::Explicit};
 const Variant kLaga{.form = Form::Laga};
 const Variant kLagaRecompute{.form = Form::Laga, .recompute = Recompute::KV};
 
 std::vector<Variant> all_variants() {
-  return {kExplicit, Variant{.form = Form::Absorbed, .absorbed = AbsorbedAttention::Mqa},
-          Variant{.form = Form::Absorbed, .absorbed = AbsorbedAttention::Expanded}, kLaga, kLagaRecompute};
+  return {kAllVariants.begin(), kAllVariants.end()};
 }
 
 struct Case {

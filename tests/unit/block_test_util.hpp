@@ -21,35 +21,9 @@
 
 namespace laga::block_test {
 
-// One way of running the block: a form plus the options that only make sense for some forms.
-struct Variant {
-  Form form = Form::Explicit;
-  Recompute recompute = Recompute::None;
-  AbsorbedAttention absorbed = AbsorbedAttention::Mqa;
-
-  std::string name() const {
-    std::string n = form_name(form);
-    if (form == Form::Absorbed) n += std::string("_") + absorbed_attention_name(absorbed);
-    if (recompute != Recompute::None) n += std::string("_recompute_") + recompute_name(recompute);
-    return n;
-  }
-  BlockOptions options(Layout layout, AttentionKernel kernel, DType dtype) const {
-    return BlockOptions{.form = form, .layout = layout, .kernel = kernel, .recompute = recompute,
-                        .absorbed_attention = absorbed, .dtype = dtype};
-  }
-};
-
-// Every form, plus the second absorbed attention (expanded) and LAGA with K/V recomputation:
-// explicit, absorbed_mqa, absorbed_expanded, laga, laga_recompute_kv.
-inline std::vector<Variant> all_variants() {
-  std::vector<Variant> out;
-  for (Form f : kAllForms) {
-    out.push_back(Variant{.form = f});
-    if (f == Form::Absorbed) out.push_back(Variant{.form = f, .absorbed = AbsorbedAttention::Expanded});
-    if (f == Form::Laga) out.push_back(Variant{.form = f, .recompute = Recompute::KV});
-  }
-  return out;
-}
+// The variants every suite loops over (laga::kAllVariants): explicit, absorbed_mqa, absorbed_expanded,
+// laga, laga_recompute_kv.
+inline std::vector<Variant> all_variants() { return {kAllVariants.begin(), kAllVariants.end()}; }
 
 inline const char* dtype_tag(DType t) { return t == DType::f64 ? "f64" : t == DType::f32 ? "f32" : "bf16"; }
 

@@ -9,20 +9,6 @@
 namespace laga {
 namespace {
 
-struct Variant {
-  const char* name;
-  Form form;
-  Recompute recompute;
-  AbsorbedAttention absorbed;
-};
-constexpr Variant kVariants[] = {
-    {"explicit", Form::Explicit, Recompute::None, AbsorbedAttention::Mqa},
-    {"absorbed_mqa", Form::Absorbed, Recompute::None, AbsorbedAttention::Mqa},
-    {"absorbed_expanded", Form::Absorbed, Recompute::None, AbsorbedAttention::Expanded},
-    {"laga", Form::Laga, Recompute::None, AbsorbedAttention::Mqa},
-    {"laga_recompute", Form::Laga, Recompute::KV, AbsorbedAttention::Mqa},
-};
-
 struct GridCase {
   int ranks;
   Layout layout;
@@ -57,10 +43,9 @@ TEST_P(PlanEqualsMeasurement, SavedPeaksTrafficAndFlops) {
   const GridCase& c = GetParam();
   const MlaConfig cfg = preset("tiny");
   const std::int64_t seq = 16;
-  for (const Variant& v : kVariants) {
-    SCOPED_TRACE(v.name);
-    const BlockOptions opts{.form = v.form, .layout = c.layout, .kernel = c.kernel, .recompute = v.recompute,
-                            .absorbed_attention = v.absorbed, .dtype = DType::f32};
+  for (const Variant& v : kAllVariants) {
+    SCOPED_TRACE(v.name());
+    const BlockOptions opts = v.options(c.layout, c.kernel, DType::f32);
     GroupRun measured = run_thread_group(cfg, opts, c.batch, seq, c.ranks, 7);
     for (int r = 0; r < c.ranks; ++r) {
       SCOPED_TRACE("rank " + std::to_string(r));

@@ -25,7 +25,6 @@
 #include "laga/cuda.hpp"
 #include "laga/errors.hpp"
 #include "laga/problem.hpp"
-#include "variants.hpp"
 
 #ifndef LAGA_SOURCE_DIR
 #define LAGA_SOURCE_DIR ""
@@ -47,7 +46,7 @@ constexpr const char* kSchema = "laga-bench/1";
 // Short names of the variants for the command line (the JSON and tables carry both).
 struct VariantId {
   const char* id;
-  std::size_t index;  // into kVariants
+  std::size_t index;  // into kAllVariants
 };
 constexpr VariantId kVariantIds[] = {{"explicit", 0}, {"absorbed", 1}, {"absorbed-expanded", 2}, {"laga", 3},
                                      {"laga-recompute", 4}};
@@ -248,7 +247,7 @@ struct Point {
   int sp;
   Layout layout;
   AttentionKernel kernel;
-  std::size_t variant;  // into kVariants
+  std::size_t variant;  // into kAllVariants
 };
 
 // What each repeat of one rank measured.
@@ -309,7 +308,7 @@ struct Bench {
   }
 
   BlockOptions options(const Point& p) const {
-    return with_variant({.layout = p.layout, .kernel = p.kernel, .dtype = dtype}, kVariants[p.variant]);
+    return with_variant({.layout = p.layout, .kernel = p.kernel, .dtype = dtype}, kAllVariants[p.variant]);
   }
 
   // One rank alone: P = 1, or rank P-1 of P as a phantom.
@@ -458,7 +457,7 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
                        const GlobalResult* explicit_p1) {
   const RankRun& run = m.run;
   const std::vector<Repeat>& reps = m.repeats.size() == 1 ? m.repeats[0] : m.repeats[m.rank];
-  const Variant& v = kVariants[p.variant];
+  const Variant& v = kAllVariants[p.variant];
   PointResult pr;
 
   json saved = json::array();
@@ -533,7 +532,7 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
               {"batch", p.batch},
               {"layout", layout_name(p.layout)},
               {"kernel", kernel_name(p.kernel)},
-              {"variant", v.label},
+              {"variant", v.label()},
               {"variant_id", variant_id(p.variant)},
               {"form", form_name(v.form)},
               {"recompute", recompute_name(v.recompute)},
@@ -707,7 +706,7 @@ int run_bench(BenchOptions o) {
   if (b.device == Device::cuda) config["gpu"] = o.gpu;
   for (Layout l : layouts) config["layouts"].push_back(layout_name(l));
   for (AttentionKernel k : kernels) config["kernels"].push_back(kernel_name(k));
-  for (std::size_t v : variants) config["variants"].push_back({{"id", variant_id(v)}, {"label", kVariants[v].label}});
+  for (std::size_t v : variants) config["variants"].push_back({{"id", variant_id(v)}, {"label", kAllVariants[v].label()}});
   json doc = {{"schema", kSchema},
               {"generated", utc_now()},
               {"complete", false},
@@ -758,7 +757,7 @@ int run_bench(BenchOptions o) {
       reference = &it->second;
     }
     Measured m = b.measure(p);
-    const Variant& v = kVariants[p.variant];
+    const Variant& v = kAllVariants[p.variant];
     const auto group = std::make_tuple(p.seq, p.batch, int(p.layout), int(p.kernel));
     if (o.check && p.sp == 1 && v.form == Form::Explicit && m.have_result) explicit_p1[group] = m.result;
     const auto ex = explicit_p1.find(group);
@@ -767,7 +766,7 @@ int run_bench(BenchOptions o) {
     char prog[32];
     std::snprintf(prog, sizeof prog, "%zu/%zu", i + 1, points.size());
     std::printf(rowfmt, prog, std::to_string(points.size() - i - 1).c_str(), std::to_string(p.seq).c_str(), std::to_string(p.sp).c_str(),
-                std::to_string(p.batch).c_str(), layout_name(p.layout), kernel_name(p.kernel), v.label,
+                std::to_string(p.batch).c_str(), layout_name(p.layout), kernel_name(p.kernel), v.label(),
                 human_bytes(pr.saved).c_str(), human_bytes(pr.peak_bwd).c_str(), human_bytes(pr.sent).c_str(),
                 fmt("%.3f", pr.gflop).c_str(), ms(pr.fwd).c_str(), ms(pr.bwd).c_str(),
                 fmt("%.0f%%", 100 * pr.block.relative_iqr()).c_str(), fmt("%.2f", pr.modeled_node * 1e3).c_str(),

@@ -7,7 +7,6 @@
 
 #include "commands.hpp"
 #include "format.hpp"
-#include "variants.hpp"
 #include "laga/problem.hpp"
 
 namespace laga::cli {
@@ -48,7 +47,7 @@ int run_demo(const DemoOptions& o) {
       auto ref_backend = make_cpu_backend();
       const GlobalResult ref = reference_result(cfg, dtype, kernel, o.batch, o.seq, *ref_backend, o.seed);
       double explicit_saved = 0;
-      for (const Variant& v : kVariants) {
+      for (const Variant& v : kAllVariants) {
         const BlockOptions opts = with_variant({.layout = layout, .kernel = kernel, .dtype = dtype}, v);
         GroupRun g = run_thread_group(cfg, opts, o.batch, o.seq, o.sp, o.seed);
         const RankRun& r0 = g.ranks[0];
@@ -61,7 +60,7 @@ int run_demo(const DemoOptions& o) {
           fwd_s = std::max(fwd_s, r.fwd.total_seconds());
           bwd_s = std::max(bwd_s, r.bwd.total_seconds());
         }
-        table.add({v.label, kernel_name(kernel), fmt("%.1e", errs[0].rel_error), fmt("%.1e", grad_err),
+        table.add({v.label(), kernel_name(kernel), fmt("%.1e", errs[0].rel_error), fmt("%.1e", grad_err),
                    human_bytes(double(r0.saved_bytes)), fmt("%+.1f%%", 100.0 * (r0.saved_bytes / explicit_saved - 1)),
                    human_bytes(double(r0.fwd.peak_bytes)), human_bytes(double(r0.bwd.peak_bytes)),
                    human_bytes(double(total_sent(r0))), fmt("%.1f", 1e3 * fwd_s), fmt("%.1f", 1e3 * bwd_s)});

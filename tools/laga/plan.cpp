@@ -10,7 +10,6 @@
 #include "format.hpp"
 #include "laga/errors.hpp"
 #include "laga/plan.hpp"
-#include "variants.hpp"
 
 namespace laga::cli {
 namespace {
@@ -73,7 +72,7 @@ int run_plan(const PlanOptions& o) {
   // Validate every point before printing anything.
   for (auto S : seqs)
     for (auto P : sps)
-      for (const Variant& v : kVariants)
+      for (const Variant& v : kAllVariants)
         validate(cfg, with_variant(base, v), BlockShape{.batch = o.batch, .seq = S, .ranks = int(P), .rank = 0});
 
   nlohmann::json doc = {{"model", nlohmann::json::parse(config_to_json(cfg))}, {"layout", o.layout}, {"kernel", o.kernel},
@@ -85,10 +84,10 @@ int run_plan(const PlanOptions& o) {
       // traffic are the same on every rank.
       const BlockShape shape{.batch = o.batch, .seq = S, .ranks = int(P), .rank = int(P) - 1};
       std::vector<RankPlan> plans;
-      for (const Variant& v : kVariants) plans.push_back(plan_rank(cfg, with_variant(base, v), shape));
+      for (const Variant& v : kAllVariants) plans.push_back(plan_rank(cfg, with_variant(base, v), shape));
       nlohmann::json point = {{"seq", S}, {"sp", P}, {"rank", shape.rank}, {"variants", nlohmann::json::object()}};
       for (std::size_t i = 0; i < plans.size(); ++i)
-        point["variants"][kVariants[i].label] = to_json(plans[i], device_fit(plans[i], o.layers));
+        point["variants"][kAllVariants[i].label()] = to_json(plans[i], device_fit(plans[i], o.layers));
       doc["points"].push_back(point);
       if (o.json) continue;
 
@@ -104,7 +103,7 @@ int run_plan(const PlanOptions& o) {
       for (std::size_t i = 0; i < plans.size(); ++i) {
         const RankPlan& p = plans[i];
         const DeviceFit fit = device_fit(p, o.layers);
-        std::vector<std::string> row{kVariants[i].label, human_bytes(double(p.saved_bytes)),
+        std::vector<std::string> row{kAllVariants[i].label(), human_bytes(double(p.saved_bytes)),
                                      fmt("%+.2f%%", 100.0 * (double(p.saved_bytes) / double(ex.saved_bytes) - 1)),
                                      human_bytes(double(p.peak_forward)), human_bytes(double(p.peak_backward)),
                                      human_bytes(double(p.bytes_sent())),
@@ -123,7 +122,7 @@ int run_plan(const PlanOptions& o) {
         for (std::size_t k = 0; k < plans[i].saved.size() && k < 4; ++k)
           line += (k ? ", " : "") + plans[i].saved[k].name + " " + shape_string(plans[i].saved[k].shape) + " " +
                   human_bytes(double(plans[i].saved[k].bytes));
-        std::printf("  %-20s %s\n", kVariants[i].label, line.c_str());
+        std::printf("  %-20s %s\n", kAllVariants[i].label(), line.c_str());
       }
       std::printf("\n");
     }

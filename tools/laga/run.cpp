@@ -30,7 +30,6 @@
 #include "laga/nccl_comm.hpp"
 #include "laga/npy.hpp"
 #include "laga/problem.hpp"
-#include "variants.hpp"
 
 #ifndef LAGA_GIT_COMMIT
 #define LAGA_GIT_COMMIT "unknown"
@@ -216,17 +215,8 @@ json phases_json(const std::array<double, kOpPhaseCount>& v) {
   return j;
 }
 
-// The label `laga plan` uses for the variant (variants.hpp).
-std::string variant_label(const BlockOptions& opts) {
-  for (const Variant& v : kVariants)
-    if (v.form == opts.form && v.recompute == opts.recompute &&
-        (opts.form != Form::Absorbed || v.absorbed == opts.absorbed_attention))
-      return v.label;
-  return form_name(opts.form);
-}
-
 json options_json(const BlockOptions& opts) {
-  return {{"variant", variant_label(opts)},
+  return {{"variant", variant_of(opts).label()},
           {"form", form_name(opts.form)},
           {"layout", layout_name(opts.layout)},
           {"kernel", kernel_name(opts.kernel)},
@@ -681,7 +671,7 @@ std::vector<BlockOptions> phantom_variants(const RunOptions& o, DType dtype) {
     LAGA_REQUIRE(o.recompute == "none" && o.absorbed_attention == "mqa", "form = all covers every variant (",
                  "absorbed mqa and expanded, laga with and without recompute): leave --recompute and "
                  "--absorbed-attention out");
-    for (const Variant& v : kVariants) forms.push_back(with_variant(BlockOptions{}, v));
+    for (const Variant& v : kAllVariants) forms.push_back(with_variant(BlockOptions{}, v));
   } else {
     forms.push_back(BlockOptions{.form = parse_form(o.form), .recompute = parse_recompute(o.recompute),
                                  .absorbed_attention = parse_absorbed_attention(o.absorbed_attention)});
@@ -770,7 +760,7 @@ int run_phantom(const RunOptions& o) {
     const RankRun run = measured_run(p, *comm, o.seed, &w, &x, &dy, mem);
     std::size_t sent = 0;
     for (const auto& c : run.traffic) sent += c.bytes_sent;
-    std::vector<std::string> row{variant_label(v), layout_name(v.layout), kernel_name(v.kernel),
+    std::vector<std::string> row{variant_of(v).label(), layout_name(v.layout), kernel_name(v.kernel),
                                  human_bytes(double(run.saved_bytes)), human_bytes(double(run.fwd.peak_bytes)),
                                  human_bytes(double(run.bwd.peak_bytes)), human_bytes(double(sent)),
                                  fmt("%.4g", (run.fwd.total_flops() + run.bwd.total_flops()) * 1e-9),
@@ -784,7 +774,7 @@ int run_phantom(const RunOptions& o) {
     }
     if (details) {
       std::printf("\n%s, layout %s, kernel %s: saved %zu bytes (%s), peak fwd %s, peak bwd %s, sent %s%s\n",
-                  variant_label(v).c_str(), layout_name(v.layout), kernel_name(v.kernel), run.saved_bytes,
+                  variant_of(v).label(), layout_name(v.layout), kernel_name(v.kernel), run.saved_bytes,
                   human_bytes(double(run.saved_bytes)).c_str(), human_bytes(double(run.fwd.peak_bytes)).c_str(),
                   human_bytes(double(run.bwd.peak_bytes)).c_str(), human_bytes(double(sent)).c_str(),
                   mem.have ? (", device in use " + human_bytes(double(mem.used_before)) + " before, peak " +
