@@ -69,20 +69,6 @@ struct BenchOptions {
 
 // ---------------------------------------------------------------- parsing the sweep
 
-std::int64_t parse_count(const std::string& what, const std::string& text) {
-  std::size_t pos = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &pos);
-  } catch (...) {
-    LAGA_REQUIRE(false, what, " = '", text, "': expected a positive integer (a 'k' suffix multiplies by 1024)");
-  }
-  std::string rest = text.substr(pos);
-  if (rest == "k" || rest == "K") v *= 1024, rest.clear();
-  LAGA_REQUIRE(rest.empty() && v > 0, what, " = '", text, "': expected a positive integer (a 'k' suffix multiplies by 1024)");
-  return v;
-}
-
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::string cur;

@@ -1,9 +1,12 @@
 // Small text helpers for the CLI's tables.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include "laga/errors.hpp"
 
 namespace laga::cli {
 
@@ -23,6 +26,21 @@ inline std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
+}
+
+// A count from the command line: "16384", or "16k" (x1024). Throws InvalidArgument naming `what`.
+inline std::int64_t parse_count(const std::string& what, const std::string& text) {
+  std::size_t pos = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &pos);
+  } catch (...) {
+    LAGA_REQUIRE(false, what, " = '", text, "': expected a positive integer (a 'k' suffix multiplies by 1024)");
+  }
+  std::string rest = text.substr(pos);
+  if (rest == "k" || rest == "K") v *= 1024, rest.clear();
+  LAGA_REQUIRE(rest.empty() && v > 0, what, " = '", text, "': expected a positive integer (a 'k' suffix multiplies by 1024)");
+  return v;
 }
 
 // A table printed with columns padded to their widest cell; the first `left` columns are left-aligned.

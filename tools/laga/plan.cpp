@@ -26,21 +26,6 @@ struct PlanOptions {
   std::string out;
 };
 
-// "16384", "16k" (x1024) -> count.
-std::int64_t parse_count(const std::string& what, const std::string& text) {
-  std::size_t pos = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &pos);
-  } catch (...) {
-    LAGA_REQUIRE(false, what, " = '", text, "': expected a positive integer (a 'k' suffix multiplies by 1024)");
-  }
-  std::string rest = text.substr(pos);
-  if (rest == "k" || rest == "K") v *= 1024, rest.clear();
-  LAGA_REQUIRE(rest.empty() && v > 0, what, " = '", text, "': expected a positive integer (a 'k' suffix multiplies by 1024)");
-  return v;
-}
-
 nlohmann::json to_json(const RankPlan& p, const DeviceFit& fit) {
   nlohmann::json saved = nlohmann::json::array();
   for (const auto& t : p.saved) saved.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"bytes", t.bytes}});
