@@ -1,7 +1,8 @@
-// The fused attention kernels: flash-style tiles through shared memory, plain fp32 FMA (bf16 and f32 inputs
-// are widened on load), online softmax forward, FlashAttention-2 backward that recomputes P from the saved
-// log-sum-exp. Correctness first: every reduction has a fixed order (no atomics), so results are bitwise
-// reproducible; speed (tensor cores, register tiles, pipelining) is for later.
+// The fused attention kernels' generic path: flash-style tiles through shared memory, plain fp32 FMA (bf16 and
+// f32 inputs are widened on load), online softmax forward, FlashAttention-2 backward that recomputes P from
+// the saved log-sum-exp. bf16 at the head dims of the tile table (192/128, 576/512) goes to the tensor-core
+// kernels instead (flash_tc.cu); f32 stays here (its 1e-5 tolerance rules out bf16 operands). Every reduction
+// has a fixed order (no atomics), so results are bitwise reproducible.
 //
 // Shared memory holds fp32 tiles whose rows are padded to an odd number of floats, so that threads reading
 // one column of consecutive rows hit distinct banks. The static_asserts below check the shared-memory
@@ -11,6 +12,7 @@
 #include <cmath>
 
 #include "cuda/cuda_ops.cuh"
+#include "cuda/flash_tc.cuh"
 
 namespace laga::cuda {
 namespace {
@@ -404,6 +406,7 @@ bool small_dims(const AttentionFwdParams& p) { return p.d_qk <= SmallTiles::kMax
 }  // namespace
 
 void flash_forward(Context& ctx, const AttentionFwdParams& p) {
+  if (flash_tc_supported(p)) return flash_tc_forward(ctx, p);  // bf16 at MLA's head dims: tensor cores
   dispatch_compute(p.dtype, "attention", [&](auto z) {
     using T = decltype(z);
     forward_impl<T>(ctx, p);
@@ -411,6 +414,7 @@ void flash_forward(Context& ctx, const AttentionFwdParams& p) {
 }
 
 void flash_backward(Context& ctx, const AttentionBwdParams& p) {
+  if (flash_tc_supported(p)) return flash_tc_backward(ctx, p);
   dispatch_compute(p.dtype, "attention", [&](auto z) {
     using T = decltype(z);
     if (small_dims(p))

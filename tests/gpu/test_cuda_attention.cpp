@@ -1,8 +1,10 @@
 // CUDA attention (eager and fused, bf16 and f32) against the CPU backend in float64: forward (o, lse,
 // probs) and backward (dq, dk, dv), on strided views of wider buffers, for MLA's head dims (192/128 MHA,
 // 576/512 MQA with v aliasing k), small dims, GQA, causal offsets (0, positive, negative) and tiles cut
-// short. Every output is poisoned before the run; elements around each view stay NaN, so a kernel that
-// writes outside its outputs is caught, and one that reads outside its inputs produces NaN.
+// short. bf16 at 192/128 and 576/512 runs the tensor-core kernels (flash_kernels.cuh): dense views take
+// their 16-byte cp.async path, wide and batch-major views (odd strides) their 2-byte-load path. Every output
+// is poisoned before the run; elements around each view stay NaN, so a kernel that writes outside its
+// outputs is caught, and one that reads outside its inputs produces NaN.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,6 +37,12 @@ const Case kCases[] = {
     // Absorbed MLA: MQA over the latent, v = k[..., :512].
     {"mqa_576_512_absorbed", 1, 70, 70, 4, 1, 576, 512, 0, Layout::wide, true},
     {"mqa_576_512_absorbed_offset", 2, 40, 100, 3, 1, 576, 512, 60, Layout::batch_major, true},
+    // The bf16 tensor-core kernels' 16-byte-aligned path (dense views): many row tiles of query x head, the
+    // MQA dK/dV rows split over blocks (fp32 partials), separate V, GQA, offsets on both sides of zero.
+    {"mqa_576_512_absorbed_dense_h16", 1, 96, 96, 16, 1, 576, 512, 0, Layout::dense, true},
+    {"mqa_576_512_separate_v_dense", 2, 50, 80, 4, 1, 576, 512, 30, Layout::dense, false},
+    {"gqa_192_128_dense_multi_tile", 1, 200, 230, 4, 2, 192, 128, 30, Layout::dense, false},
+    {"mha_192_128_dense_negative_offset", 2, 70, 70, 2, 2, 192, 128, -5, Layout::dense, false},
     // Small dims, odd lengths (tiles cut short), GQA, negative offset, a single query, tile-config edges.
     {"tiny_mha", 1, 5, 5, 2, 2, 8, 8, 0, Layout::dense, false},
     {"mha_multi_tile", 2, 130, 130, 3, 3, 40, 24, 0, Layout::dense, false},
@@ -297,7 +305,9 @@ TEST(CudaAttentionChecks, RejectsUnsupportedInputs) {
   LAGA_REQUIRE_GPU();
   Backends be;
   auto rng = rng_for_test();
-  Problem pr(kCases[4], AttentionKernel::fused, DType::f32, be, rng);
+  const Case& tiny = *std::find_if(std::begin(kCases), std::end(kCases),
+                                   [](const Case& c) { return std::string(c.name) == "tiny_mha"; });
+  Problem pr(tiny, AttentionKernel::fused, DType::f32, be, rng);
   AttentionBwdParams p = pr.params(true);
   p.dtype = DType::f64;
   EXPECT_THROW(be.gpu->attention_forward(p), InvalidArgument);

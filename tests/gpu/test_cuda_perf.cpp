@@ -1,7 +1,7 @@
 // Timings of the CUDA backend's heavy ops at MLA sizes, for the notes of the speed work (not a correctness
 // test: disabled by default; scripts/gpu_check.sh runs them with --gtest_also_run_disabled_tests). Each
 // prints "GPUPERF <name> <median ms> <TFLOP/s>" over random inputs, after a warm-up, timed on the host
-// around Backend::synchronize().
+// around Backend::synchronize() (every timed call is a millisecond or more of device work).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,6 +32,7 @@ double median_ms(Backend& be, const std::function<void()>& f, int reps) {
 
 void print(const char* name, double ms, double flops) {
   std::printf("GPUPERF %-40s %9.3f ms %8.2f TFLOP/s\n", name, ms, flops / (ms * 1e-3) / 1e12);
+  std::fflush(stdout);
 }
 
 Tensor random_tensor(Backend& be, DType dt, Shape shape, std::mt19937_64& rng) {
@@ -54,60 +55,115 @@ TEST(CudaPerf, DISABLED_GemmBf16AndF32) {
   }
 }
 
-// Causal attention at MLA's dims: MHA 192/128 (16 heads) and the absorbed MQA 576/512 (16 heads), S = 4096.
+// One causal attention problem at MLA's dims, timed forward and backward (median of `reps` after a warm-up).
+// FLOPs per unmasked (query, key, head), issue 5's convention: forward 2 (d_qk + d_v), backward
+// 2 (3 d_qk + 2 d_v) (the backward's recompute of Q K^T counted). v_in_k: absorbed MLA, V = K[..., :d_v].
+// Inputs are random rows uploaded once (at most 256 tokens) and repeated down the sequence by the backend's
+// broadcast copy, so that 32k-token problems need no host-side generation of gigabytes.
+struct AttnShape {
+  const char* name;
+  i64 seq, heads, kv_heads, dqk, dv;
+  bool v_in_k;
+};
+
+Tensor tiled_random(Backend& be, DType dt, i64 rows, i64 cols, std::mt19937_64& rng) {
+  const i64 block = std::min<i64>(rows, 256), full = rows / block, tail = rows - full * block;
+  Tensor src = random_tensor(be, dt, {block, cols}, rng);
+  Tensor t(be.allocator(), dt, {rows, cols}, "t", MemoryKind::external);
+  be.copy(CopyArgs{.dtype = dt, .batch = full, .rows = block, .cols = cols, .src = src.data(), .src_ld = cols,
+                   .src_batch_stride = 0, .dst = t.data(), .dst_ld = cols, .dst_batch_stride = block * cols});
+  if (tail > 0)
+    be.copy(CopyArgs{.dtype = dt, .rows = tail, .cols = cols, .src = src.data(), .src_ld = cols,
+                     .dst = static_cast<char*>(t.data()) + full * block * cols * i64(dtype_size(dt)), .dst_ld = cols});
+  return t;
+}
+
+void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int reps, std::mt19937_64& rng) {
+  const DType dt = DType::bf16;
+  const i64 S = s.seq;
+  Tensor q = tiled_random(be, dt, S, s.heads * s.dqk, rng);
+  Tensor k = tiled_random(be, dt, S, s.kv_heads * s.dqk, rng);
+  Tensor v;
+  if (!s.v_in_k) v = tiled_random(be, dt, S, s.kv_heads * s.dv, rng);
+  Tensor dout = tiled_random(be, dt, S, s.heads * s.dv, rng);
+  Tensor o(be.allocator(), dt, {S, s.heads * s.dv}, "o", MemoryKind::external);
+  Tensor dq(be.allocator(), dt, {S, s.heads * s.dqk}, "dq", MemoryKind::external);
+  Tensor dk(be.allocator(), dt, {S, s.kv_heads * s.dqk}, "dk", MemoryKind::external);
+  Tensor dv(be.allocator(), dt, {S, s.kv_heads * s.dv}, "dv", MemoryKind::external);
+  Tensor lse(be.allocator(), DType::f32, {s.heads, S}, "lse", MemoryKind::external);
+  Tensor probs;
+  if (kernel == AttentionKernel::eager)
+    probs = Tensor(be.allocator(), dt, {s.heads, S, S}, "probs", MemoryKind::external);
+  AttentionBwdParams p;
+  p.dtype = dt, p.kernel = kernel, p.batch = 1, p.q_len = S, p.kv_len = S, p.q_heads = s.heads;
+  p.kv_heads = s.kv_heads, p.d_qk = s.dqk, p.d_v = s.dv, p.scale = 1.0 / std::sqrt(double(s.dqk));
+  // [S, heads * d] row-major: token stride = the row, head stride = d (0 for a single kv head).
+  auto view = [](const Tensor& t, i64 heads, i64 d, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
+    ts = t.dim(1), bs = t.dim(1), hs = heads == 1 ? 0 : d;
+  };
+  p.q = q.data(), view(q, s.heads, s.dqk, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
+  p.k = k.data(), view(k, s.kv_heads, s.dqk, p.k_token_stride, p.k_batch_stride, p.k_head_stride);
+  if (s.v_in_k) {
+    p.v = p.k;
+    p.v_token_stride = p.k_token_stride, p.v_batch_stride = p.k_batch_stride, p.v_head_stride = p.k_head_stride;
+  } else {
+    p.v = v.data(), view(v, s.kv_heads, s.dv, p.v_token_stride, p.v_batch_stride, p.v_head_stride);
+  }
+  p.o = o.data(), view(o, s.heads, s.dv, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
+  p.dout = dout.data(), view(dout, s.heads, s.dv, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
+  p.dq = dq.data(), view(dq, s.heads, s.dqk, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
+  p.dk = dk.data(), view(dk, s.kv_heads, s.dqk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
+  p.dv = dv.data(), view(dv, s.kv_heads, s.dv, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+  p.lse = lse.data();
+  p.probs = probs.defined() ? probs.data() : nullptr;
+  const double pairs = double(S) * double(S + 1) / 2.0 * double(s.heads);
+  const double fwd_flops = 2.0 * double(s.dqk + s.dv) * pairs;
+  const double bwd_flops = 2.0 * double(3 * s.dqk + 2 * s.dv) * pairs;
+  const double fwd = median_ms(be, [&] { be.attention_forward(p); }, reps);
+  const double bwd = median_ms(be, [&] { be.attention_backward(p); }, reps);
+  const char* tag = kernel == AttentionKernel::fused ? "fused" : "eager";
+  char name[128];
+  std::snprintf(name, sizeof(name), "%s_%s_fwd", s.name, tag);
+  print(name, fwd, fwd_flops);
+  std::snprintf(name, sizeof(name), "%s_%s_bwd", s.name, tag);
+  print(name, bwd, bwd_flops);
+}
+
+// S = 4096, 16 heads (version 1's table; MQA with a separate V tensor).
 TEST(CudaPerf, DISABLED_AttentionBf16) {
   LAGA_REQUIRE_GPU();
   auto be = make_cuda_backend(0);
   auto rng = rng_for_test();
-  struct Dims {
-    const char* name;
-    i64 heads, kv_heads, dqk, dv;
-  };
-  const i64 S = 4096;
-  for (const Dims s : {Dims{"mha_192_128_h16_s4096", 16, 16, 192, 128}, Dims{"mqa_576_512_h16_s4096", 16, 1, 576, 512}}) {
-    for (AttentionKernel kernel : {AttentionKernel::fused, AttentionKernel::eager}) {
-      const DType dt = DType::bf16;
-      Tensor q = random_tensor(*be, dt, {S, s.heads * s.dqk}, rng);
-      Tensor k = random_tensor(*be, dt, {S, s.kv_heads * s.dqk}, rng);
-      Tensor v = random_tensor(*be, dt, {S, s.kv_heads * s.dv}, rng);
-      Tensor dout = random_tensor(*be, dt, {S, s.heads * s.dv}, rng);
-      Tensor o(be->allocator(), dt, {S, s.heads * s.dv}, "o", MemoryKind::external);
-      Tensor dq(be->allocator(), dt, {S, s.heads * s.dqk}, "dq", MemoryKind::external);
-      Tensor dk(be->allocator(), dt, {S, s.kv_heads * s.dqk}, "dk", MemoryKind::external);
-      Tensor dv(be->allocator(), dt, {S, s.kv_heads * s.dv}, "dv", MemoryKind::external);
-      Tensor lse(be->allocator(), DType::f32, {s.heads, S}, "lse", MemoryKind::external);
-      Tensor probs;
-      if (kernel == AttentionKernel::eager) probs = Tensor(be->allocator(), dt, {s.heads, S, S}, "probs", MemoryKind::external);
-      AttentionBwdParams p;
-      p.dtype = dt, p.kernel = kernel, p.batch = 1, p.q_len = S, p.kv_len = S, p.q_heads = s.heads;
-      p.kv_heads = s.kv_heads, p.d_qk = s.dqk, p.d_v = s.dv, p.scale = 1.0 / std::sqrt(double(s.dqk));
-      auto strides = [&](const Tensor& t, i64 heads, i64 d, const void* ptr, const void** out, std::int64_t& ts,
-                         std::int64_t& bs, std::int64_t& hs) {
-        *out = ptr;
-        ts = t.dim(1), bs = t.dim(1), hs = heads == 1 ? 0 : d;
-      };
-      strides(q, s.heads, s.dqk, q.data(), &p.q, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
-      strides(k, s.kv_heads, s.dqk, k.data(), &p.k, p.k_token_stride, p.k_batch_stride, p.k_head_stride);
-      strides(v, s.kv_heads, s.dv, v.data(), &p.v, p.v_token_stride, p.v_batch_stride, p.v_head_stride);
-      p.o = o.data(), p.o_token_stride = o.dim(1), p.o_batch_stride = o.dim(1), p.o_head_stride = s.dv;
-      p.dout = dout.data(), p.dout_token_stride = dout.dim(1), p.dout_batch_stride = dout.dim(1), p.dout_head_stride = s.dv;
-      p.dq = dq.data(), p.dq_token_stride = dq.dim(1), p.dq_batch_stride = dq.dim(1), p.dq_head_stride = s.dqk;
-      p.dk = dk.data(), p.dk_token_stride = dk.dim(1), p.dk_batch_stride = dk.dim(1), p.dk_head_stride = s.kv_heads == 1 ? 0 : s.dqk;
-      p.dv = dv.data(), p.dv_token_stride = dv.dim(1), p.dv_batch_stride = dv.dim(1), p.dv_head_stride = s.kv_heads == 1 ? 0 : s.dv;
-      p.lse = lse.data();
-      p.probs = probs.defined() ? probs.data() : nullptr;
-      const double pairs = double(S) * double(S + 1) / 2.0 * double(s.heads);
-      const double fwd_flops = 2.0 * double(s.dqk + s.dv) * pairs;
-      const double bwd_flops = 2.0 * double(2 * s.dqk + 2 * s.dv) * pairs;  // useful work (no recompute)
-      const double fwd = median_ms(*be, [&] { be->attention_forward(p); }, 3);
-      const double bwd = median_ms(*be, [&] { be->attention_backward(p); }, 3);
-      char name[96];
-      std::snprintf(name, sizeof(name), "%s_%s_fwd", s.name, kernel == AttentionKernel::fused ? "fused" : "eager");
-      print(name, fwd, fwd_flops);
-      std::snprintf(name, sizeof(name), "%s_%s_bwd", s.name, kernel == AttentionKernel::fused ? "fused" : "eager");
-      print(name, bwd, bwd_flops);
+  for (const AttnShape s : {AttnShape{"mha_192_128_h16_s4096", 4096, 16, 16, 192, 128, false},
+                            AttnShape{"mqa_576_512_h16_s4096", 4096, 16, 1, 576, 512, false}})
+    for (AttentionKernel kernel : {AttentionKernel::fused, AttentionKernel::eager})
+      time_attention(*be, s, kernel, 3, rng);
+}
+
+// Issue 5's shapes: S = 8k..32k, h = 16..128; MQA as absorbed MLA runs it (V inside K). Eager only where its
+// [h, S, S] probabilities fit (h 16, S 8k). One test per head-dim pair, so that a run can time one of them;
+// MQA means one kv head with V inside K (absorbed MLA).
+void time_long_sequences(i64 dqk, i64 dv, bool mqa, const char* prefix) {
+  auto be = make_cuda_backend(0);
+  auto rng = rng_for_test();
+  for (const i64 seq : {8192, 32768})
+    for (const i64 heads : {16, 128}) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "%s_h%lld_s%lldk", prefix, (long long)heads, (long long)(seq / 1024));
+      const AttnShape s{name, seq, heads, mqa ? 1 : heads, dqk, dv, /*v_in_k=*/mqa};
+      time_attention(*be, s, AttentionKernel::fused, 3, rng);
+      if (heads == 16 && seq == 8192) time_attention(*be, s, AttentionKernel::eager, 3, rng);
     }
-  }
+}
+
+TEST(CudaPerf, DISABLED_AttentionMha192LongSequences) {
+  LAGA_REQUIRE_GPU();
+  time_long_sequences(192, 128, /*mqa=*/false, "mha_192_128");
+}
+
+TEST(CudaPerf, DISABLED_AttentionMqa576LongSequences) {
+  LAGA_REQUIRE_GPU();
+  time_long_sequences(576, 512, /*mqa=*/true, "mqa_576_512");
 }
 
 }  // namespace

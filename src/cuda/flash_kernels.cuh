@@ -1,0 +1,1097 @@
+// Tensor-core fused attention (bf16 in, fp32 accumulate; FlashAttention-2 structure) for the (d_qk, d_v)
+// pairs of MLA; launched by flash_tc.cu. The tile table at the end chooses, per pair, tiles and warps and
+// whether a GEMM runs on wgmma (Hopper's warpgroup MMA, operands straight from 128-byte-swizzled shared
+// tiles: 192/128, every GEMM) or on mma.sync with ldmatrix fragments (576/512).
+//
+// Rows. The query heads that share a kv head are folded into the rows of one problem: row r of kv head g is
+// query r / group of query head g * group + r % group (query-major). For MHA (group 1) a row is a query; for
+// MQA a tile of 64 rows is 64 / group queries times group heads, so every head reuses the K/V tiles that one
+// block loads (the MQA arithmetic-intensity trick). Causality follows the row's query: query i sees key j
+// iff j <= i + q_offset (and j < kv_len).
+//
+// Kernels (every reduction in a fixed order, no atomics: results are bitwise reproducible):
+//   fwd:        a block owns kBlockM rows and walks the visible key tiles (online softmax, exp2 domain);
+//               writes o and the fp32 log-sum-exp.
+//   bwd_dkdv:   a block owns kBlockN keys and walks the rows that see them, recomputing P^T = exp(S^T - lse)
+//               and dS^T = P^T (dP^T - D) in the transposed orientation, so that they are A operands of
+//               dV += P^T dO and dK += dS^T Q. Two layouts: "regs" (each warp 16 keys; with mma.sync P^T/dS^T
+//               stay in registers, with wgmma they go through shared memory as in FlashAttention-3: MHA) and
+//               "smem" (the warps split the key x row tile for S^T and the d columns for
+//               dK/dV, P^T/dS^T go through shared memory: MQA's 1088 accumulator columns per key). The smem
+//               kernel can split the rows over blocks (fp32 partials, summed in a fixed order by
+//               bwd_dkdv_reduce).
+//   bwd_dq:     a block owns kBlockM rows and walks the visible key tiles: dQ += dS K.
+//
+// Shared tiles are bf16, XOR-swizzled (flash_warp.cuh: swz for ldmatrix, swz_k64 for wgmma), filled by cp.async
+// (16-byte aligned views) or by 16-byte stores of 2-byte loads (any other strides); rows past the end are
+// zero-filled.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+
+#include "cuda/flash_warp.cuh"
+#include "laga/backend.hpp"
+
+namespace laga::cuda::flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr std::size_t kSmemBudget = 227 * 1024;  // Hopper's opt-in shared memory per block
+
+// How a kernel stages the K/V (or Q/dO) tiles it walks.
+enum class Pipe {
+  split,   // one K and one V buffer: V_t loads during S_t, K_{t+1} during the second GEMM (FlashAttention-2)
+  paired,  // two stages, each a whole tile (K and V): tile t+1 loads during tile t
+};
+
+__host__ __device__ constexpr i64 imin(i64 a, i64 b) { return a < b ? a : b; }
+__host__ __device__ constexpr i64 imax(i64 a, i64 b) { return a > b ? a : b; }
+__host__ __device__ constexpr i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
+
+// Keys visible to query i: 0 .. i + q_offset, clamped to [0, kv_len].
+__device__ __forceinline__ i64 visible_keys(i64 i, i64 q_offset, i64 kv_len) {
+  return imin(imax(i + q_offset + 1, 0), kv_len);
+}
+
+// kRows x kCols of a global view into a swizzled shared tile; src(r) is row r's first element, or null for
+// rows past the end (zero-filled). kAligned: rows start 16-byte aligned (cp.async); else 2-byte loads.
+// kSlab: the wgmma layout (swz_k64) instead of swz.
+template <int kRows, int kCols, int kThreads, bool kAligned, class RowSrc, bool kSlab = false>
+__device__ __forceinline__ void load_tile(bf16* s, const RowSrc& src) {
+  constexpr int kChunks = kCols / 8;
+  static_assert(kThreads % kRows == 0 || kRows % kThreads == 0, "threads and rows must nest");
+  constexpr int kThreadsPerRow = kThreads >= kRows ? kThreads / kRows : 1;
+  constexpr int kRowStep = kThreads / kThreadsPerRow;
+  const int tid = threadIdx.x;
+  for (int r = tid / kThreadsPerRow; r < kRows; r += kRowStep) {
+    const bf16* g = src(r);
+#pragma unroll 4
+    for (int c = tid % kThreadsPerRow; c < kChunks; c += kThreadsPerRow) {
+      bf16* d = s + (kSlab ? swz_k64<kRows>(r, c * 8) : swz<kCols>(r, c * 8));
+      if (g == nullptr)
+        store_zero16(d);
+      else if constexpr (kAligned)
+        cp_async16(d, g + c * 8);
+      else
+        copy8_unaligned(d, g + c * 8);
+    }
+  }
+}
+
+// Per-row fp32 values (lse, D) of rows row0.. into shared memory; `pad` for rows past the end.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void load_row_values(float* s, const float* src, float pad, i64 row0, i64 rows, i64 group,
+                                                i64 g, i64 b, const AttentionFwdParams& p) {
+  for (int r = threadIdx.x; r < kRows; r += kThreads) {
+    const i64 row = row0 + r;
+    if (row < rows)
+      cp_async4(s + r, src + (b * p.q_heads + g * group + row % group) * p.q_len + row / group);
+    else
+      s[r] = pad;
+  }
+}
+
+template <bool kAligned>
+__device__ __forceinline__ void store2(bf16* dst, float lo, float hi) {
+  if constexpr (kAligned) {
+    *reinterpret_cast<u32*>(dst) = pack_bf16(lo, hi);
+  } else {
+    dst[0] = float_to_bf16(lo);
+    dst[1] = float_to_bf16(hi);
+  }
+}
+
+// ================================================================ forward
+// kBlockM rows x kBlockN keys per step, kWarps warps. S = Q K^T: kWarpsMS x (kWarps / kWarpsMS) warps;
+// O += P V: kWarpsMO x (kWarps / kWarpsMO) warps over (rows, d_v). P stays in registers when both layouts
+// give each warp whole rows of the same row range.
+// kSWgmma: S = Q K^T by wgmma (one warpgroup, m64 tiles, 64 keys; Q and K in the swz_k64 layout); warp w then
+// holds rows 64 mt + 16 w.. of each 64-row tile instead of 16 kMTS consecutive rows. kOWgmma: O += P V by
+// wgmma too (P from registers, V in the swz_k64 layout read transposed; d_v 128).
+template <int kDqk_, int kDv_, int kBlockM_, int kBlockN_, int kWarps_, int kWarpsMS_, int kWarpsMO_, Pipe kPipe_,
+          bool kVInK_, int kMinBlocks_, bool kSWgmma_ = false, bool kOWgmma_ = false>
+struct FwdTraits {
+  static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockM = kBlockM_, kBlockN = kBlockN_;
+  static constexpr int kWarps = kWarps_, kThreads = 32 * kWarps, kMinBlocks = kMinBlocks_;
+  static constexpr Pipe kPipe = kPipe_;
+  static constexpr bool kVInK = kVInK_;  // V is the first d_v columns of K's rows (absorbed MLA)
+  static constexpr int kWarpsMS = kWarpsMS_, kWarpsNS = kWarps / kWarpsMS;
+  static constexpr int kRowsS = kBlockM / kWarpsMS, kColsS = kBlockN / kWarpsNS;
+  static constexpr int kMTS = kRowsS / 16, kNTS = kColsS / 8;
+  static constexpr int kWarpsMO = kWarpsMO_, kWarpsNO = kWarps / kWarpsMO;
+  static constexpr int kRowsO = kBlockM / kWarpsMO, kColsO = kDv / kWarpsNO;
+  static constexpr int kMTO = kRowsO / 16, kNTO = kColsO / 8;
+  static constexpr bool kPInRegs = kWarpsNS == 1 && kWarpsNO == 1 && kWarpsMS == kWarpsMO;
+  static constexpr bool kSWgmma = kSWgmma_, kOWgmma = kOWgmma_;
+  static constexpr int kLdV = kVInK ? kDqk : kDv;  // row width of the shared tile V is read from
+  // Shared memory plan (bytes): Q | K/V stages | P | row statistics.
+  static constexpr int kQBytes = kBlockM * kDqk * 2;
+  static constexpr int kKBytes = kBlockN * kDqk * 2;
+  static constexpr int kStageBytes = kKBytes + (kVInK ? 0 : kBlockN * kDv * 2);
+  static constexpr int kStages = kPipe == Pipe::paired ? 2 : 1;
+  static constexpr int kPBytes = kPInRegs ? 0 : kBlockM * kBlockN * 2;
+  static constexpr int kStatFloats = (2 * kWarpsNS + 2) * kBlockM;  // partial max, partial sum, corr, max
+  static constexpr int kOffKv = kQBytes;
+  static constexpr int kOffP = kOffKv + kStages * kStageBytes;
+  static constexpr int kOffStat = kOffP + kPBytes;
+  static constexpr int kSmemBytes = kOffStat + kStatFloats * 4;
+
+  static_assert(kWarps % kWarpsMS == 0 && kWarps % kWarpsMO == 0, "warp layouts must tile the warps");
+  static_assert(kRowsS % 16 == 0 && kColsS % 8 == 0 && kRowsO % 16 == 0 && kColsO % 8 == 0, "mma tile multiples");
+  static_assert(kBlockN % 16 == 0 && kDqk % 16 == 0 && kDv % 16 == 0, "k steps of 16");
+  static_assert(!kPInRegs || kMTS == kMTO, "P in registers needs the same rows in both GEMMs");
+  static_assert(!(kVInK && kPipe == Pipe::split), "V inside K needs paired stages");
+  static_assert(!kVInK || kDv <= kDqk, "V inside K needs d_v <= d_qk");
+  static_assert(kOffKv % 128 == 0 && kStageBytes % 128 == 0 && kOffStat % 16 == 0, "tile alignment");
+  static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "forward tiles exceed shared memory");
+  static_assert(!kSWgmma || (kWarps == 4 && kPInRegs && kBlockN == 64 && kBlockM % 64 == 0 && kDqk % 64 == 0 &&
+                             kOffKv % 1024 == 0 && kStageBytes % 1024 == 0 && !kVInK),
+                "wgmma S: one warpgroup, P in registers, 64-key tiles, 1024-aligned Q and K tiles");
+  static_assert(!kOWgmma || (kSWgmma && kDv == 128 && (kOffKv + kKBytes) % 1024 == 0),
+                "wgmma P V: after wgmma S, d_v 128, a 1024-aligned V tile");
+};
+
+template <class Tr, bool kAligned>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel(const AttentionFwdParams p) {
+  constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv, kThreads = Tr::kThreads;
+  constexpr bool kPaired = Tr::kPipe == Pipe::paired;
+  char* smem = dynamic_smem();
+  bf16* s_q = reinterpret_cast<bf16*>(smem);
+  bf16* s_p = reinterpret_cast<bf16*>(smem + Tr::kOffP);
+  float* s_max = reinterpret_cast<float*>(smem + Tr::kOffStat);  // [kWarpsNS][kBM]
+  float* s_sum = s_max + Tr::kWarpsNS * kBM;                      // [kWarpsNS][kBM]
+  float* s_corr = s_sum + Tr::kWarpsNS * kBM;                     // [kBM]
+  float* s_m = s_corr + kBM;                                      // [kBM]
+  auto stage = [&](int st) { return reinterpret_cast<bf16*>(smem + Tr::kOffKv + st * Tr::kStageBytes); };
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int wms = warp / Tr::kWarpsNS, wns = warp % Tr::kWarpsNS;
+  const int wmo = warp / Tr::kWarpsNO, wno = warp % Tr::kWarpsNO;
+  // First row (in the block) of the warp's m-tile mt of S, and of O.
+  auto srow = [&](int mt) { return Tr::kSWgmma ? 64 * mt + 16 * warp : wms * Tr::kRowsS + 16 * mt; };
+  auto orow = [&](int mt) { return Tr::kPInRegs ? srow(mt) : wmo * Tr::kRowsO + 16 * mt; };
+  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
+  const i64 row0 = i64(gridDim.x - 1 - blockIdx.x) * kBM;  // the longest rows first
+  const i64 g = blockIdx.y, b = blockIdx.z;
+  const i64 row_last = imin(row0 + kBM, rows) - 1;
+  const i64 n_full = visible_keys(row0 / group, p.q_offset, p.kv_len);  // keys every row of the tile sees
+  const i64 n_end = visible_keys(row_last / group, p.q_offset, p.kv_len);
+  const int n_tiles = int(ceil_div(n_end, kBN));
+
+  const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
+  const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
+  const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
+  auto q_row = [&](int r) -> const bf16* {
+    const i64 row = row0 + r;
+    if (row >= rows) return nullptr;
+    return q + (g * group + row % group) * p.q_head_stride + (row / group) * p.q_token_stride;
+  };
+  load_tile<kBM, kDqk, kThreads, kAligned, decltype(q_row), Tr::kSWgmma>(s_q, q_row);
+  auto load_k = [&](int t, bf16* dst) {
+    const i64 n0 = i64(t) * kBN;
+    auto k_row = [&](int r) -> const bf16* { return n0 + r < p.kv_len ? k + (n0 + r) * p.k_token_stride : nullptr; };
+    load_tile<kBN, kDqk, kThreads, kAligned, decltype(k_row), Tr::kSWgmma>(dst, k_row);
+  };
+  auto load_v = [&](int t, bf16* dst) {
+    const i64 n0 = i64(t) * kBN;
+    auto v_row = [&](int r) -> const bf16* { return n0 + r < p.kv_len ? v + (n0 + r) * p.v_token_stride : nullptr; };
+    load_tile<kBN, kDv, kThreads, kAligned, decltype(v_row), Tr::kOWgmma>(dst, v_row);
+  };
+  if (n_tiles > 0) {
+    load_k(0, stage(0));
+    if constexpr (kPaired && !Tr::kVInK) load_v(0, stage(0) + kBN * kDqk);
+  }
+  cp_async_commit();
+
+  float acc_o[Tr::kMTO][Tr::kNTO][4];
+  zero(acc_o);
+  float m_i[Tr::kMTS][2], l_i[Tr::kMTS][2];
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMTS; ++mt) m_i[mt][0] = m_i[mt][1] = -INFINITY, l_i[mt][0] = l_i[mt][1] = 0.f;
+  const float sl2 = float(p.scale) * kLog2e;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const i64 n0 = i64(t) * kBN;
+    bf16* s_k = stage(kPaired ? (t & 1) : 0);
+    const bf16* s_v = Tr::kVInK ? s_k : s_k + kBN * kDqk;
+    cp_async_wait<0>();
+    if constexpr (Tr::kSWgmma) fence_proxy_async();  // wgmma reads what cp.async and the stores wrote
+    __syncthreads();  // tile t is in; every warp is done with tile t - 1
+    if constexpr (kPaired) {
+      if (t + 1 < n_tiles) {
+        load_k(t + 1, stage((t + 1) & 1));
+        if constexpr (!Tr::kVInK) load_v(t + 1, stage((t + 1) & 1) + kBN * kDqk);
+      }
+    } else {
+      load_v(t, s_k + kBN * kDqk);
+    }
+    cp_async_commit();
+
+    // S = Q K^T (unscaled), masked to -inf.
+    float s[Tr::kMTS][Tr::kNTS][4];
+    zero(s);
+    if constexpr (Tr::kSWgmma)
+      warpgroup_mma_nt<Tr::kMTS, kBN, kDqk, kBM>(s, s_q, 0, s_k);
+    else
+      warp_mma<Tr::kMTS, Tr::kNTS, kDqk / 16, false, false, kDqk, kDqk>(s, s_q, wms * Tr::kRowsS, s_k,
+                                                                          wns * Tr::kColsS, lane);
+    if (n0 + kBN > n_full) {
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTS; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const i64 row = imin(row0 + srow(mt) + gid + 8 * h, row_last);
+          const i64 vis = visible_keys(row / group, p.q_offset, p.kv_len) - n0 - wns * Tr::kColsS;
+#pragma unroll
+          for (int nt = 0; nt < Tr::kNTS; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (nt * 8 + 2 * tig + e >= vis) s[mt][nt][2 * h + e] = -INFINITY;
+        }
+    }
+    // Row maxima: over the thread's columns, the quad, then the warps sharing the rows.
+    float mx[Tr::kMTS][2];
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMTS; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float x = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNTS; ++nt) x = fmaxf(x, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+        x = fmaxf(x, shfl_xor(x, 1));
+        mx[mt][h] = fmaxf(x, shfl_xor(x, 2));
+      }
+    if constexpr (Tr::kWarpsNS > 1) {
+      if (tig == 0)
+#pragma unroll
+        for (int mt = 0; mt < Tr::kMTS; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) s_max[wns * kBM + srow(mt) + gid + 8 * h] = mx[mt][h];
+      __syncthreads();
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTS; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int lr = srow(mt) + gid + 8 * h;
+          float x = s_max[lr];
+#pragma unroll
+          for (int w = 1; w < Tr::kWarpsNS; ++w) x = fmaxf(x, s_max[w * kBM + lr]);
+          mx[mt][h] = x;
+        }
+    }
+    // P = exp2(S sl2 - m sl2); the running sums and the output rescale by exp2((m_old - m_new) sl2).
+    float corr[Tr::kMTS][2];
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMTS; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m_i[mt][h], mx[mt][h]);
+        const float ms = m_new == -INFINITY ? 0.f : m_new * sl2;  // a row with nothing visible yet stays empty
+        corr[mt][h] = exp2f(m_i[mt][h] * sl2 - ms);
+        m_i[mt][h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNTS; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pv = exp2f(fmaf(s[mt][nt][2 * h + e], sl2, -ms));
+            s[mt][nt][2 * h + e] = pv;
+            sum += pv;
+          }
+        l_i[mt][h] = l_i[mt][h] * corr[mt][h] + sum;
+      }
+
+    if constexpr (Tr::kPInRegs) {
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTO; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNTO; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] *= corr[mt][e >> 1];
+      u32 pa[Tr::kMTS][kBN / 16][4];
+      acc_to_a(pa, s);
+      if constexpr (!kPaired) {
+        cp_async_wait<0>();
+        if constexpr (Tr::kOWgmma) fence_proxy_async();
+        __syncthreads();  // V_t is in; every warp is done with K_t
+        if (t + 1 < n_tiles) load_k(t + 1, s_k);
+        cp_async_commit();
+      }
+      if constexpr (Tr::kOWgmma)
+        warpgroup_mma_rs_tb<Tr::kMTO, kDv, kBN / 16, kBN>(acc_o, pa, s_v);
+      else
+        warp_mma_ra<Tr::kMTO, Tr::kNTO, kBN / 16, true, Tr::kLdV>(acc_o, pa, s_v, 0, lane);
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTS; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int lr = srow(mt) + gid + 8 * h;
+#pragma unroll
+          for (int nt = 0; nt < Tr::kNTS; ++nt)
+            *reinterpret_cast<u32*>(s_p + swz<kBN>(lr, wns * Tr::kColsS + nt * 8 + 2 * tig)) =
+                pack_bf16(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]);
+          if (wns == 0 && tig == 0) s_corr[lr] = corr[mt][h];
+        }
+      if constexpr (!kPaired) cp_async_wait<0>();
+      __syncthreads();  // P and the corrections are in (and V_t; every warp is done with K_t)
+      if constexpr (!kPaired) {
+        if (t + 1 < n_tiles) load_k(t + 1, s_k);
+        cp_async_commit();
+      }
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTO; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float c = s_corr[wmo * Tr::kRowsO + mt * 16 + gid + 8 * h];
+#pragma unroll
+          for (int nt = 0; nt < Tr::kNTO; ++nt) acc_o[mt][nt][2 * h] *= c, acc_o[mt][nt][2 * h + 1] *= c;
+        }
+      warp_mma<Tr::kMTO, Tr::kNTO, kBN / 16, false, true, kBN, Tr::kLdV>(acc_o, s_p, wmo * Tr::kRowsO, s_v,
+                                                                         wno * Tr::kColsO, lane);
+    }
+  }
+
+  // Row sums (quad, then the warps sharing the rows) and maxima through shared memory.
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMTS; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_i[mt][h];
+      l += shfl_xor(l, 1);
+      l += shfl_xor(l, 2);
+      const int lr = srow(mt) + gid + 8 * h;
+      if (tig == 0) {
+        s_sum[wns * kBM + lr] = l;
+        if (wns == 0) s_m[lr] = m_i[mt][h];
+      }
+    }
+  __syncthreads();
+  bf16* o = static_cast<bf16*>(p.o) + b * p.o_batch_stride;
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMTO; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int lr = orow(mt) + gid + 8 * h;
+      const i64 row = row0 + lr;
+      if (row >= rows) continue;
+      float l = 0.f;
+#pragma unroll
+      for (int w = 0; w < Tr::kWarpsNS; ++w) l += s_sum[w * kBM + lr];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      bf16* out = o + (g * group + row % group) * p.o_head_stride + (row / group) * p.o_token_stride + wno * Tr::kColsO;
+#pragma unroll
+      for (int nt = 0; nt < Tr::kNTO; ++nt)
+        store2<kAligned>(out + nt * 8 + 2 * tig, acc_o[mt][nt][2 * h] * inv, acc_o[mt][nt][2 * h + 1] * inv);
+    }
+  float* lse = static_cast<float*>(p.lse);
+  for (int lr = tid; lr < kBM; lr += kThreads) {
+    const i64 row = row0 + lr;
+    if (row >= rows) continue;
+    float l = 0.f;
+    for (int w = 0; w < Tr::kWarpsNS; ++w) l += s_sum[w * kBM + lr];
+    lse[(b * p.q_heads + g * group + row % group) * p.q_len + row / group] =
+        l > 0.f ? s_m[lr] * float(p.scale) + logf(l) : -INFINITY;
+  }
+}
+
+// ================================================================ backward: D = rowsum(dO * O)
+// One warp per row of [b, h, i]; fp32.
+template <bool kAligned>
+__global__ void __launch_bounds__(256) flash_bwd_delta_kernel(const AttentionBwdParams p, float* delta) {
+  const i64 row = i64(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= p.batch * p.q_heads * p.q_len) return;
+  const i64 i = row % p.q_len, bh = row / p.q_len, h = bh % p.q_heads, b = bh / p.q_heads;
+  const bf16* o = static_cast<const bf16*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + i * p.o_token_stride;
+  const bf16* d =
+      static_cast<const bf16*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride + i * p.dout_token_stride;
+  float acc = 0.f;
+  if constexpr (kAligned) {
+    for (i64 c = lane * 8; c < p.d_v; c += 32 * 8) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c), dv = *reinterpret_cast<const uint4*>(d + c);
+      const bf16* oe = reinterpret_cast<const bf16*>(&ov);
+      const bf16* de = reinterpret_cast<const bf16*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc = fmaf(bf16_to_float(de[e]), bf16_to_float(oe[e]), acc);
+    }
+  } else {
+    for (i64 c = lane; c < p.d_v; c += 32) acc = fmaf(bf16_to_float(d[c]), bf16_to_float(o[c]), acc);
+  }
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) acc += shfl_xor(acc, m);
+  if (lane == 0) delta[row] = acc;
+}
+
+// ================================================================ backward: dK, dV, P^T and dS^T in registers
+// kBlockN keys per block, 16 kMT per warp; kBlockM rows per step, Q/dO/lse/D in two stages. kWgmma: the four
+// GEMMs by wgmma, FlashAttention-3's arrangement: each warpgroup 64 keys (warp w keeps keys 16 w..), every tile
+// in the swz_k64 layout, P^T and dS^T through shared memory (bf16) so that dV += P^T dO and dK += dS^T Q are SS
+// wgmmas and the registers hold only the dK/dV accumulators and one step's S^T, dP^T (64-row steps).
+// Without kWgmma (mma.sync), P^T and dS^T stay in registers as the A operands of dV and dK.
+template <int kDqk_, int kDv_, int kBlockN_, int kBlockM_, int kWarps_, bool kVInK_, int kMinBlocks_,
+          bool kWgmma_ = false>
+struct BwdKvRegTraits {
+  static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockN = kBlockN_, kBlockM = kBlockM_;
+  static constexpr int kWarps = kWarps_, kThreads = 32 * kWarps, kMinBlocks = kMinBlocks_;
+  static constexpr bool kVInK = kVInK_;
+  static constexpr int kMT = kBlockN / kWarps / 16, kNTQ = kBlockM / 8;
+  static constexpr int kLdV = kVInK ? kDqk : kDv;
+  static constexpr int kKBytes = kBlockN * kDqk * 2, kVBytes = kVInK ? 0 : kBlockN * kDv * 2;
+  static constexpr int kQBytes = kBlockM * kDqk * 2, kDoBytes = kBlockM * kDv * 2;
+  static constexpr bool kWgmma = kWgmma_;
+  // Q | dO | lse | D, whole 1 KB units (the wgmma tiles start 1024-byte aligned)
+  static constexpr int kStageBytes = (kQBytes + kDoBytes + 2 * kBlockM * 4 + 1023) / 1024 * 1024;
+  static constexpr int kOffStage = kKBytes + kVBytes;
+  static constexpr int kOffPt = kOffStage + 2 * kStageBytes;  // wgmma: P^T [kBlockN][kBlockM], then dS^T
+  static constexpr int kPtBytes = kWgmma ? kBlockN * kBlockM * 2 : 0;
+  static constexpr int kSmemBytes = kOffPt + 2 * kPtBytes;
+  static_assert(!kWgmma || (kMT == 1 && kWarps % 4 == 0 && kBlockM == 64 && !kVInK &&
+                            (kDv == 128 || kDv == 192) && (kDqk == 128 || kDqk == 192) && kDqk % 64 == 0 &&
+                            kKBytes % 1024 == 0 && kOffStage % 1024 == 0 && kQBytes % 1024 == 0),
+                "wgmma dK/dV: warpgroups of 64 keys, wgmma shapes in use, 1024-aligned tiles");
+  static_assert(kBlockN % (16 * kWarps) == 0 && kBlockM % 16 == 0, "mma tile multiples");
+  static_assert(kOffStage % 128 == 0 && kStageBytes % 128 == 0, "tile alignment");
+  static_assert(!kVInK || kDv <= kDqk, "V inside K needs d_v <= d_qk");
+  static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "dK/dV tiles exceed shared memory");
+};
+
+template <class Tr, bool kAligned>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
+    flash_bwd_dkdv_regs_kernel(const AttentionBwdParams p, const float* delta) {
+  constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv, kThreads = Tr::kThreads;
+  constexpr int kMT = Tr::kMT, kNTQ = Tr::kNTQ;
+  char* smem = dynamic_smem();
+  bf16* s_k = reinterpret_cast<bf16*>(smem);
+  const bf16* s_v = Tr::kVInK ? s_k : s_k + kBN * kDqk;
+  auto s_q = [&](int st) { return reinterpret_cast<bf16*>(smem + Tr::kOffStage + st * Tr::kStageBytes); };
+  auto s_do = [&](int st) { return s_q(st) + kBM * kDqk; };
+  auto s_lse = [&](int st) { return reinterpret_cast<float*>(s_do(st) + kBM * kDv); };
+  auto s_dd = [&](int st) { return s_lse(st) + kBM; };
+  bf16* s_pt = reinterpret_cast<bf16*>(smem + Tr::kOffPt);  // wgmma: P^T, then dS^T
+  bf16* s_dst = s_pt + kBN * kBM;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const i64 key0 = i64(blockIdx.x) * kBN, g = blockIdx.y, b = blockIdx.z;
+  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
+  const i64 r_first = imin(imax(key0 - p.q_offset, 0), p.q_len) * group;  // first row that sees key0
+  const int n_tiles = int(ceil_div(rows - r_first, kBM));
+
+  const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
+  const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
+  const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
+  const bf16* dout = static_cast<const bf16*>(p.dout) + b * p.dout_batch_stride;
+  constexpr bool kSlab = Tr::kWgmma;
+  auto k_row = [&](int r) -> const bf16* { return key0 + r < p.kv_len ? k + (key0 + r) * p.k_token_stride : nullptr; };
+  load_tile<kBN, kDqk, kThreads, kAligned, decltype(k_row), kSlab>(s_k, k_row);
+  if constexpr (!Tr::kVInK) {
+    auto v_row = [&](int r) -> const bf16* {
+      return key0 + r < p.kv_len ? v + (key0 + r) * p.v_token_stride : nullptr;
+    };
+    load_tile<kBN, kDv, kThreads, kAligned, decltype(v_row), kSlab>(const_cast<bf16*>(s_v), v_row);
+  }
+  auto load_rows = [&](int t, int st) {
+    const i64 r0 = r_first + i64(t) * kBM;
+    auto q_row = [&](int r) -> const bf16* {
+      const i64 row = r0 + r;
+      if (row >= rows) return nullptr;
+      return q + (g * group + row % group) * p.q_head_stride + (row / group) * p.q_token_stride;
+    };
+    load_tile<kBM, kDqk, kThreads, kAligned, decltype(q_row), kSlab>(s_q(st), q_row);
+    auto do_row = [&](int r) -> const bf16* {
+      const i64 row = r0 + r;
+      if (row >= rows) return nullptr;
+      return dout + (g * group + row % group) * p.dout_head_stride + (row / group) * p.dout_token_stride;
+    };
+    load_tile<kBM, kDv, kThreads, kAligned, decltype(do_row), kSlab>(s_do(st), do_row);
+    load_row_values<kBM, kThreads>(s_lse(st), static_cast<const float*>(p.lse), INFINITY, r0, rows, group, g, b, p);
+    load_row_values<kBM, kThreads>(s_dd(st), delta, 0.f, r0, rows, group, g, b, p);
+  };
+  if (n_tiles > 0) load_rows(0, 0);
+  cp_async_commit();
+
+  float acc_dk[kMT][kDqk / 8][4], acc_dv[kMT][kDv / 8][4];
+  zero(acc_dk);
+  zero(acc_dv);
+  const float sl2 = float(p.scale) * kLog2e;
+  const int wk0 = warp * 16 * kMT;  // the warp's first key in the block
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int st = t & 1;
+    const i64 r0 = r_first + i64(t) * kBM;
+    cp_async_wait<0>();
+    if constexpr (Tr::kWgmma) fence_proxy_async();  // wgmma reads what cp.async and the stores wrote
+    __syncthreads();
+    if (t + 1 < n_tiles) load_rows(t + 1, st ^ 1);
+    cp_async_commit();
+    const bf16* sq = s_q(st);
+    const bf16* sdo = s_do(st);
+    const float* slse = s_lse(st);
+    const float* sdd = s_dd(st);
+
+    // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e), zero where the row does not see the key.
+    float pt[kMT][kNTQ][4], ds[kMT][kNTQ][4];
+    zero(pt);
+    zero(ds);
+    if constexpr (Tr::kWgmma)
+      warpgroup_mma_nt<kMT, kBM, kDqk, kBN>(pt, s_k, 64 * (warp / 4), sq);
+    else
+      warp_mma<kMT, kNTQ, kDqk / 16, false, false, kDqk, kDqk>(pt, s_k, wk0, sq, 0, lane);
+    const bool masked = key0 + kBN - 1 > r0 / group + p.q_offset;
+#pragma unroll
+    for (int nt = 0; nt < kNTQ; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = nt * 8 + 2 * tig + e;
+        const float lse2 = slse[c] * kLog2e;
+        // Keys this row sees, relative to the warp's first key.
+        const i64 vis = masked ? (r0 + c) / group + p.q_offset + 1 - key0 - wk0 : i64(kBN);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float pv = exp2f(fmaf(pt[mt][nt][2 * h + e], sl2, -lse2));
+            pt[mt][nt][2 * h + e] = mt * 16 + gid + 8 * h < vis ? pv : 0.f;
+          }
+      }
+    if constexpr (Tr::kWgmma) {
+      // P^T and dS^T (bf16) through shared memory, then dV += P^T dO and dK += dS^T Q from there. P^T is kept as
+      // bf16 pairs and dP^T computed only now (the registers are what limits the step); dS^T = P^T (dP^T - D)
+      // uses the bf16 P^T: dS^T is rounded to bf16 for its GEMM anyway.
+      u32 ph[kNTQ][2];
+#pragma unroll
+      for (int nt = 0; nt < kNTQ; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          ph[nt][h] = pack_bf16(pt[0][nt][2 * h], pt[0][nt][2 * h + 1]);
+          *reinterpret_cast<u32*>(s_pt + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) = ph[nt][h];
+        }
+      warpgroup_mma_nt<kMT, kBM, kDv, kBN>(ds, s_v, 64 * (warp / 4), sdo);  // dP^T = V dO^T
+#pragma unroll
+      for (int nt = 0; nt < kNTQ; ++nt) {
+        const float d0 = sdd[nt * 8 + 2 * tig], d1 = sdd[nt * 8 + 2 * tig + 1];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<u32*>(s_dst + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) =
+              pack_bf16(lo_bf16(ph[nt][h]) * (ds[0][nt][2 * h] - d0), hi_bf16(ph[nt][h]) * (ds[0][nt][2 * h + 1] - d1));
+      }
+      fence_proxy_async();
+      __syncthreads();  // each warpgroup's P^T and dS^T rows are in (written by its four warps)
+      warpgroup_mma_ss_tb_async<kMT, kDv, kBM / 16, kBN, kBM>(acc_dv, s_pt, 64 * (warp / 4), sdo);
+      warpgroup_mma_ss_tb_async<kMT, kDqk, kBM / 16, kBN, kBM>(acc_dk, s_dst, 64 * (warp / 4), sq);
+      warpgroup_wait<0>(acc_dv);
+      reg_fence_all(acc_dk);
+    } else {
+      // dP^T = V dO^T, dS^T = P^T (dP^T - D); P^T and dS^T stay in registers as the A operands of dV and dK.
+      warp_mma<kMT, kNTQ, kDv / 16, false, false, Tr::kLdV, kDv>(ds, s_v, wk0, sdo, 0, lane);
+#pragma unroll
+      for (int nt = 0; nt < kNTQ; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float d = sdd[nt * 8 + 2 * tig + e];
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) ds[mt][nt][2 * h + e] = pt[mt][nt][2 * h + e] * (ds[mt][nt][2 * h + e] - d);
+        }
+      u32 pa[kMT][kBM / 16][4], dsa[kMT][kBM / 16][4];
+      acc_to_a(pa, pt);
+      acc_to_a(dsa, ds);
+      warp_mma_ra<kMT, kDv / 8, kBM / 16, true, kDv>(acc_dv, pa, sdo, 0, lane);
+      warp_mma_ra<kMT, kDqk / 8, kBM / 16, true, kDqk>(acc_dk, dsa, sq, 0, lane);
+    }
+  }
+
+  bf16* dk = static_cast<bf16*>(p.dk) + b * p.dk_batch_stride + g * p.dk_head_stride;
+  bf16* dv = static_cast<bf16*>(p.dv) + b * p.dv_batch_stride + g * p.dv_head_stride;
+  const float scale = float(p.scale);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const i64 key = key0 + wk0 + mt * 16 + gid + 8 * h;
+      if (key >= p.kv_len) continue;
+#pragma unroll
+      for (int nt = 0; nt < kDqk / 8; ++nt)
+        store2<kAligned>(dk + key * p.dk_token_stride + nt * 8 + 2 * tig, scale * acc_dk[mt][nt][2 * h],
+                         scale * acc_dk[mt][nt][2 * h + 1]);
+#pragma unroll
+      for (int nt = 0; nt < kDv / 8; ++nt)
+        store2<kAligned>(dv + key * p.dv_token_stride + nt * 8 + 2 * tig, acc_dv[mt][nt][2 * h],
+                         acc_dv[mt][nt][2 * h + 1]);
+    }
+}
+
+// ================================================================ backward: dK, dV through shared memory
+// kBlockN keys per block, kBlockM rows per step (one stage: Q/lse load during dV, dO/D during S^T).
+// S^T and dP^T: kWarpsNS (keys) x kWarps / kWarpsNS (rows) warps; dK and dV: every warp all kBlockN keys and
+// a 1/kWarps slice of the d_qk and d_v columns. Splits > 1 (gridDim.x = key blocks x splits): the rows are cut
+// into `splits` contiguous ranges and each block writes fp32 partials [split][b][g][key][d_qk + d_v] (dK
+// already scaled), summed by flash_bwd_dkdv_reduce_kernel.
+template <int kDqk_, int kDv_, int kBlockN_, int kBlockM_, int kWarps_, int kWarpsNS_, bool kVInK_>
+struct BwdKvSmemTraits {
+  static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockN = kBlockN_, kBlockM = kBlockM_;
+  static constexpr int kWarps = kWarps_, kThreads = 32 * kWarps, kMinBlocks = 1;
+  static constexpr bool kVInK = kVInK_;
+  static constexpr int kWarpsNS = kWarpsNS_, kWarpsMS = kWarps / kWarpsNS;
+  static constexpr int kKeysS = kBlockN / kWarpsNS, kRowsS = kBlockM / kWarpsMS;
+  static constexpr int kMTS = kKeysS / 16, kNTS = kRowsS / 8;
+  static constexpr int kMT = kBlockN / 16;  // dK/dV phase: every warp all keys
+  static constexpr int kColsK = kDqk / kWarps, kColsV = kDv / kWarps;
+  static constexpr int kNTK = kColsK / 8, kNTV = kColsV / 8;
+  static constexpr int kLdV = kVInK ? kDqk : kDv;
+  static constexpr int kKBytes = kBlockN * kDqk * 2, kVBytes = kVInK ? 0 : kBlockN * kDv * 2;
+  static constexpr int kOffQ = kKBytes + kVBytes;
+  static constexpr int kOffDo = kOffQ + kBlockM * kDqk * 2;
+  static constexpr int kOffPt = kOffDo + kBlockM * kDv * 2;
+  static constexpr int kOffDst = kOffPt + kBlockN * kBlockM * 2;
+  static constexpr int kOffLse = kOffDst + kBlockN * kBlockM * 2;
+  static constexpr int kSmemBytes = kOffLse + 2 * kBlockM * 4;
+  static_assert(kWarps % kWarpsNS == 0 && kKeysS % 16 == 0 && kRowsS % 8 == 0, "S^T warp layout");
+  static_assert(kColsK % 8 == 0 && kColsV % 8 == 0 && kBlockM % 16 == 0 && kBlockN % 16 == 0, "dK/dV warp layout");
+  static_assert(kOffQ % 128 == 0 && kOffDo % 128 == 0 && kOffPt % 128 == 0 && kOffLse % 16 == 0, "tile alignment");
+  static_assert(!kVInK || kDv <= kDqk, "V inside K needs d_v <= d_qk");
+  static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "dK/dV tiles exceed shared memory");
+};
+
+// Rows [begin, end) of split s for the key block starting at key0 (ranges are whole kBlockM tiles).
+struct RowRange {
+  i64 begin, end;
+};
+__host__ __device__ inline RowRange split_rows(i64 key0, i64 q_offset, i64 q_len, i64 group, int splits, int s,
+                                               int block_m) {
+  const i64 rows = q_len * group;
+  const i64 first = imin(imax(key0 - q_offset, 0), q_len) * group;
+  const i64 chunk = ceil_div(ceil_div(rows - first, splits), block_m) * block_m;
+  const i64 begin = imin(first + s * chunk, rows);
+  return {begin, imin(begin + chunk, rows)};
+}
+
+template <class Tr, bool kAligned>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
+    flash_bwd_dkdv_smem_kernel(const AttentionBwdParams p, const float* delta, int splits, float* partial) {
+  constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv, kThreads = Tr::kThreads;
+  char* smem = dynamic_smem();
+  bf16* s_k = reinterpret_cast<bf16*>(smem);
+  bf16* s_vbuf = s_k + kBN * kDqk;
+  const bf16* s_v = Tr::kVInK ? s_k : s_vbuf;
+  bf16* s_q = reinterpret_cast<bf16*>(smem + Tr::kOffQ);
+  bf16* s_do = reinterpret_cast<bf16*>(smem + Tr::kOffDo);
+  bf16* s_pt = reinterpret_cast<bf16*>(smem + Tr::kOffPt);    // [kBN][kBM]
+  bf16* s_dst = reinterpret_cast<bf16*>(smem + Tr::kOffDst);  // [kBN][kBM]
+  float* s_lse = reinterpret_cast<float*>(smem + Tr::kOffLse);
+  float* s_dd = s_lse + kBM;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int wks = warp / Tr::kWarpsMS, wms = warp % Tr::kWarpsMS;
+  const int split = int(blockIdx.x % unsigned(splits));
+  const i64 key0 = i64(blockIdx.x / unsigned(splits)) * kBN, g = blockIdx.y, b = blockIdx.z;
+  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
+  const RowRange range = split_rows(key0, p.q_offset, p.q_len, group, splits, split, kBM);
+  const int n_tiles = int(ceil_div(range.end - range.begin, kBM));
+
+  const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
+  const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
+  const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
+  const bf16* dout = static_cast<const bf16*>(p.dout) + b * p.dout_batch_stride;
+  auto load_q = [&](int t) {
+    const i64 r0 = range.begin + i64(t) * kBM;
+    load_tile<kBM, kDqk, kThreads, kAligned>(s_q, [&](int r) -> const bf16* {
+      const i64 row = r0 + r;
+      if (row >= rows) return nullptr;
+      return q + (g * group + row % group) * p.q_head_stride + (row / group) * p.q_token_stride;
+    });
+    load_row_values<kBM, kThreads>(s_lse, static_cast<const float*>(p.lse), INFINITY, r0, rows, group, g, b, p);
+  };
+  auto load_do = [&](int t) {
+    const i64 r0 = range.begin + i64(t) * kBM;
+    load_tile<kBM, kDv, kThreads, kAligned>(s_do, [&](int r) -> const bf16* {
+      const i64 row = r0 + r;
+      if (row >= rows) return nullptr;
+      return dout + (g * group + row % group) * p.dout_head_stride + (row / group) * p.dout_token_stride;
+    });
+    load_row_values<kBM, kThreads>(s_dd, delta, 0.f, r0, rows, group, g, b, p);
+  };
+  load_tile<kBN, kDqk, kThreads, kAligned>(s_k, [&](int r) -> const bf16* {
+    return key0 + r < p.kv_len ? k + (key0 + r) * p.k_token_stride : nullptr;
+  });
+  if constexpr (!Tr::kVInK)
+    load_tile<kBN, kDv, kThreads, kAligned>(s_vbuf, [&](int r) -> const bf16* {
+      return key0 + r < p.kv_len ? v + (key0 + r) * p.v_token_stride : nullptr;
+    });
+  if (n_tiles > 0) load_q(0);
+  cp_async_commit();
+  if (n_tiles > 0) load_do(0);
+  cp_async_commit();
+
+  float acc_dk[Tr::kMT][Tr::kNTK][4], acc_dv[Tr::kMT][Tr::kNTV][4];
+  zero(acc_dk);
+  zero(acc_dv);
+  const float sl2 = float(p.scale) * kLog2e;
+  const int wk0 = wks * Tr::kKeysS, wr0 = wms * Tr::kRowsS;  // the warp's S^T tile in the block
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const i64 r0 = range.begin + i64(t) * kBM;
+    cp_async_wait<1>();
+    __syncthreads();  // K, V, Q_t and lse_t are in
+    float pt[Tr::kMTS][Tr::kNTS][4];
+    zero(pt);
+    warp_mma<Tr::kMTS, Tr::kNTS, kDqk / 16, false, false, kDqk, kDqk>(pt, s_k, wk0, s_q, wr0, lane);
+    const bool masked = key0 + kBN - 1 > r0 / group + p.q_offset;
+#pragma unroll
+    for (int nt = 0; nt < Tr::kNTS; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = wr0 + nt * 8 + 2 * tig + e;
+        const float lse2 = s_lse[c] * kLog2e;
+        const i64 vis = masked ? (r0 + c) / group + p.q_offset + 1 - key0 - wk0 : i64(kBN);
+#pragma unroll
+        for (int mt = 0; mt < Tr::kMTS; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float pv = exp2f(fmaf(pt[mt][nt][2 * h + e], sl2, -lse2));
+            pt[mt][nt][2 * h + e] = mt * 16 + gid + 8 * h < vis ? pv : 0.f;
+          }
+      }
+    cp_async_wait<0>();
+    __syncthreads();  // dO_t and D_t are in
+    float ds[Tr::kMTS][Tr::kNTS][4];
+    zero(ds);
+    warp_mma<Tr::kMTS, Tr::kNTS, kDv / 16, false, false, Tr::kLdV, kDv>(ds, s_v, wk0, s_do, wr0, lane);
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMTS; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int kr = wk0 + mt * 16 + gid + 8 * h;
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNTS; ++nt) {
+          const int c = wr0 + nt * 8 + 2 * tig;
+          const float d0 = pt[mt][nt][2 * h] * (ds[mt][nt][2 * h] - s_dd[c]);
+          const float d1 = pt[mt][nt][2 * h + 1] * (ds[mt][nt][2 * h + 1] - s_dd[c + 1]);
+          *reinterpret_cast<u32*>(s_pt + swz<kBM>(kr, c)) = pack_bf16(pt[mt][nt][2 * h], pt[mt][nt][2 * h + 1]);
+          *reinterpret_cast<u32*>(s_dst + swz<kBM>(kr, c)) = pack_bf16(d0, d1);
+        }
+      }
+    __syncthreads();  // P^T and dS^T are in
+    warp_mma<Tr::kMT, Tr::kNTK, kBM / 16, false, true, kBM, kDqk>(acc_dk, s_dst, 0, s_q, warp * Tr::kColsK, lane);
+    __syncthreads();  // Q_t is no longer read
+    if (t + 1 < n_tiles) load_q(t + 1);
+    cp_async_commit();
+    warp_mma<Tr::kMT, Tr::kNTV, kBM / 16, false, true, kBM, kDv>(acc_dv, s_pt, 0, s_do, warp * Tr::kColsV, lane);
+    __syncthreads();  // dO_t is no longer read
+    if (t + 1 < n_tiles) load_do(t + 1);
+    cp_async_commit();
+  }
+
+  const float scale = float(p.scale);
+  if (splits == 1) {
+    bf16* dk = static_cast<bf16*>(p.dk) + b * p.dk_batch_stride + g * p.dk_head_stride;
+    bf16* dv = static_cast<bf16*>(p.dv) + b * p.dv_batch_stride + g * p.dv_head_stride;
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const i64 key = key0 + mt * 16 + gid + 8 * h;
+        if (key >= p.kv_len) continue;
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNTK; ++nt)
+          store2<kAligned>(dk + key * p.dk_token_stride + warp * Tr::kColsK + nt * 8 + 2 * tig,
+                           scale * acc_dk[mt][nt][2 * h], scale * acc_dk[mt][nt][2 * h + 1]);
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNTV; ++nt)
+          store2<kAligned>(dv + key * p.dv_token_stride + warp * Tr::kColsV + nt * 8 + 2 * tig, acc_dv[mt][nt][2 * h],
+                           acc_dv[mt][nt][2 * h + 1]);
+      }
+    return;
+  }
+  constexpr int kW = kDqk + kDv;
+  float* part = partial + ((i64(split) * p.batch + b) * p.kv_heads + g) * p.kv_len * kW;
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const i64 key = key0 + mt * 16 + gid + 8 * h;
+      if (key >= p.kv_len) continue;
+      float* row = part + key * kW;
+#pragma unroll
+      for (int nt = 0; nt < Tr::kNTK; ++nt)
+        *reinterpret_cast<float2*>(row + warp * Tr::kColsK + nt * 8 + 2 * tig) =
+            make_float2(scale * acc_dk[mt][nt][2 * h], scale * acc_dk[mt][nt][2 * h + 1]);
+#pragma unroll
+      for (int nt = 0; nt < Tr::kNTV; ++nt)
+        *reinterpret_cast<float2*>(row + kDqk + warp * Tr::kColsV + nt * 8 + 2 * tig) =
+            make_float2(acc_dv[mt][nt][2 * h], acc_dv[mt][nt][2 * h + 1]);
+    }
+}
+
+// dK, dV = sum over the splits (in split order) of the partials; one thread per pair of columns.
+template <int kDqk, int kDv, bool kAligned>
+__global__ void __launch_bounds__(256) flash_bwd_dkdv_reduce_kernel(const AttentionBwdParams p, int splits,
+                                                                    const float* partial) {
+  constexpr int kW = kDqk + kDv;
+  const i64 idx = i64(blockIdx.x) * 256 + threadIdx.x;  // over [b][g][key][kW / 2]
+  const i64 per_split = p.batch * p.kv_heads * p.kv_len * kW;
+  if (idx >= per_split / 2) return;
+  const i64 c = (idx % (kW / 2)) * 2, r = idx / (kW / 2);
+  const i64 key = r % p.kv_len, bg = r / p.kv_len, g = bg % p.kv_heads, b = bg / p.kv_heads;
+  float x = 0.f, y = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float2 v = *reinterpret_cast<const float2*>(partial + s * per_split + r * kW + c);
+    x += v.x;
+    y += v.y;
+  }
+  if (c < kDqk)
+    store2<kAligned>(
+        static_cast<bf16*>(p.dk) + b * p.dk_batch_stride + g * p.dk_head_stride + key * p.dk_token_stride + c, x, y);
+  else
+    store2<kAligned>(static_cast<bf16*>(p.dv) + b * p.dv_batch_stride + g * p.dv_head_stride + key * p.dv_token_stride +
+                         (c - kDqk),
+                     x, y);
+}
+
+// ================================================================ backward: dQ
+// kBlockM rows x kBlockN keys per step; K/V in two stages. S and dP: kWarpsMS x (kWarps / kWarpsMS) warps;
+// dQ += dS K: kWarpsMQ x (kWarps / kWarpsMQ) warps over (rows, d_qk). dS stays in registers when the two
+// layouts give each warp whole rows of the same row range. kWgmma: the three GEMMs by wgmma (each warpgroup 64
+// rows, warp w keeps rows 16 w..; all tiles in the swz_k64 layout; K is both the K-major B of S and the
+// transposed B of dQ).
+template <int kDqk_, int kDv_, int kBlockM_, int kBlockN_, int kWarps_, int kWarpsMS_, int kWarpsMQ_, bool kVInK_,
+          int kMinBlocks_, bool kWgmma_ = false>
+struct BwdQTraits {
+  static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockM = kBlockM_, kBlockN = kBlockN_;
+  static constexpr int kWarps = kWarps_, kThreads = 32 * kWarps, kMinBlocks = kMinBlocks_;
+  static constexpr bool kVInK = kVInK_;
+  static constexpr int kWarpsMS = kWarpsMS_, kWarpsNS = kWarps / kWarpsMS;
+  static constexpr int kRowsS = kBlockM / kWarpsMS, kColsS = kBlockN / kWarpsNS;
+  static constexpr int kMTS = kRowsS / 16, kNTS = kColsS / 8;
+  static constexpr int kWarpsMQ = kWarpsMQ_, kWarpsNQ = kWarps / kWarpsMQ;
+  static constexpr int kRowsQ = kBlockM / kWarpsMQ, kColsQ = kDqk / kWarpsNQ;
+  static constexpr int kMTQ = kRowsQ / 16, kNTQ = kColsQ / 8;
+  static constexpr bool kDsInRegs = kWarpsNS == 1 && kWarpsNQ == 1 && kWarpsMS == kWarpsMQ;
+  static constexpr bool kWgmma = kWgmma_;
+  static constexpr int kLdV = kVInK ? kDqk : kDv;
+  static constexpr int kOffDo = kBlockM * kDqk * 2;
+  static constexpr int kOffKv = kOffDo + kBlockM * kDv * 2;
+  static constexpr int kStageBytes = kBlockN * kDqk * 2 + (kVInK ? 0 : kBlockN * kDv * 2);
+  static constexpr int kOffDs = kOffKv + 2 * kStageBytes;
+  static constexpr int kOffLse = kOffDs + (kDsInRegs ? 0 : kBlockM * kBlockN * 2);
+  static constexpr int kSmemBytes = kOffLse + 2 * kBlockM * 4;
+  static_assert(kWarps % kWarpsMS == 0 && kWarps % kWarpsMQ == 0, "warp layouts must tile the warps");
+  static_assert(kRowsS % 16 == 0 && kColsS % 8 == 0 && kRowsQ % 16 == 0 && kColsQ % 8 == 0, "mma tile multiples");
+  static_assert(kBlockN % 16 == 0, "k steps of 16");
+  static_assert(!kDsInRegs || kMTS == kMTQ, "dS in registers needs the same rows in both GEMMs");
+  static_assert(kOffDo % 128 == 0 && kOffKv % 128 == 0 && kStageBytes % 128 == 0 && kOffLse % 16 == 0, "alignment");
+  static_assert(!kVInK || kDv <= kDqk, "V inside K needs d_v <= d_qk");
+  static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "dQ tiles exceed shared memory");
+  static_assert(!kWgmma || (kDsInRegs && kMTS == 1 && kWarps % 4 == 0 && kBlockN == 64 && !kVInK &&
+                            (kDqk == 128 || kDqk == 192) && kDqk % 64 == 0 && kDv % 64 == 0 && kOffDo % 1024 == 0 &&
+                            kOffKv % 1024 == 0 && kStageBytes % 1024 == 0),
+                "wgmma dQ: warpgroups of 64 rows, 64-key tiles, dS in registers, 1024-aligned tiles");
+};
+
+template <class Tr, bool kAligned>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
+    flash_bwd_dq_kernel(const AttentionBwdParams p, const float* delta) {
+  constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv, kThreads = Tr::kThreads;
+  char* smem = dynamic_smem();
+  bf16* s_q = reinterpret_cast<bf16*>(smem);
+  bf16* s_do = reinterpret_cast<bf16*>(smem + Tr::kOffDo);
+  bf16* s_ds = reinterpret_cast<bf16*>(smem + Tr::kOffDs);
+  float* s_lse = reinterpret_cast<float*>(smem + Tr::kOffLse);
+  float* s_dd = s_lse + kBM;
+  auto stage = [&](int st) { return reinterpret_cast<bf16*>(smem + Tr::kOffKv + st * Tr::kStageBytes); };
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int wms = warp / Tr::kWarpsNS, wns = warp % Tr::kWarpsNS;
+  const int wmq = warp / Tr::kWarpsNQ, wnq = warp % Tr::kWarpsNQ;
+  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
+  const i64 row0 = i64(gridDim.x - 1 - blockIdx.x) * kBM;
+  const i64 g = blockIdx.y, b = blockIdx.z;
+  const i64 row_last = imin(row0 + kBM, rows) - 1;
+  const i64 n_full = visible_keys(row0 / group, p.q_offset, p.kv_len);
+  const i64 n_end = visible_keys(row_last / group, p.q_offset, p.kv_len);
+  const int n_tiles = int(ceil_div(n_end, kBN));
+
+  const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
+  const bf16* dout = static_cast<const bf16*>(p.dout) + b * p.dout_batch_stride;
+  const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
+  const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
+  constexpr bool kSlab = Tr::kWgmma;
+  auto q_row = [&](int r) -> const bf16* {
+    const i64 row = row0 + r;
+    if (row >= rows) return nullptr;
+    return q + (g * group + row % group) * p.q_head_stride + (row / group) * p.q_token_stride;
+  };
+  load_tile<kBM, kDqk, kThreads, kAligned, decltype(q_row), kSlab>(s_q, q_row);
+  auto do_row = [&](int r) -> const bf16* {
+    const i64 row = row0 + r;
+    if (row >= rows) return nullptr;
+    return dout + (g * group + row % group) * p.dout_head_stride + (row / group) * p.dout_token_stride;
+  };
+  load_tile<kBM, kDv, kThreads, kAligned, decltype(do_row), kSlab>(s_do, do_row);
+  load_row_values<kBM, kThreads>(s_lse, static_cast<const float*>(p.lse), INFINITY, row0, rows, group, g, b, p);
+  load_row_values<kBM, kThreads>(s_dd, delta, 0.f, row0, rows, group, g, b, p);
+  auto load_kv = [&](int t, bf16* dst) {
+    const i64 n0 = i64(t) * kBN;
+    auto k_row = [&](int r) -> const bf16* { return n0 + r < p.kv_len ? k + (n0 + r) * p.k_token_stride : nullptr; };
+    load_tile<kBN, kDqk, kThreads, kAligned, decltype(k_row), kSlab>(dst, k_row);
+    if constexpr (!Tr::kVInK) {
+      auto v_row = [&](int r) -> const bf16* { return n0 + r < p.kv_len ? v + (n0 + r) * p.v_token_stride : nullptr; };
+      load_tile<kBN, kDv, kThreads, kAligned, decltype(v_row), kSlab>(dst + kBN * kDqk, v_row);
+    }
+  };
+  if (n_tiles > 0) load_kv(0, stage(0));
+  cp_async_commit();
+
+  float acc_dq[Tr::kMTQ][Tr::kNTQ][4];
+  zero(acc_dq);
+  const float sl2 = float(p.scale) * kLog2e;
+  const int wr0 = wms * Tr::kRowsS, wc0 = wns * Tr::kColsS;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const i64 n0 = i64(t) * kBN;
+    const bf16* s_k = stage(t & 1);
+    const bf16* s_v = Tr::kVInK ? s_k : s_k + kBN * kDqk;
+    cp_async_wait<0>();
+    if constexpr (Tr::kWgmma) fence_proxy_async();  // wgmma reads what cp.async and the stores wrote
+    __syncthreads();
+    if (t + 1 < n_tiles) load_kv(t + 1, stage((t + 1) & 1));
+    cp_async_commit();
+
+    float s[Tr::kMTS][Tr::kNTS][4], dp[Tr::kMTS][Tr::kNTS][4];
+    zero(s);
+    zero(dp);
+    if constexpr (Tr::kWgmma) {  // S and dP in flight together; P computed while dP runs
+      warpgroup_mma_nt_async<Tr::kMTS, kBN, kDqk, kBM>(s, s_q, 64 * (warp / 4), s_k);
+      warpgroup_mma_nt_async<Tr::kMTS, kBN, kDv, kBM>(dp, s_do, 64 * (warp / 4), s_v);
+      warpgroup_wait<1>(s);
+    } else {
+      warp_mma<Tr::kMTS, Tr::kNTS, kDqk / 16, false, false, kDqk, kDqk>(s, s_q, wr0, s_k, wc0, lane);
+      warp_mma<Tr::kMTS, Tr::kNTS, kDv / 16, false, false, kDv, Tr::kLdV>(dp, s_do, wr0, s_v, wc0, lane);
+    }
+    // P = exp2(S sl2 - lse log2e), zero where the row does not see the key; then dS = P (dP - D).
+    const bool masked = n0 + kBN > n_full;
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMTS; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int lr = wr0 + mt * 16 + gid + 8 * h;
+        const float lse2 = s_lse[lr] * kLog2e;
+        const i64 vis = masked ? visible_keys(imin(row0 + lr, row_last) / group, p.q_offset, p.kv_len) - n0 - wc0
+                               : i64(kBN);
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNTS; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pv = exp2f(fmaf(s[mt][nt][2 * h + e], sl2, -lse2));
+            s[mt][nt][2 * h + e] = nt * 8 + 2 * tig + e < vis ? pv : 0.f;
+          }
+      }
+    if constexpr (Tr::kWgmma) warpgroup_wait<0>(dp);
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMTS; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float d = s_dd[wr0 + mt * 16 + gid + 8 * h];
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNTS; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) dp[mt][nt][2 * h + e] = s[mt][nt][2 * h + e] * (dp[mt][nt][2 * h + e] - d);
+      }
+    if constexpr (Tr::kDsInRegs) {
+      u32 dsa[Tr::kMTS][kBN / 16][4];
+      acc_to_a(dsa, dp);
+      if constexpr (Tr::kWgmma)
+        warpgroup_mma_rs_tb<Tr::kMTQ, kDqk, kBN / 16, kBN>(acc_dq, dsa, s_k);
+      else
+        warp_mma_ra<Tr::kMTQ, Tr::kNTQ, kBN / 16, true, kDqk>(acc_dq, dsa, s_k, 0, lane);
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTS; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int nt = 0; nt < Tr::kNTS; ++nt)
+            *reinterpret_cast<u32*>(s_ds + swz<kBN>(wr0 + mt * 16 + gid + 8 * h, wc0 + nt * 8 + 2 * tig)) =
+                pack_bf16(dp[mt][nt][2 * h], dp[mt][nt][2 * h + 1]);
+      __syncthreads();  // dS is in
+      warp_mma<Tr::kMTQ, Tr::kNTQ, kBN / 16, false, true, kBN, kDqk>(acc_dq, s_ds, wmq * Tr::kRowsQ, s_k,
+                                                                     wnq * Tr::kColsQ, lane);
+    }
+  }
+
+  bf16* dq = static_cast<bf16*>(p.dq) + b * p.dq_batch_stride;
+  const float scale = float(p.scale);
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMTQ; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const i64 row = row0 + wmq * Tr::kRowsQ + mt * 16 + gid + 8 * h;
+      if (row >= rows) continue;
+      bf16* out = dq + (g * group + row % group) * p.dq_head_stride + (row / group) * p.dq_token_stride +
+                  wnq * Tr::kColsQ;
+#pragma unroll
+      for (int nt = 0; nt < Tr::kNTQ; ++nt)
+        store2<kAligned>(out + nt * 8 + 2 * tig, scale * acc_dq[mt][nt][2 * h], scale * acc_dq[mt][nt][2 * h + 1]);
+    }
+}
+
+// ================================================================ the tile table
+// Tile configuration of one (d_qk, d_v) pair; the traits above say what each number means.
+struct TileConfig {
+  bool supported = false;
+  // forward: rows x keys per step, warps, S warps along rows, O warps along rows, staging, blocks per SM
+  int fwd_m = 0, fwd_n = 0, fwd_warps = 0, fwd_warps_ms = 0, fwd_warps_mo = 0;
+  Pipe fwd_pipe = Pipe::paired;
+  int fwd_min_blocks = 1;
+  bool fwd_s_wgmma = false;  // S = Q K^T by wgmma
+  bool fwd_o_wgmma = false;  // O += P V by wgmma
+  // backward dK/dV: keys x rows per step, warps; registers layout (MHA) or shared layout with S^T warps
+  // along keys (MQA)
+  bool dkdv_regs = true;
+  int dkdv_n = 0, dkdv_m = 0, dkdv_warps = 0, dkdv_warps_ns = 0, dkdv_min_blocks = 1;
+  bool dkdv_wgmma = false;  // registers layout only (then FlashAttention-3's arrangement, 64-row steps)
+  // backward dQ: rows x keys per step, warps, S warps along rows, dQ warps along rows
+  int dq_m = 0, dq_n = 0, dq_warps = 0, dq_warps_ms = 0, dq_warps_mq = 0, dq_min_blocks = 1;
+  bool dq_wgmma = false;
+};
+
+// The one place that chooses tiles. v_in_k: V is the first d_v columns of K (absorbed MLA), which halves the
+// K/V staging and so allows larger key tiles.
+constexpr TileConfig tile_config(int dqk, int dv, bool v_in_k) {
+  TileConfig c;
+  if (dqk == 192 && dv == 128) {
+    // MHA (explicit MLA / LAGA), every GEMM on wgmma. Forward: 128 rows x 64 keys, one warpgroup (two m64
+    // tiles), P in registers, FlashAttention-2 staging (88 KB: two blocks per SM). dK/dV: 128 keys (two
+    // warpgroups) x 64-row steps, P^T and dS^T through shared memory (194 KB). dQ: 128 rows x 64 keys.
+    c = {.supported = true, .fwd_m = 128, .fwd_n = 64, .fwd_warps = 4, .fwd_warps_ms = 4, .fwd_warps_mo = 4,
+         .fwd_pipe = Pipe::split, .fwd_min_blocks = 2, .fwd_s_wgmma = true, .fwd_o_wgmma = true,
+         .dkdv_regs = true, .dkdv_n = 128, .dkdv_m = 64, .dkdv_warps = 8, .dkdv_warps_ns = 8, .dkdv_min_blocks = 1,
+         .dkdv_wgmma = true,
+         .dq_m = 128, .dq_n = 64, .dq_warps = 8, .dq_warps_ms = 8, .dq_warps_mq = 8, .dq_min_blocks = 1,
+         .dq_wgmma = true};
+  } else if (dqk == 576 && dv == 512) {
+    // Absorbed MQA: 64 rows (queries x heads); S = Q K^T by 4 x 2 warps, O by 8 warps of 64 columns, P through
+    // shared memory. dK/dV: 32 keys, columns split over 8 warps (1088 fp32 accumulators per key).
+    c = {.supported = true, .fwd_m = 64, .fwd_n = v_in_k ? 64 : 32, .fwd_warps = 8, .fwd_warps_ms = 4,
+         .fwd_warps_mo = 1, .fwd_pipe = Pipe::paired, .fwd_min_blocks = 1,
+         .dkdv_regs = false, .dkdv_n = 32, .dkdv_m = 64, .dkdv_warps = 8, .dkdv_warps_ns = 2, .dkdv_min_blocks = 1,
+         .dq_m = 64, .dq_n = v_in_k ? 32 : 16, .dq_warps = 8, .dq_warps_ms = 4, .dq_warps_mq = 1, .dq_min_blocks = 1};
+  }
+  return c;
+}
+
+template <int kDqk, int kDv, bool kVInK>
+struct Kernels {
+  static constexpr TileConfig c = tile_config(kDqk, kDv, kVInK);
+  static_assert(c.supported, "no tile configuration for these head dims");
+  using Fwd = FwdTraits<kDqk, kDv, c.fwd_m, c.fwd_n, c.fwd_warps, c.fwd_warps_ms, c.fwd_warps_mo, c.fwd_pipe,
+                        kVInK, c.fwd_min_blocks, c.fwd_s_wgmma, c.fwd_o_wgmma>;
+  using DkdvRegs =
+      BwdKvRegTraits<kDqk, kDv, c.dkdv_n, c.dkdv_m, c.dkdv_warps, kVInK, c.dkdv_min_blocks, c.dkdv_wgmma>;
+  using DkdvSmem = BwdKvSmemTraits<kDqk, kDv, c.dkdv_n, c.dkdv_m, c.dkdv_warps, c.dkdv_warps_ns, kVInK>;
+  using Dq = BwdQTraits<kDqk, kDv, c.dq_m, c.dq_n, c.dq_warps, c.dq_warps_ms, c.dq_warps_mq, kVInK,
+                       c.dq_min_blocks, c.dq_wgmma>;
+};
+
+}  // namespace laga::cuda::flash

@@ -1,0 +1,17 @@
+// The tensor-core fused attention (flash_kernels.cuh) behind the fused kernel's entry points: bf16 and the
+// (d_qk, d_v) pairs of the tile table in flash_tc.cu; everything else keeps the generic kernels of
+// cuda_flash.cu.
+#pragma once
+
+#include "cuda/cuda_common.cuh"
+
+namespace laga::cuda {
+
+// Whether the tensor-core kernels take this problem (dtype and head dims in the table).
+bool flash_tc_supported(const AttentionFwdParams& p);
+
+// Called after validation, only when flash_tc_supported(p).
+void flash_tc_forward(Context& ctx, const AttentionFwdParams& p);
+void flash_tc_backward(Context& ctx, const AttentionBwdParams& p);
+
+}  // namespace laga::cuda
