@@ -1,0 +1,345 @@
+// Host emulation of src/cuda/flash_mma.cuh: one OS thread per CUDA thread, warp collectives through
+// per-warp barriers, cp.async deferred until wait_group (so a missing wait reads stale shared memory),
+// strict alignment and bounds checks on every shared access of ldmatrix and cp.async.
+#pragma once
+
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+
+struct EmuDim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+inline thread_local EmuDim3 threadIdx, blockIdx, gridDim, blockDim;
+
+struct uint4 {
+  unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct float2 {
+  float x, y;
+};
+inline float2 make_float2(float a, float b) { return {a, b}; }
+
+#define EMU_CHECK(cond, ...)                                                 \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::fprintf(stderr, "EMU CHECK FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                     \
+      std::fprintf(stderr, "\n");                                            \
+      std::abort();                                                          \
+    }                                                                        \
+  } while (0)
+
+namespace emu {
+struct Warp {
+  std::barrier<> bar{32};
+  std::uint32_t slot[32][8];
+  float fslot[32];
+};
+struct Block {
+  std::barrier<>* bar;
+  char* smem;
+  std::size_t smem_bytes;
+  Warp* warps;
+};
+struct Copy {
+  void* dst;
+  const void* src;
+  int bytes;
+};
+inline thread_local Block* tl_block = nullptr;
+inline thread_local Warp* tl_warp = nullptr;
+inline thread_local int tl_lane = 0;
+inline thread_local std::deque<std::vector<Copy>> tl_groups;
+inline thread_local std::vector<Copy> tl_open;
+
+inline void check_smem(const void* p, int bytes, int align) {
+  const char* c = static_cast<const char*>(p);
+  EMU_CHECK(c >= tl_block->smem && c + bytes <= tl_block->smem + tl_block->smem_bytes, "smem access out of range: off %ld (block smem %zu)",
+            long(c - tl_block->smem), tl_block->smem_bytes);
+  EMU_CHECK((c - tl_block->smem) % align == 0, "smem misaligned: off %ld align %d", long(c - tl_block->smem), align);
+}
+}  // namespace emu
+
+inline void __syncthreads() { emu::tl_block->bar->arrive_and_wait(); }
+
+namespace laga::cuda::flash {
+
+using i64 = std::int64_t;
+using u32 = std::uint32_t;
+struct bf16 {
+  std::uint16_t bits;
+};
+
+inline float bf16_to_float(bf16 v) {
+  const u32 u = u32(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline bf16 float_to_bf16(float f) {
+  u32 u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return bf16{0x7fc0};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16{std::uint16_t(u >> 16)};
+}
+inline u32 pack_bf16(float lo, float hi) { return u32(float_to_bf16(lo).bits) | (u32(float_to_bf16(hi).bits) << 16); }
+
+inline char* dynamic_smem() { return emu::tl_block->smem; }
+inline u32 smem_u32(const void* p) {
+  // Only the addresses an instruction uses are checked (ldmatrix.x2 ignores lanes 16-31's).
+  return u32(static_cast<const char*>(p) - emu::tl_block->smem);
+}
+
+inline std::uint16_t smem_b16(u32 addr) {
+  std::uint16_t v;
+  std::memcpy(&v, emu::tl_block->smem + addr, 2);
+  return v;
+}
+
+// ldmatrix: kMats 8x8 matrices, row addresses from lanes 8j..8j+7.
+template <int kMats, bool kTrans>
+inline void ldsm(u32* r, u32 addr) {
+  emu::Warp& w = *emu::tl_warp;
+  const int lane = emu::tl_lane;
+  w.slot[lane][0] = addr;
+  w.bar.arrive_and_wait();
+  for (int j = 0; j < kMats; ++j) {
+    for (int i = 0; i < 8; ++i) {
+      const u32 a = w.slot[8 * j + i][0];
+      emu::check_smem(emu::tl_block->smem + a, 16, 16);
+    }
+    std::uint16_t lo, hi;
+    if (!kTrans) {
+      const u32 row = w.slot[8 * j + lane / 4][0];
+      lo = smem_b16(row + 2 * (2 * (lane % 4)));
+      hi = smem_b16(row + 2 * (2 * (lane % 4) + 1));
+    } else {
+      const u32 row0 = w.slot[8 * j + 2 * (lane % 4)][0], row1 = w.slot[8 * j + 2 * (lane % 4) + 1][0];
+      lo = smem_b16(row0 + 2 * (lane / 4));
+      hi = smem_b16(row1 + 2 * (lane / 4));
+    }
+    r[j] = u32(lo) | (u32(hi) << 16);
+  }
+  w.bar.arrive_and_wait();
+}
+inline void ldsm_x4(u32 (&r)[4], u32 addr) { ldsm<4, false>(r, addr); }
+inline void ldsm_x4_t(u32 (&r)[4], u32 addr) { ldsm<4, true>(r, addr); }
+inline void ldsm_x2(u32 (&r)[2], u32 addr) { ldsm<2, false>(r, addr); }
+inline void ldsm_x2_t(u32 (&r)[2], u32 addr) { ldsm<2, true>(r, addr); }
+
+inline float lo_f(u32 v) { return bf16_to_float(bf16{std::uint16_t(v & 0xffff)}); }
+inline float hi_f(u32 v) { return bf16_to_float(bf16{std::uint16_t(v >> 16)}); }
+
+inline void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  emu::Warp& w = *emu::tl_warp;
+  const int lane = emu::tl_lane;
+  for (int i = 0; i < 4; ++i) w.slot[lane][i] = a[i];
+  w.slot[lane][4] = b0;
+  w.slot[lane][5] = b1;
+  w.bar.arrive_and_wait();
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l >> 2, t = l & 3;
+    const u32* s = w.slot[l];
+    A[g][2 * t] = lo_f(s[0]), A[g][2 * t + 1] = hi_f(s[0]);
+    A[g + 8][2 * t] = lo_f(s[1]), A[g + 8][2 * t + 1] = hi_f(s[1]);
+    A[g][2 * t + 8] = lo_f(s[2]), A[g][2 * t + 9] = hi_f(s[2]);
+    A[g + 8][2 * t + 8] = lo_f(s[3]), A[g + 8][2 * t + 9] = hi_f(s[3]);
+    B[2 * t][g] = lo_f(s[4]), B[2 * t + 1][g] = hi_f(s[4]);
+    B[2 * t + 8][g] = lo_f(s[5]), B[2 * t + 9][g] = hi_f(s[5]);
+  }
+  w.bar.arrive_and_wait();
+  const int g = lane >> 2, t = lane & 3;
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+    double acc = 0;
+    for (int k = 0; k < 16; ++k) acc += double(A[row][k]) * double(B[k][col]);
+    d[e] = float(double(d[e]) + acc);
+  }
+}
+
+inline void cp_async16(void* dst, const void* src) {
+  emu::check_smem(dst, 16, 16);
+  EMU_CHECK(reinterpret_cast<std::uintptr_t>(src) % 16 == 0, "cp.async 16 from misaligned global %p", src);
+  emu::tl_open.push_back({dst, src, 16});
+}
+inline void cp_async4(void* dst, const void* src) {
+  emu::check_smem(dst, 4, 4);
+  EMU_CHECK(reinterpret_cast<std::uintptr_t>(src) % 4 == 0, "cp.async 4 from misaligned global %p", src);
+  emu::tl_open.push_back({dst, src, 4});
+}
+inline void cp_async_commit() {
+  emu::tl_groups.push_back(std::move(emu::tl_open));
+  emu::tl_open.clear();
+}
+template <int kPending>
+inline void cp_async_wait() {
+  while (int(emu::tl_groups.size()) > kPending) {
+    for (const auto& c : emu::tl_groups.front()) std::memcpy(c.dst, c.src, std::size_t(c.bytes));
+    emu::tl_groups.pop_front();
+  }
+}
+inline void store_zero16(void* dst) {
+  emu::check_smem(dst, 16, 16);
+  std::memset(dst, 0, 16);
+}
+inline void copy8_unaligned(void* dst, const bf16* src) {
+  emu::check_smem(dst, 16, 16);
+  std::memcpy(dst, src, 16);
+}
+inline float shfl_xor(float v, int mask) {
+  emu::Warp& w = *emu::tl_warp;
+  w.fslot[emu::tl_lane] = v;
+  w.bar.arrive_and_wait();
+  const float r = w.fslot[emu::tl_lane ^ mask];
+  w.bar.arrive_and_wait();
+  return r;
+}
+
+}  // namespace laga::cuda::flash
+
+namespace emu {
+// Runs kernel(args...) over the grid, block by block (blockIdx.x fastest), one OS thread per CUDA thread.
+template <class K, class... Args>
+void launch(K kernel, EmuDim3 grid, int threads, std::size_t smem_bytes, Args... args) {
+  std::vector<char> smem(smem_bytes + 16);
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        // Poison: bf16 NaN pairs (also a float NaN).
+        for (std::size_t i = 0; i + 1 < smem.size(); i += 2) smem[i] = char(0xc0), smem[i + 1] = char(0x7f);
+        std::barrier<> bar(threads);
+        std::vector<Warp> warps(std::size_t(threads / 32));
+        Block blk{&bar, smem.data(), smem_bytes, warps.data()};
+        std::vector<std::thread> ts;
+        for (int t = 0; t < threads; ++t)
+          ts.emplace_back([&, t] {
+            tl_block = &blk;
+            tl_warp = &warps[std::size_t(t / 32)];
+            tl_lane = t % 32;
+            tl_groups.clear();
+            tl_open.clear();
+            threadIdx = {unsigned(t), 0, 0};
+            blockIdx = {bx, by, bz};
+            gridDim = grid;
+            blockDim = {unsigned(threads), 1, 1};
+            kernel(args...);
+          });
+        for (auto& th : ts) th.join();
+      }
+}
+}  // namespace emu
+
+// ---------------------------------------------------------------- wgmma emulation
+namespace laga::cuda::flash {
+inline std::uint64_t wgmma_desc_sw128(u32 addr) {
+  return std::uint64_t((addr & 0x3FFFF) >> 4) | (std::uint64_t(1) << 16) | (std::uint64_t(1024 >> 4) << 32) |
+         (std::uint64_t(1) << 62);
+}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int kPending>
+inline void wgmma_wait() {}
+inline void fence_proxy_async() {}
+inline void reg_fence(float&) {}
+// Element (row, k) of a K-major operand in the 128-byte swizzle: address bits 4-6 XOR bits 7-9.
+inline float wgmma_elem(std::uint64_t desc, int row, int k) {
+  EMU_CHECK((desc >> 62) == 1, "only the 128-byte swizzle is emulated");
+  const u32 start = u32(desc & 0x3FFF) << 4, sbo = u32((desc >> 32) & 0x3FFF) << 4;
+  const u32 addr = start + u32(row / 8) * sbo + u32(row % 8) * 128 + u32(k) * 2;
+  const u32 phys = addr ^ (((addr >> 7) & 7u) << 4);
+  emu::check_smem(emu::tl_block->smem + phys, 2, 2);
+  return bf16_to_float(bf16{smem_b16(phys)});
+}
+template <int N>
+inline void emu_wgmma_ss(float (&d)[N / 8][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate) {
+  const int t = int(threadIdx.x) % 128, w = t / 32, lane = t % 32;
+  for (int n = 0; n < N / 8; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * w + lane / 4 + 8 * (e >> 1), col = 8 * n + 2 * (lane % 4) + (e & 1);
+      double acc = 0;
+      for (int k = 0; k < 16; ++k) acc += double(wgmma_elem(desc_a, row, k)) * double(wgmma_elem(desc_b, col, k));
+      d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
+    }
+}
+inline void wgmma_m64n64k16(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss<64>(d, a, b, acc); }
+inline void wgmma_m64n32k16(float (&d)[4][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss<32>(d, a, b, acc); }
+}  // namespace laga::cuda::flash
+
+namespace laga::cuda::flash {
+inline std::uint64_t wgmma_desc_sw128_mn(u32 addr, u32 slab_bytes) {
+  return std::uint64_t((addr & 0x3FFFF) >> 4) | (std::uint64_t((slab_bytes >> 4) & 0x3FFF) << 16) |
+         (std::uint64_t(1024 >> 4) << 32) | (std::uint64_t(1) << 62);
+}
+// Element (k, n) of an MN-major operand in the 128-byte swizzle.
+inline float wgmma_elem_mn(std::uint64_t desc, int k, int n) {
+  EMU_CHECK((desc >> 62) == 1, "only the 128-byte swizzle is emulated");
+  const u32 start = u32(desc & 0x3FFF) << 4, lbo = u32((desc >> 16) & 0x3FFF) << 4, sbo = u32((desc >> 32) & 0x3FFF) << 4;
+  const u32 addr = start + u32(n / 64) * lbo + u32(k / 8) * sbo + u32(k % 8) * 128 + u32(n % 64) * 2;
+  const u32 phys = addr ^ (((addr >> 7) & 7u) << 4);
+  emu::check_smem(emu::tl_block->smem + phys, 2, 2);
+  return bf16_to_float(bf16{smem_b16(phys)});
+}
+template <int N>
+inline void emu_wgmma_rs_tb(float (&d)[N / 8][4], const u32 (&a)[4], std::uint64_t desc_b, int accumulate) {
+  emu::Warp& w = *emu::tl_warp;
+  const int lane = emu::tl_lane;
+  for (int i = 0; i < 4; ++i) w.slot[lane][i] = a[i];
+  w.bar.arrive_and_wait();
+  float A[16][16];  // the warp's 16 rows
+  for (int l = 0; l < 32; ++l) {
+    const int g = l >> 2, t = l & 3;
+    const u32* s = w.slot[l];
+    A[g][2 * t] = lo_f(s[0]), A[g][2 * t + 1] = hi_f(s[0]);
+    A[g + 8][2 * t] = lo_f(s[1]), A[g + 8][2 * t + 1] = hi_f(s[1]);
+    A[g][2 * t + 8] = lo_f(s[2]), A[g][2 * t + 9] = hi_f(s[2]);
+    A[g + 8][2 * t + 8] = lo_f(s[3]), A[g + 8][2 * t + 9] = hi_f(s[3]);
+  }
+  w.bar.arrive_and_wait();
+  for (int n = 0; n < N / 8; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const int row = lane / 4 + 8 * (e >> 1), col = 8 * n + 2 * (lane % 4) + (e & 1);
+      double acc = 0;
+      for (int k = 0; k < 16; ++k) acc += double(A[row][k]) * double(wgmma_elem_mn(desc_b, k, col));
+      d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
+    }
+}
+inline void wgmma_m64n128k16_rs_tb(float (&d)[16][4], const u32 (&a)[4], std::uint64_t b, int acc) { emu_wgmma_rs_tb<128>(d, a, b, acc); }
+inline void wgmma_m64n192k16_rs_tb(float (&d)[24][4], const u32 (&a)[4], std::uint64_t b, int acc) { emu_wgmma_rs_tb<192>(d, a, b, acc); }
+}  // namespace laga::cuda::flash
+
+namespace laga::cuda::flash {
+template <int N>
+inline void emu_wgmma_ss_tb(float (&d)[N / 8][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate) {
+  const int t = int(threadIdx.x) % 128, w = t / 32, lane = t % 32;
+  for (int n = 0; n < N / 8; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * w + lane / 4 + 8 * (e >> 1), col = 8 * n + 2 * (lane % 4) + (e & 1);
+      double acc = 0;
+      for (int k = 0; k < 16; ++k) acc += double(wgmma_elem(desc_a, row, k)) * double(wgmma_elem_mn(desc_b, k, col));
+      d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
+    }
+}
+inline void wgmma_m64n128k16_ss_tb(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<128>(d, a, b, acc); }
+inline void wgmma_m64n192k16_ss_tb(float (&d)[24][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<192>(d, a, b, acc); }
+}  // namespace laga::cuda::flash
+namespace laga::cuda::flash {
+inline float lo_bf16(u32 v) { return lo_f(v); }
+inline float hi_bf16(u32 v) { return hi_f(v); }
+}  // namespace laga::cuda::flash
