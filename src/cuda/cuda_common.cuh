@@ -1,5 +1,4 @@
-// Shared pieces of the CUDA backend: the check macros (every CUDA and cuBLASLt call goes through one),
-// element types and conversions, dtype dispatch, launch helpers, and the per-backend context (stream,
+// Shared pieces of the CUDA backend: the check macros (cuda_check.hpp), element types and conversions, dtype dispatch, launch helpers, and the per-backend context (stream,
 // cuBLASLt handle, scratch buffers) that the op files share.
 #pragma once
 
@@ -14,35 +13,7 @@
 #include "laga/backend.hpp"
 #include "laga/errors.hpp"
 
-// ---------------------------------------------------------------- checks
-// A failed call throws RuntimeError naming the call, the file and line, and the error's name and text.
-#define LAGA_CUDA_CHECK(expr)                                                                         \
-  do {                                                                                                \
-    const cudaError_t laga_err_ = (expr);                                                             \
-    if (laga_err_ != cudaSuccess)                                                                     \
-      throw ::laga::RuntimeError(::laga::detail::concat(__FILE__, ":", __LINE__, ": ", #expr, " failed: ", \
-                                                        cudaGetErrorName(laga_err_), " (",            \
-                                                        cudaGetErrorString(laga_err_), ")"));         \
-  } while (0)
-
-#define LAGA_CUBLAS_CHECK(expr)                                                                       \
-  do {                                                                                                \
-    const cublasStatus_t laga_st_ = (expr);                                                           \
-    if (laga_st_ != CUBLAS_STATUS_SUCCESS)                                                            \
-      throw ::laga::RuntimeError(::laga::detail::concat(__FILE__, ":", __LINE__, ": ", #expr,         \
-                                                        " failed: cublas status ", int(laga_st_), " (", \
-                                                        cublasLtGetStatusString(laga_st_), ")"));     \
-  } while (0)
-
-// After every kernel launch: a bad configuration (too much shared memory, grid too large) shows here.
-#define LAGA_CUDA_CHECK_LAUNCH(name)                                                                  \
-  do {                                                                                                \
-    const cudaError_t laga_err_ = cudaGetLastError();                                                 \
-    if (laga_err_ != cudaSuccess)                                                                     \
-      throw ::laga::RuntimeError(::laga::detail::concat(__FILE__, ":", __LINE__, ": launch of ", name, \
-                                                        " failed: ", cudaGetErrorName(laga_err_), " (", \
-                                                        cudaGetErrorString(laga_err_), ")"));         \
-  } while (0)
+#include "cuda/cuda_check.hpp"
 
 namespace laga::cuda {
 

@@ -11,20 +11,12 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/cuda_check.hpp"
 #include "laga/backend.hpp"
 #include "laga/comm.hpp"
 #include "laga/cuda.hpp"
 #include "laga/errors.hpp"
 #include "laga/nccl_comm.hpp"
-
-#define LAGA_STAGING_CUDA_CHECK(call)                                                                       \
-  do {                                                                                                      \
-    const cudaError_t laga_err_ = (call);                                                                   \
-    if (laga_err_ != cudaSuccess)                                                                           \
-      throw ::laga::RuntimeError(::laga::detail::concat(#call, " failed at ", __FILE__, ":", __LINE__, ": ", \
-                                                        cudaGetErrorName(laga_err_), " (",                  \
-                                                        cudaGetErrorString(laga_err_), ")"));               \
-  } while (0)
 
 namespace laga {
 namespace {
@@ -96,25 +88,25 @@ class HostStagingCommunicator final : public Communicator {
   }
 
   void barrier() override {
-    LAGA_STAGING_CUDA_CHECK(cudaSetDevice(device_));
-    LAGA_STAGING_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    LAGA_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_CUDA_CHECK(cudaStreamSynchronize(stream_));
     host_.barrier();
   }
 
  private:
   // `count` elements of device dtype `dt` at `dev` -> `out` in host_dtype(dt).
   void to_host(const void* dev, std::size_t count, DType dt, std::vector<char>& out) {
-    LAGA_STAGING_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_CUDA_CHECK(cudaSetDevice(device_));
     const std::size_t bytes = count * dtype_size(dt);
     if (dt != DType::bf16) {
       out.resize(bytes);
-      LAGA_STAGING_CUDA_CHECK(cudaMemcpyAsync(out.data(), dev, bytes, cudaMemcpyDeviceToHost, stream_));
-      LAGA_STAGING_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      LAGA_CUDA_CHECK(cudaMemcpyAsync(out.data(), dev, bytes, cudaMemcpyDeviceToHost, stream_));
+      LAGA_CUDA_CHECK(cudaStreamSynchronize(stream_));
       return;
     }
     raw_.resize(bytes);
-    LAGA_STAGING_CUDA_CHECK(cudaMemcpyAsync(raw_.data(), dev, bytes, cudaMemcpyDeviceToHost, stream_));
-    LAGA_STAGING_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    LAGA_CUDA_CHECK(cudaMemcpyAsync(raw_.data(), dev, bytes, cudaMemcpyDeviceToHost, stream_));
+    LAGA_CUDA_CHECK(cudaStreamSynchronize(stream_));
     out.resize(count * sizeof(float));
     const auto* h = reinterpret_cast<const std::uint16_t*>(raw_.data());
     auto* f = reinterpret_cast<float*>(out.data());
@@ -123,7 +115,7 @@ class HostStagingCommunicator final : public Communicator {
 
   // `count` elements of host_dtype(dt) in `in` -> device dtype `dt` at `dev`.
   void to_device(const std::vector<char>& in, void* dev, std::size_t count, DType dt) {
-    LAGA_STAGING_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_CUDA_CHECK(cudaSetDevice(device_));
     const std::size_t bytes = count * dtype_size(dt);
     const void* src = in.data();
     if (dt == DType::bf16) {
@@ -133,9 +125,9 @@ class HostStagingCommunicator final : public Communicator {
       for (std::size_t i = 0; i < count; ++i) h[i] = float_to_bf16(f[i]);
       src = raw_.data();
     }
-    LAGA_STAGING_CUDA_CHECK(cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, stream_));
+    LAGA_CUDA_CHECK(cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, stream_));
     // The host buffers are reused by the next call: the copy must be done with them first.
-    LAGA_STAGING_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    LAGA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   Communicator& host_;

@@ -14,6 +14,7 @@
 #include <exception>
 #include <vector>
 
+#include "cuda/cuda_check.hpp"
 #include "laga/backend.hpp"
 #include "laga/comm.hpp"
 #include "laga/cuda.hpp"
@@ -31,15 +32,6 @@
           laga_nccl_last_ && *laga_nccl_last_ ? ::laga::detail::concat("; last NCCL error: ", laga_nccl_last_) \
                                               : std::string()));                                             \
     }                                                                                                        \
-  } while (0)
-
-#define LAGA_NCCL_CUDA_CHECK(call)                                                                          \
-  do {                                                                                                      \
-    const cudaError_t laga_err_ = (call);                                                                   \
-    if (laga_err_ != cudaSuccess)                                                                           \
-      throw ::laga::RuntimeError(::laga::detail::concat(#call, " failed at ", __FILE__, ":", __LINE__, ": ", \
-                                                        cudaGetErrorName(laga_err_), " (",                  \
-                                                        cudaGetErrorString(laga_err_), ")"));               \
   } while (0)
 
 namespace laga {
@@ -83,7 +75,7 @@ class NcclCommunicator final : public Communicator {
     std::memcpy(mine.data(), &id, sizeof id);
     bootstrap_.all_gather(mine.data(), all.data(), kIdDoubles, DType::f64);
     std::memcpy(&id, all.data(), sizeof id);  // rank 0's chunk
-    LAGA_NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_CUDA_CHECK(cudaSetDevice(device_));
     LAGA_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
   }
 
@@ -112,7 +104,7 @@ class NcclCommunicator final : public Communicator {
     const bool in_place = send == at(recv, static_cast<std::size_t>(rank_) * chunk);
     LAGA_CHECK(in_place || !overlaps(send, chunk, recv, chunk * size_),
                "all_gather: send overlaps recv without being this rank's chunk of it");
-    LAGA_NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_CUDA_CHECK(cudaSetDevice(device_));
     LAGA_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, stream_));
   }
 
@@ -122,7 +114,7 @@ class NcclCommunicator final : public Communicator {
     const std::size_t chunk = count * dtype_size(dtype);
     const bool in_place = recv == at(send, static_cast<std::size_t>(rank_) * chunk);
     LAGA_CHECK(in_place || !overlaps(send, chunk * size_, recv, chunk), "reduce_scatter: send and recv overlap");
-    LAGA_NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_CUDA_CHECK(cudaSetDevice(device_));
     LAGA_NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(dtype), ncclSum, comm_, stream_));
   }
 
@@ -135,11 +127,11 @@ class NcclCommunicator final : public Communicator {
     const bool in_place = send == recv;
     LAGA_CHECK(in_place || !overlaps(send, total, recv, total),
                "all_to_all: send and recv overlap without being the same buffer");
-    LAGA_NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_CUDA_CHECK(cudaSetDevice(device_));
     void* copy = nullptr;
     if (in_place) {
-      LAGA_NCCL_CUDA_CHECK(cudaMallocAsync(&copy, total, stream_));
-      LAGA_NCCL_CUDA_CHECK(cudaMemcpyAsync(copy, send, total, cudaMemcpyDeviceToDevice, stream_));
+      LAGA_CUDA_CHECK(cudaMallocAsync(&copy, total, stream_));
+      LAGA_CUDA_CHECK(cudaMemcpyAsync(copy, send, total, cudaMemcpyDeviceToDevice, stream_));
       send = copy;
     }
     const ncclDataType_t type = nccl_type(dtype);
@@ -150,20 +142,20 @@ class NcclCommunicator final : public Communicator {
       LAGA_NCCL_CHECK(ncclRecv(at(recv, off), count, type, p, comm_, stream_));
     }
     LAGA_NCCL_CHECK(ncclGroupEnd());
-    if (copy) LAGA_NCCL_CUDA_CHECK(cudaFreeAsync(copy, stream_));
+    if (copy) LAGA_CUDA_CHECK(cudaFreeAsync(copy, stream_));
   }
 
   void all_reduce(void* buf, std::size_t count, DType dtype) override {
     if (count == 0) return;
-    LAGA_NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_CUDA_CHECK(cudaSetDevice(device_));
     LAGA_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, comm_, stream_));
   }
 
   // Waits for this rank's queued work, reports an asynchronous NCCL error if one occurred, then meets the
   // other ranks on the bootstrap communicator.
   void barrier() override {
-    LAGA_NCCL_CUDA_CHECK(cudaSetDevice(device_));
-    LAGA_NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    LAGA_CUDA_CHECK(cudaSetDevice(device_));
+    LAGA_CUDA_CHECK(cudaStreamSynchronize(stream_));
     ncclResult_t async = ncclSuccess;
     LAGA_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
     LAGA_NCCL_CHECK(async);
