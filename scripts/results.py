@@ -492,13 +492,23 @@ def claims(docs):
             for _, d, ex, la in pairs(timed, "laga", layout="a2a", kernel="eager", ranks_run="phantom")
             if d["config"]["device"] == "cuda" and is_dsv3(d)]
     faster = (sum(cmp_), len(cmp_))
-    fused_fast = attn_tflops.get("fused") and min(attn_tflops["fused"]) >= 200
+    # A fused kernel within a few x of the chip's peak makes compute comparable to a real training step's, so
+    # the modeled ratio tests the claim; the FMA kernels of the first version (~2 TFLOP/s) did not.
+    fused_fast = attn_tflops.get("fused") and min(attn_tflops["fused"]) >= 100
     if ("cuda", "deepseek-v3", "fused") in gpu and fused_fast:
         n, c = gpu[("cuda", "deepseek-v3", "fused")]
-        verdict = (f"MODELED on measured H200 compute: one node {rng(n, '{:.3f}')}x ("
+        cmp_f = [la["modeled"]["compute_s"] < ex["modeled"]["compute_s"]
+                 for _, d, ex, la in pairs(timed, "laga", layout="a2a", kernel="fused", ranks_run="phantom")
+                 if d["config"]["device"] == "cuda" and is_dsv3(d)]
+        verdict = (f"MODELED on measured H200 compute (fused attention at {rng(attn_tflops['fused'], '{:.0f}')} "
+                   f"TFLOP/s): one node {rng(n, '{:.3f}')}x ("
                    + ("inside" if all(1.04 <= x <= 1.06 for x in n) else "outside") + " 1.04-1.06x), cross-node "
                    f"{rng(c, '{:.3f}')}x (" + ("inside" if all(1.07 <= x <= 1.24 for x in c) else "outside") +
-                   " 1.07-1.24x)")
+                   " 1.07-1.24x). LAGA leads on and across nodes as claimed, but its measured compute is also "
+                   f"below explicit's at {sum(cmp_f)} of {len(cmp_f)} of these points (phantom ranks: explicit's "
+                   "per-head up-projection backward runs as n_h small GEMMs, and its attention on received, "
+                   "synthetic K/V measured slower than LAGA's on the same shapes), so part of the modeled gain is "
+                   "compute; real NCCL runs on several GPUs (issue 7) are needed to settle it")
     elif gpu:
         fused_txt = (f"the fused kernel measured here runs attention at {rng(attn_tflops['fused'], '{:.0f}')} TFLOP/s "
                      f"(eager: {rng(attn_tflops.get('eager', []), '{:.0f}')}; H200 bf16 peak ~790), so its compute "
