@@ -272,22 +272,25 @@ struct BlockImpl {
   // The transpose: accumulates into dlatent [rows, dl] and the weight gradients of those heads.
   void up_project_backward(const Tensor& dk, const Tensor& dvv, const Tensor& latent, std::int64_t rows,
                            std::int64_t first, std::int64_t heads, const MlaWeights& w, MlaGrads& g, Tensor& dlatent) {
-    // d c_kv = dv W_UV^T + sum_h dk_nope[h] W_UK[h]^T   (per head: dk_nope rows are interleaved with k_pe)
+    // dk's nope columns, made contiguous, so that each weight's products are one GEMM over all heads (one
+    // rounding of the sum in low precision, one launch) instead of a GEMM per head.
+    Tensor dk_nope = empty({rows, heads * dn}, "d_k_nope");
+    copy(OpPhase::up_projections, CopyArgs{.batch = heads, .rows = rows, .cols = dn, .src = dk.data(),
+                                           .src_ld = heads * dqk, .src_batch_stride = dqk, .dst = dk_nope.data(),
+                                           .dst_ld = heads * dn, .dst_batch_stride = dn});
+    // d c_kv = dv W_UV[heads]^T + dk_nope W_UK[heads]^T
     linear_dx(OpPhase::up_projections, rows, rkv, heads * dv, dvv.data(), heads * dv, w.w_uv.at(first * dv), nh * dv,
               dlatent.data(), dl, 1.0);
-    for (std::int64_t h = 0; h < heads; ++h)
-      linear_dx(OpPhase::up_projections, rows, rkv, dn, dk.at(h * dqk), heads * dqk, w.w_uk.at((first + h) * dn),
-                nh * dn, dlatent.data(), dl, 1.0);
+    linear_dx(OpPhase::up_projections, rows, rkv, heads * dn, dk_nope.data(), heads * dn, w.w_uk.at(first * dn), nh * dn,
+              dlatent.data(), dl, 1.0);
     // d k_pe = sum over heads of the rope part of dk
     copy(OpPhase::up_projections, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = dk.at(dn),
                                            .src_ld = heads * dqk, .src_batch_stride = dqk, .dst = dlatent.at(rkv),
                                            .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate});
     linear_dw(OpPhase::up_projections, rows, rkv, heads * dv, latent.data(), dl, dvv.data(), heads * dv,
               g.w_uv.at(first * dv), nh * dv);
-    gemm(OpPhase::up_projections,
-         GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = dn, .k = rows, .batch = heads, .a = latent.data(), .lda = dl,
-                  .stride_a = 0, .b = dk.data(), .ldb = heads * dqk, .stride_b = dqk, .c = g.w_uk.at(first * dn),
-                  .ldc = nh * dn, .stride_c = dn, .beta = 1.0});
+    linear_dw(OpPhase::up_projections, rows, rkv, heads * dn, latent.data(), dl, dk_nope.data(), heads * dn,
+              g.w_uk.at(first * dn), nh * dn);
   }
 
   // ---------------------------------------------------------------- forward
