@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "laga/tensor.hpp"
@@ -29,6 +30,8 @@ struct GemmArgs {
   void* c = nullptr;  // [m, n]
   std::int64_t ldc = 0, stride_c = 0;
   double alpha = 1.0, beta = 0.0;
+  // C's dtype when it differs from A's and B's: float32 weight gradients of a bfloat16 run. Unset: dtype.
+  std::optional<DType> c_dtype;
 };
 
 enum class CopyMode { assign, accumulate };
@@ -61,7 +64,7 @@ struct RmsNormArgs {
   std::int64_t dy_ld = 0;
   void* dx = nullptr;  // [rows, cols], row stride dx_ld; overwritten
   std::int64_t dx_ld = 0;
-  void* dgamma = nullptr;  // [cols]; accumulated into
+  void* dgamma = nullptr;  // [cols], accum_dtype(dtype) (weight gradients are kept in it); accumulated into
 };
 
 // Rotary embedding with DeepSeek's interleaved pairing (Hugging Face DeepseekV3 apply_rotary_pos_emb):

@@ -110,10 +110,15 @@ struct MlaWeights {
   std::vector<std::pair<std::string, Tensor*>> named();
   std::vector<std::pair<std::string, const Tensor*>> named() const;
 };
-using MlaGrads = MlaWeights;  // same shapes and names
+using MlaGrads = MlaWeights;  // same shapes and names; dtype accum_dtype (float32 for bfloat16 weights)
 
 // Allocate weights (or gradients) of the configuration as external memory, uninitialised.
 MlaWeights allocate_weights(const MlaConfig&, DType, Allocator&, const std::string& prefix = "");
+// Weight gradients of weights of `dtype`: accum_dtype(dtype), so a bfloat16 run keeps float32 gradients (as
+// Megatron's main_grad) and their sum over ranks is not a sum of rounded partials.
+inline MlaGrads allocate_grads(const MlaConfig& c, DType dtype, Allocator& a) {
+  return allocate_weights(c, accum_dtype(dtype), a, "grad.");
+}
 
 // Counters of one forward or backward pass on one rank.
 enum class OpPhase { projections, up_projections, attention, communication, other };

@@ -46,7 +46,7 @@ std::vector<CollectiveRecord> expected_traffic(const MlaConfig&, const BlockOpti
 // forward, plus the larger transient peak of one layer's forward or backward.
 struct DeviceFit {
   std::size_t activation_peak = 0;
-  std::size_t weights_and_grads = 0;  // the attention block's weights and gradients, in the plan's dtype
+  std::size_t weights_and_grads = 0;  // the attention block's weights (plan's dtype) and gradients (accum dtype)
   std::size_t total() const { return activation_peak + weights_and_grads; }
 };
 DeviceFit device_fit(const RankPlan&, int layers);

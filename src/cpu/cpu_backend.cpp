@@ -140,6 +140,8 @@ class CpuBackend final : public Backend {
   Allocator& allocator() override { return alloc_; }
 
   void gemm(const GemmArgs& g) override {
+    LAGA_CHECK(!g.c_dtype || *g.c_dtype == g.dtype, "cpu gemm: C is ", dtype_name(*g.c_dtype), " but A and B are ",
+               dtype_name(g.dtype), " (the cpu backend needs one dtype)");
     dispatch(g.dtype, "gemm", [&](auto t) { gemm_impl<decltype(t)>(g); });
   }
   void copy(const CopyArgs& c) override {

@@ -122,7 +122,7 @@ class CudaBackend final : public Backend {
   void gemm(const GemmArgs& g) override {
     DeviceGuard guard(ctx_.device);
     dispatch_compute(g.dtype, "gemm", [](auto) {});
-    gemm_->run(MatmulArgs{.ab_type = cuda_data_type(g.dtype), .c_type = cuda_data_type(g.dtype), .trans_a = g.trans_a,
+    gemm_->run(MatmulArgs{.ab_type = cuda_data_type(g.dtype), .c_type = cuda_data_type(g.c_dtype.value_or(g.dtype)), .trans_a = g.trans_a,
                           .trans_b = g.trans_b, .m = g.m, .n = g.n, .k = g.k, .batch = g.batch, .a = g.a, .lda = g.lda,
                           .stride_a = g.stride_a, .b = g.b, .ldb = g.ldb, .stride_b = g.stride_b, .c = g.c, .ldc = g.ldc,
                           .stride_c = g.stride_c, .alpha = float(g.alpha), .beta = float(g.beta)});

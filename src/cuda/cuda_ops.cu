@@ -112,15 +112,14 @@ __global__ void __launch_bounds__(kDgammaThreads) rmsnorm_dgamma_partial_kernel(
   partial[i64(blockIdx.y) * a.cols + col] = acc;
 }
 
-// dgamma, pass 2: dgamma[col] += sum over chunks in order.
-template <typename T>
+// dgamma, pass 2: dgamma[col] += sum over chunks in order (dgamma is float32: accum_dtype).
 __global__ void __launch_bounds__(kDgammaThreads) rmsnorm_dgamma_final_kernel(i64 cols, i64 chunks,
-                                                                               const float* partial, T* dgamma) {
+                                                                               const float* partial, float* dgamma) {
   const i64 col = i64(blockIdx.x) * kDgammaThreads + threadIdx.x;
   if (col >= cols) return;
   float acc = 0.f;
   for (i64 ch = 0; ch < chunks; ++ch) acc += partial[ch * cols + col];
-  dgamma[col] = from_float<T>(to_float(dgamma[col]) + acc);
+  dgamma[col] += acc;
 }
 
 // ================================================================ RoPE
@@ -243,8 +242,8 @@ void rmsnorm_backward_op(Context& ctx, const RmsNormArgs& a) {
     rmsnorm_dgamma_partial_kernel<T>
         <<<dim3(col_blocks, static_cast<unsigned>(chunks)), kDgammaThreads, 0, ctx.stream>>>(a, rows_per_chunk, partial);
     LAGA_CUDA_CHECK_LAUNCH("rmsnorm_dgamma_partial_kernel");
-    rmsnorm_dgamma_final_kernel<T><<<col_blocks, kDgammaThreads, 0, ctx.stream>>>(a.cols, chunks, partial,
-                                                                                 static_cast<T*>(a.dgamma));
+    rmsnorm_dgamma_final_kernel<<<col_blocks, kDgammaThreads, 0, ctx.stream>>>(a.cols, chunks, partial,
+                                                                              static_cast<float*>(a.dgamma));
     LAGA_CUDA_CHECK_LAUNCH("rmsnorm_dgamma_final_kernel");
   });
 }

@@ -98,7 +98,7 @@ struct BlockImpl {
   void linear_dw(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x, std::int64_t ldx,
                  const void* dy, std::int64_t lddy, void* dw, std::int64_t lddw) {
     gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = k, .n = n, .k = rows, .a = x, .lda = ldx, .b = dy, .ldb = lddy,
-                      .c = dw, .ldc = lddw, .beta = 1.0});
+                      .c = dw, .ldc = lddw, .beta = 1.0, .c_dtype = accum_dtype(dt)});
   }
 
   // ---------------------------------------------------------------- collectives
@@ -524,7 +524,7 @@ struct BlockImpl {
         gemm(OpPhase::up_projections,
              GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = dv, .k = Tq, .batch = H, .a = o_lat.data(), .lda = H * rkv,
                       .stride_a = rkv, .b = do_att.data(), .ldb = H * dv, .stride_b = dv, .c = g.w_uv.at(h0 * dv),
-                      .ldc = nh * dv, .stride_c = dv, .beta = 1.0});
+                      .ldc = nh * dv, .stride_c = dv, .beta = 1.0, .c_dtype = accum_dtype(dt)});
         do_att = Tensor();
         Tensor dlat_full = zeros({Tk, dl}, "d_latent_gathered");
         Tensor dq_abs;
@@ -562,7 +562,7 @@ struct BlockImpl {
         gemm(OpPhase::up_projections,
              GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = dn, .k = Tq, .batch = H, .a = dq_abs.data(), .lda = H * dl,
                       .stride_a = dl, .b = q_att.data(), .ldb = H * dqk, .stride_b = dqk, .c = g.w_uk.at(h0 * dn),
-                      .ldc = nh * dn, .stride_c = dn, .beta = 1.0});
+                      .ldc = nh * dn, .stride_c = dn, .beta = 1.0, .c_dtype = accum_dtype(dt)});
         dq_abs = Tensor();
         release(ctx, {"q_abs"});
         dlatent = reduce_scatter(dlat_full, dl, "kv_latent");

@@ -38,7 +38,7 @@ RankPlan plan_rank(const MlaConfig& cfg, const BlockOptions& opts, const BlockSh
     return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
   });
   plan.saved_bytes = meta->allocator().saved_bytes();
-  MlaGrads g = allocate_weights(cfg, opts.dtype, meta->allocator(), "grad.");
+  MlaGrads g = allocate_grads(cfg, opts.dtype, meta->allocator());
   block.backward(g, ctx, dy, x, w);
   plan.peak_forward = block.forward_stats().peak_bytes;
   plan.peak_backward = block.backward_stats().peak_bytes;
@@ -98,11 +98,13 @@ DeviceFit device_fit(const RankPlan& p, int layers) {
   LAGA_REQUIRE(layers >= 1, "layers = ", layers, ": must be >= 1");
   DeviceFit f;
   f.activation_peak = std::size_t(layers - 1) * p.saved_bytes + std::max(p.peak_forward, p.peak_backward);
-  std::size_t weights = 0;
+  std::size_t bytes = 0;
   auto meta = make_meta_backend();
   const MlaWeights w = allocate_weights(p.cfg, p.opts.dtype, meta->allocator());
-  for (const auto& [name, t] : w.named()) weights += t->bytes();
-  f.weights_and_grads = 2 * weights * std::size_t(layers);
+  const MlaGrads g = allocate_grads(p.cfg, p.opts.dtype, meta->allocator());
+  for (const auto& [name, t] : w.named()) bytes += t->bytes();
+  for (const auto& [name, t] : g.named()) bytes += t->bytes();
+  f.weights_and_grads = bytes * std::size_t(layers);
   return f;
 }
 

@@ -343,7 +343,7 @@ TEST_P(CudaRmsNorm, ForwardAndBackwardMatchCpuFloat64) {
   const i64 dy_ld = c.cols + 2, dx_ld = c.cols + 1;
   Mirror dy = random_mirror(*be.gpu, dt, c.rows * dy_ld, rng, "dy");
   Mirror dx = poisoned_mirror(*be.gpu, dt, c.rows * dx_ld, "dx");
-  Mirror dgamma = random_mirror(*be.gpu, dt, c.cols, rng, "dgamma");
+  Mirror dgamma = random_mirror(*be.gpu, accum_dtype(dt), c.cols, rng, "dgamma");  // gradients are accum_dtype
   std::vector<double> dx_ref(dx.host.size(), kNaN), dgamma_ref = dgamma.host;
   std::vector<char> dx_view(dx.host.size(), 0), g_view(static_cast<std::size_t>(c.cols), 1);
   for (i64 r = 0; r < c.rows; ++r)

@@ -177,7 +177,7 @@ class SingleRank {
     Tensor y = block_.forward(ctx, x_, w_);
     r.saved = be_->allocator().saved_tensors();
     r.saved_bytes = be_->allocator().saved_bytes();
-    MlaGrads g = allocate_weights(cfg_, opts_.dtype, be_->allocator(), "grad.");
+    MlaGrads g = allocate_grads(cfg_, opts_.dtype, be_->allocator());
     Tensor dx = block_.backward(g, ctx, dy_, x_, w_);
     r.y_raw = raw_bytes(*be_, y);
     r.dx_raw = raw_bytes(*be_, dx);

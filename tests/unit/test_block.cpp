@@ -213,7 +213,7 @@ TEST_P(BlockInputsUntouched, GradientsOverwrittenInputsUnchanged) {
 
   SavedContext ctx;
   Tensor y = rank.block().forward(ctx, rank.x(), rank.weights());
-  MlaGrads g = allocate_weights(cfg, opts.dtype, be.allocator(), "grad.");
+  MlaGrads g = allocate_grads(cfg, opts.dtype, be.allocator());
   for (auto& [n, t] : g.named()) be.fill(*t, NAN);  // stale values must not leak into the result
   Tensor dx = rank.block().backward(g, ctx, rank.dy(), rank.x(), rank.weights());
   EXPECT_EQ(raw_bytes(be, y), clean.y_raw);
@@ -428,7 +428,7 @@ TEST_P(SavedBytes, AccountingIsConsistentAndBackwardReleasesEverything) {
     EXPECT_EQ(alloc.live_bytes(), live0 + snap.bytes) << "activations alive after forward that are not saved";
     EXPECT_GE(rank.block().forward_stats().peak_bytes, snap.bytes);
 
-    MlaGrads g = allocate_weights(cfg, opts.dtype, alloc, "grad.");
+    MlaGrads g = allocate_grads(cfg, opts.dtype, alloc);
     Tensor dx = rank.block().backward(g, ctx, rank.dy(), rank.x(), rank.weights());
     EXPECT_TRUE(ctx.tensors.empty());
     EXPECT_TRUE(alloc.saved_tensors().empty()) << records_string(alloc.saved_tensors());
