@@ -15,6 +15,12 @@ bool launched_by_mpirun() {
     if (std::getenv(var)) return true;
   return false;
 }
+// This process's rank as the launcher numbered it (0 when not launched by one).
+int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -48,6 +54,9 @@ int main(int argc, char** argv) {
   }
   try {
     if (run->parsed()) return run_run();
+    // demo, plan and bench are one-process commands (bench's ranks are threads or phantoms): started under
+    // mpirun, rank 0 runs them and the other ranks leave, so the report prints once.
+    if (launched_by_mpirun() && launcher_rank() != 0) return kExitOk;
     if (plan->parsed()) return run_plan();
     if (bench->parsed()) return run_bench();
     return run_demo();
