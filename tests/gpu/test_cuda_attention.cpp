@@ -12,23 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "common/attention_views.hpp"
 #include "gpu_test_util.hpp"
 #include "laga/errors.hpp"
 
 namespace laga::gpu_test {
 namespace {
 
-// dense: [tokens, batch, heads, dim]; wide: each head row padded and offset inside a wider row (the
-// interleaved projections); batch_major: [batch, tokens, heads, dim + pad].
-enum class Layout { dense, wide, batch_major };
-
-struct Case {
-  const char* name;
-  i64 batch, q_len, kv_len, q_heads, kv_heads, d_qk, d_v, q_offset;
-  Layout layout;
-  bool v_aliases_k;  // absorbed MLA: v is the first d_v columns of k (same pointer and strides)
-};
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+using Layout = test::ViewLayout;
+using Case = test::AttentionCase;
 
 const Case kCases[] = {
     // MLA head dims: MHA (DeepSeek-V3 explicit / LAGA), all_gather-style offsets.
@@ -71,29 +63,9 @@ struct View {
 };
 
 View make_view(Layout layout, i64 tokens, i64 batch, i64 heads, i64 dim) {
-  View v{.tokens = tokens, .batch = batch, .heads = heads, .dim = dim};
-  i64 width = dim;
-  switch (layout) {
-    case Layout::dense:
-      v.token_stride = batch * heads * width;
-      v.batch_stride = heads * width;
-      break;
-    case Layout::wide:
-      width = dim + 7;
-      v.col0 = 3;
-      v.token_stride = batch * heads * width;
-      v.batch_stride = heads * width;
-      break;
-    case Layout::batch_major:
-      width = dim + 5;
-      v.col0 = 2;
-      v.token_stride = heads * width;
-      v.batch_stride = tokens * heads * width;
-      break;
-  }
-  v.head_stride = width;
-  v.size = std::max<i64>(tokens * batch * heads * width, 1);
-  return v;
+  const test::ViewStrides st = test::view_strides(layout, tokens, batch, heads, dim);
+  return View{.tokens = tokens, .batch = batch, .heads = heads, .dim = dim, .token_stride = st.token,
+              .batch_stride = st.batch, .head_stride = st.head, .col0 = st.col0, .size = st.size};
 }
 
 View prefix(View v, i64 dim) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/attention_views.hpp"
 #include "cpu/cpu_attention.hpp"
 #include "laga/errors.hpp"
 
@@ -23,19 +24,8 @@ using i64 = std::int64_t;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// dense: plain [tokens, batch, heads, dim]; wide: each head row padded and offset inside a wider row (the
-// interleaved q/kv projections); batch_major: [batch, tokens, heads, dim+pad], token stride < batch stride.
-enum class Layout { dense, wide, batch_major };
-
-struct Case {
-  const char* name;
-  i64 batch, q_len, kv_len, q_heads, kv_heads, d_qk, d_v, q_offset;
-  Layout layout;
-  bool v_aliases_k;  // absorbed MLA: v is the first d_v columns of k, same pointer and strides
-};
-
-// Readable failure messages instead of gtest's byte dump of the struct.
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+using Layout = test::ViewLayout;
+using Case = test::AttentionCase;
 
 // q_len values are deliberately not multiples of the 64-row tile.
 const Case kCases[] = {
@@ -76,29 +66,11 @@ struct View {
 
 template <typename T>
 View<T> make_view(Layout layout, i64 tokens, i64 batch, i64 heads, i64 dim) {
+  const test::ViewStrides st = test::view_strides(layout, tokens, batch, heads, dim);
   View<T> v;
   v.tokens = tokens, v.batch = batch, v.heads = heads, v.dim = dim;
-  i64 width = dim;
-  switch (layout) {
-    case Layout::dense:
-      v.token_stride = batch * heads * width;
-      v.batch_stride = heads * width;
-      break;
-    case Layout::wide:
-      width = dim + 7;
-      v.col0 = 3;
-      v.token_stride = batch * heads * width;
-      v.batch_stride = heads * width;
-      break;
-    case Layout::batch_major:
-      width = dim + 5;
-      v.col0 = 2;
-      v.token_stride = heads * width;
-      v.batch_stride = tokens * heads * width;
-      break;
-  }
-  v.head_stride = width;
-  v.buf = std::make_shared<std::vector<T>>(tokens * batch * heads * width, T(kNaN));
+  v.token_stride = st.token, v.batch_stride = st.batch, v.head_stride = st.head, v.col0 = st.col0;
+  v.buf = std::make_shared<std::vector<T>>(st.size, T(kNaN));
   return v;
 }
 
