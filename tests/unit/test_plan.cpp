@@ -147,3 +147,23 @@ TEST(PlanInput, BadValuesAreRefused) {
 
 }  // namespace
 }  // namespace laga
+
+namespace laga {
+namespace {
+
+// Device fit by hand: the attention weights of DeepSeek-V3 are d*r_q + r_q + r_q*n_h*192 + d*576 + 512 +
+// 512*n_h*128 + 512*n_h*128 + n_h*128*d parameters; bf16 weights (2 bytes) with float32 gradients (4 bytes).
+TEST(PlanByHand, DeviceFitCountsBf16WeightsAndFloat32Gradients) {
+  const MlaConfig cfg = preset("deepseek-v3");
+  const BlockOptions opts{.form = Form::Laga, .layout = Layout::A2A, .kernel = AttentionKernel::fused,
+                          .dtype = DType::bf16};
+  const RankPlan p = plan_rank(cfg, opts, BlockShape{.batch = 1, .seq = 4096, .ranks = 8, .rank = 7});
+  const std::size_t params = 7168ull * 1536 + 1536 + 1536ull * 128 * 192 + 7168ull * 576 + 512 +
+                             512ull * 128 * 128 * 2 + 128ull * 128 * 7168;
+  const DeviceFit fit = device_fit(p, 61);
+  EXPECT_EQ(fit.weights_and_grads, params * (2 + 4) * 61);
+  EXPECT_EQ(fit.activation_peak, 60 * p.saved_bytes + std::max(p.peak_forward, p.peak_backward));
+}
+
+}  // namespace
+}  // namespace laga
