@@ -476,8 +476,11 @@ struct BlockImpl {
     switch (opts.form) {
       case Form::Explicit: {
         Attn a = saved_attention(ctx, "o_att");
-        const Tensor k_att = ctx.get("k_att"), v_att = ctx.get("v_att");
+        Tensor k_att = ctx.get("k_att"), v_att = ctx.get("v_att");
         AttnGrads ag = attention_backward(do_att, q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, a);
+        // Attention's saved tensors die with its backward, as in an autograd engine.
+        a = Attn();
+        k_att = v_att = do_att = Tensor();
         release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
         dq_att = ag.dq;
         Tensor dk_loc = a2a() ? gather_heads(ag.dk, dqk, "k") : reduce_scatter(ag.dk, nh * dqk, "k");
@@ -500,7 +503,8 @@ struct BlockImpl {
           v_att = ctx.get("v_att");
         }
         AttnGrads ag = attention_backward(do_att, q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, a);
-        k_att = v_att = Tensor();
+        a = Attn();
+        k_att = v_att = do_att = Tensor();
         release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
         dq_att = ag.dq;
         Tensor dlat_full = zeros({Tk, dl}, "d_latent_gathered");
