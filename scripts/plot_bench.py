@@ -63,6 +63,15 @@ def footer(fig, doc):
              fontsize=7, color="#555555", ha="left", va="bottom")
 
 
+def save(fig, plt, doc, path, rect):
+    """Lays out the figure inside `rect` (room for the title above and the footer below), stamps the footer
+    naming the run, writes the PNG and frees the figure."""
+    fig.tight_layout(rect=rect)
+    footer(fig, doc)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def model_text(doc):
     tm = doc["time_model"]
     return (f"{tm['intra']['name']} {tm['intra']['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s, "
@@ -118,10 +127,7 @@ def plot_memory(doc, plt, path, sl):
     fig.legend(handles, order, loc="center right", fontsize=7, title="tensor\n(largest first)", title_fontsize=8)
     fig.suptitle(f"Activation memory per rank by tensor (measured): {doc['config']['model']['name']}, "
                  f"S={sl['seq']}, P={sl['sp']}, batch {sl['batch']}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.03, 1 - 1.9 / fig.get_figwidth(), 0.95))
-    footer(fig, doc)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, plt, doc, path, rect=(0, 0.03, 1 - 1.9 / fig.get_figwidth(), 0.95))
 
 
 def plot_time_phases(doc, plt, path, sl):
@@ -155,10 +161,7 @@ def plot_time_phases(doc, plt, path, sl):
                frameon=False)
     fig.suptitle(f"Time by phase vs sequence length (measured; medians, whiskers min..max of the block): "
                  f"{doc['config']['model']['name']}, P={sl['sp']}, kernel {sl['kernel']}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.03, 1, 0.91))
-    footer(fig, doc)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, plt, doc, path, rect=(0, 0.03, 1, 0.91))
 
 
 def plot_traffic(doc, plt, path, sl):
@@ -196,10 +199,7 @@ def plot_traffic(doc, plt, path, sl):
                    title_fontsize=7)
     fig.suptitle(f"Traffic per rank (measured): {doc['config']['model']['name']}, S={sl['seq']}, P={sl['sp']}, "
                  f"kernel {sl['kernel']}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.03, 1 - 2.3 / fig.get_figwidth(), 0.94))
-    footer(fig, doc)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, plt, doc, path, rect=(0, 0.03, 1 - 2.3 / fig.get_figwidth(), 0.94))
 
 
 def placement(p, name):
@@ -252,10 +252,7 @@ def plot_ratios(doc, plt, path, sl):
         fig.legend(h, lab, loc="upper center", bbox_to_anchor=(0.5, 0.925), fontsize=7, ncol=4, frameon=False)
     fig.suptitle(f"Ratios to explicit vs P: {doc['config']['model']['name']}, S={sl['seq']}, kernel {sl['kernel']}. "
                  f"MODELED = measured compute + alpha-beta collectives ({model_text(doc)})", fontsize=9)
-    fig.tight_layout(rect=(0, 0.03, 1, 0.84))
-    footer(fig, doc)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, plt, doc, path, rect=(0, 0.03, 1, 0.84))
 
 
 def plot_modeled_time(doc, plt, path, sl):
@@ -297,10 +294,7 @@ def plot_modeled_time(doc, plt, path, sl):
     fig.suptitle(f"MODELED block time: measured compute (rank P-1, {cfg['device']}, {cfg['model']['name']}) + "
                  f"collectives priced by the alpha-beta model ({model_text(doc)}); S={sl['seq']}, kernel {sl['kernel']}",
                  fontsize=9)
-    fig.tight_layout(rect=(0, 0.03, 1, 0.84))
-    footer(fig, doc)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, plt, doc, path, rect=(0, 0.03, 1, 0.84))
 
 
 PLOTS = [("memory", plot_memory), ("time-phases", plot_time_phases), ("traffic", plot_traffic),
