@@ -46,6 +46,8 @@ struct CopyArgs {
   void* dst = nullptr;
   std::int64_t dst_ld = 0, dst_batch_stride = 0;
   CopyMode mode = CopyMode::assign;
+  // dst's dtype when it differs from src's (`dtype`): a bfloat16 gradient accumulated into a float32 one.
+  std::optional<DType> dst_dtype;
 };
 
 // RMSNorm over rows: y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps).
@@ -65,6 +67,8 @@ struct RmsNormArgs {
   void* dx = nullptr;  // [rows, cols], row stride dx_ld; overwritten
   std::int64_t dx_ld = 0;
   void* dgamma = nullptr;  // [cols], accum_dtype(dtype) (weight gradients are kept in it); accumulated into
+  // dy's dtype when it differs from `dtype`: the float32 latent gradient of a bfloat16 run.
+  std::optional<DType> dy_dtype;
 };
 
 // Rotary embedding with DeepSeek's interleaved pairing (Hugging Face DeepseekV3 apply_rotary_pos_emb):
@@ -81,6 +85,8 @@ struct RopeArgs {
   std::int64_t x_token_stride = 0, x_batch_stride = 0, x_head_stride = 0;
   void* y = nullptr;
   std::int64_t y_token_stride = 0, y_batch_stride = 0, y_head_stride = 0;
+  // x's dtype when it differs from y's (`dtype`): backward reads a float32 gradient, writes bfloat16.
+  std::optional<DType> x_dtype;
 };
 
 enum class AttentionKernel {

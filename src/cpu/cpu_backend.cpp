@@ -133,6 +133,12 @@ void dispatch(DType t, const char* op, F&& f) {
   }
 }
 
+// The cpu backend computes in one dtype per op (float32 accumulates in float32): a second dtype must match.
+void require_one_dtype(const char* op, DType dtype, const std::optional<DType>& other, const char* field) {
+  LAGA_CHECK(!other || *other == dtype, "cpu ", op, ": ", field, " is ", dtype_name(*other), " but the op's dtype is ",
+             dtype_name(dtype), " (the cpu backend needs one dtype)");
+}
+
 class CpuBackend final : public Backend {
  public:
   Device device() const override { return Device::cpu; }
@@ -140,12 +146,12 @@ class CpuBackend final : public Backend {
   Allocator& allocator() override { return alloc_; }
 
   void gemm(const GemmArgs& g) override {
-    LAGA_CHECK(!g.c_dtype || *g.c_dtype == g.dtype, "cpu gemm: C is ", dtype_name(*g.c_dtype), " but A and B are ",
-               dtype_name(g.dtype), " (the cpu backend needs one dtype)");
+    require_one_dtype("gemm", g.dtype, g.c_dtype, "C");
     dispatch(g.dtype, "gemm", [&](auto t) { gemm_impl<decltype(t)>(g); });
   }
   void copy(const CopyArgs& c) override {
     if (c.src == nullptr || c.dst == nullptr) return;
+    require_one_dtype("copy", c.dtype, c.dst_dtype, "dst");
     dispatch(c.dtype, "copy", [&](auto t) { copy_impl<decltype(t)>(c); });
   }
   void fill(const Tensor& t, double value) override {
@@ -159,12 +165,15 @@ class CpuBackend final : public Backend {
     dispatch(a.dtype, "rmsnorm", [&](auto t) { rmsnorm_forward_impl<decltype(t)>(a); });
   }
   void rmsnorm_backward(const RmsNormArgs& a) override {
+    require_one_dtype("rmsnorm backward", a.dtype, a.dy_dtype, "dy");
     dispatch(a.dtype, "rmsnorm", [&](auto t) { rmsnorm_backward_impl<decltype(t)>(a); });
   }
   void rope_forward(const RopeArgs& a) override {
+    require_one_dtype("rope", a.dtype, a.x_dtype, "x");
     dispatch(a.dtype, "rope", [&](auto t) { rope_impl<decltype(t), false>(a); });
   }
   void rope_backward(const RopeArgs& a) override {
+    require_one_dtype("rope backward", a.dtype, a.x_dtype, "dy");
     dispatch(a.dtype, "rope", [&](auto t) { rope_impl<decltype(t), true>(a); });
   }
   void attention_forward(const AttentionFwdParams& p) override { cpu::attention_forward(p); }

@@ -86,6 +86,17 @@ void dispatch_any(DType t, F&& f) {
   }
 }
 
+// Ops that read one dtype and write another: the same dtype twice (any of the above), or bfloat16 with
+// float32 either way (bf16 gradients accumulated into float32 ones, float32 gradients read into bf16 ops).
+template <typename F>
+void dispatch_pair(DType a, DType b, const char* op, F&& f) {
+  if (a == b) return dispatch_any(a, [&](auto z) { f(z, z); });
+  if (a == DType::bf16 && b == DType::f32) return f(bf16{}, float{});
+  if (a == DType::f32 && b == DType::bf16) return f(float{}, bf16{});
+  LAGA_REQUIRE(false, op, ": dtypes ", dtype_name(a), " and ", dtype_name(b),
+               " cannot be mixed (the cuda backend mixes only bfloat16 with float32)");
+}
+
 // ---------------------------------------------------------------- launch helpers
 constexpr int kElementwiseThreads = 256;
 
@@ -95,25 +106,61 @@ inline unsigned blocks_for(i64 n, int threads) {
 }
 
 // ---------------------------------------------------------------- context
-// Reusable device buffers for an op's temporaries, one per purpose, grown on demand (never shrunk).
-enum class ScratchSlot { scores, dscores, gather_q, gather_do, delta, norm_partial, gemm_fallback, count };
+// Reusable device buffers for an op's temporaries, one per purpose ("slot"), grown on demand and kept (never
+// shrunk). They live outside the backend's accounting allocator, so they are counted here: the bytes held
+// (sum over slots) and its high-water mark, reported through laga/cuda.hpp (cuda_scratch_info).
+//   scores         eager attention: fp32 scores [heads, rows, kv_len] of one chunk of heads/query rows; in the
+//                  backward fp32 dP followed by dS (storage dtype). Kept at or under Context::eager_scratch_cap.
+//   gather_q/_do   eager backward, GQA/MQA: a kv head's query heads of Q / dO stacked into one operand
+//   dk_accum       eager backward: fp32 dK of one kv head, when its sum is split over chunks
+//   delta          fused backward: D = rowsum(dO * O)
+//   split_partial  fused tensor-core backward, 576/512: the dK/dV partial sums of the row splits
+//   norm_partial   RMSNorm backward: dgamma partial sums
+//   gemm_fallback  reserved for the GEMM fallback
+enum class ScratchSlot {
+  scores,
+  gather_q,
+  gather_do,
+  dk_accum,
+  delta,
+  split_partial,
+  norm_partial,
+  gemm_fallback,
+  count
+};
+const char* scratch_slot_name(ScratchSlot);
 
 class Scratch {
  public:
-  Scratch() : bufs_(static_cast<int>(ScratchSlot::count), {nullptr, 0}) {}
+  Scratch();
   ~Scratch();
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   // At least `bytes` bytes; the previous contents are lost when it grows. `stream` is synchronized before
   // an old buffer is freed (work queued on it may still read it).
   void* get(ScratchSlot slot, std::size_t bytes, cudaStream_t stream);
+  // Frees every buffer (after synchronizing `stream`); the marks are not changed.
+  void release(cudaStream_t stream);
+  // Sets the high-water marks (total and per slot) to the bytes held now.
+  void reset_peak();
+
+  std::size_t held_bytes() const { return held_; }
+  std::size_t peak_bytes() const { return peak_; }
+  std::size_t slot_bytes(ScratchSlot s) const { return bufs_.at(static_cast<std::size_t>(s)).bytes; }
+  std::size_t slot_peak_bytes(ScratchSlot s) const { return bufs_.at(static_cast<std::size_t>(s)).peak; }
+
+  // Called after each growth (the backend samples the device's used memory there); may be empty.
+  void (*on_grow)(void* user) = nullptr;
+  void* on_grow_user = nullptr;
 
  private:
   struct Buf {
-    void* ptr;
-    std::size_t bytes;
+    void* ptr = nullptr;
+    std::size_t bytes = 0;
+    std::size_t peak = 0;
   };
   std::vector<Buf> bufs_;
+  std::size_t held_ = 0, peak_ = 0;
 };
 
 class GemmRunner;
@@ -124,6 +171,9 @@ struct Context {
   cudaStream_t stream = nullptr;
   GemmRunner* gemm = nullptr;
   Scratch scratch;
+  // Eager attention works on chunks of heads (or of one head's query rows) so that the scores slot stays at or
+  // under this many bytes (at least one query row). Set from cuda_default_eager_scratch_cap().
+  std::size_t eager_scratch_cap = std::size_t(1) << 30;
   int max_smem_per_block = 0;  // opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 };
 

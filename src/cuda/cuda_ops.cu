@@ -1,6 +1,7 @@
 #include "cuda/cuda_ops.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace laga::cuda {
 namespace {
@@ -10,30 +11,32 @@ namespace {
 // One thread per (row, col), or per (batch, row, col) when the batch is spread over threads. With
 // kLoopBatch each thread walks the whole batch in order: the race-free (and deterministic) reduction when
 // every batch entry lands on the same destination (dst_batch_stride == 0).
-template <typename T, bool kAccumulate, bool kLoopBatch>
+template <typename S, typename D, bool kAccumulate, bool kLoopBatch>
 __global__ void copy_kernel(CopyArgs c) {
-  using A = typename Accum<T>::type;
+  using A = typename Accum<D>::type;
   const i64 per_batch = c.rows * c.cols;
   const i64 total = kLoopBatch ? per_batch : per_batch * c.batch;
-  const T* src = static_cast<const T*>(c.src);
-  T* dst = static_cast<T*>(c.dst);
+  const S* src = static_cast<const S*>(c.src);
+  D* dst = static_cast<D*>(c.dst);
   for (i64 idx = i64(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += i64(gridDim.x) * blockDim.x) {
     const i64 b = kLoopBatch ? 0 : idx / per_batch;
     const i64 rc = kLoopBatch ? idx : idx - b * per_batch;
     const i64 r = rc / c.cols, col = rc - r * c.cols;
     const i64 s_off = r * c.src_ld + col, d_off = r * c.dst_ld + col;
     if constexpr (kLoopBatch) {
-      T* d = dst + d_off;
+      D* d = dst + d_off;
       A acc = to_acc(*d);
-      for (i64 bb = 0; bb < c.batch; ++bb) acc += to_acc(src[bb * c.src_batch_stride + s_off]);
-      *d = from_acc<T>(acc);
+      for (i64 bb = 0; bb < c.batch; ++bb) acc += A(to_acc(src[bb * c.src_batch_stride + s_off]));
+      *d = from_acc<D>(acc);
     } else {
-      const T v = src[b * c.src_batch_stride + s_off];
-      T* d = dst + b * c.dst_batch_stride + d_off;
+      const S v = src[b * c.src_batch_stride + s_off];
+      D* d = dst + b * c.dst_batch_stride + d_off;
       if constexpr (kAccumulate)
-        *d = from_acc<T>(to_acc(*d) + to_acc(v));
-      else
+        *d = from_acc<D>(to_acc(*d) + A(to_acc(v)));
+      else if constexpr (std::is_same_v<S, D>)
         *d = v;
+      else
+        *d = from_acc<D>(A(to_acc(v)));
     }
   }
 }
@@ -77,13 +80,14 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_forward_kernel(RmsNormAr
     y[j] = from_float<T>(to_float(x[j]) * rs * to_float(gamma[j]));
 }
 
-// dx = rstd * (dy * g) - x * rstd^3 * mean(dy * g * x), one block per row.
-template <typename T>
+// dx = rstd * (dy * g) - x * rstd^3 * mean(dy * g * x), one block per row. dy is G (float32 for a
+// gradient kept in float32), the rest T.
+template <typename T, typename G>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_backward_dx_kernel(RmsNormArgs a) {
   __shared__ float red[kNormWarps];
   const i64 r = blockIdx.x;
   const T* x = static_cast<const T*>(a.x) + r * a.x_ld;
-  const T* dy = static_cast<const T*>(a.dy) + r * a.dy_ld;
+  const G* dy = static_cast<const G*>(a.dy) + r * a.dy_ld;
   const T* gamma = static_cast<const T*>(a.gamma);
   T* dx = static_cast<T*>(a.dx) + r * a.dx_ld;
   const float rs = static_cast<const float*>(a.rstd)[r];
@@ -97,7 +101,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_backward_dx_kernel(RmsNo
 }
 
 // dgamma, pass 1: partial[chunk][col] = sum over the chunk's rows of dy * x * rstd (each thread one column).
-template <typename T>
+template <typename T, typename G>
 __global__ void __launch_bounds__(kDgammaThreads) rmsnorm_dgamma_partial_kernel(RmsNormArgs a, i64 rows_per_chunk,
                                                                                  float* partial) {
   const i64 col = i64(blockIdx.x) * kDgammaThreads + threadIdx.x;
@@ -105,7 +109,7 @@ __global__ void __launch_bounds__(kDgammaThreads) rmsnorm_dgamma_partial_kernel(
   const i64 r0 = i64(blockIdx.y) * rows_per_chunk;
   const i64 r1 = min(a.rows, r0 + rows_per_chunk);
   const T* x = static_cast<const T*>(a.x);
-  const T* dy = static_cast<const T*>(a.dy);
+  const G* dy = static_cast<const G*>(a.dy);
   const float* rstd = static_cast<const float*>(a.rstd);
   float acc = 0.f;
   for (i64 r = r0; r < r1; ++r) acc = fmaf(to_float(dy[r * a.dy_ld + col]) * to_float(x[r * a.x_ld + col]), rstd[r], acc);
@@ -125,11 +129,11 @@ __global__ void __launch_bounds__(kDgammaThreads) rmsnorm_dgamma_final_kernel(i6
 // ================================================================ RoPE
 // One thread per (token, batch, head, pair). The angle and its cos/sin are computed in double (positions
 // reach 1e5 and more: in float the angle alone would be off by 1e-2), the rotation in float.
-template <typename T, bool kBackward>
+template <typename X, typename T, bool kBackward>
 __global__ void rope_kernel(RopeArgs a, const double* inv_freq) {
   const i64 half = a.dim / 2;
   const i64 total = a.tokens * a.batch * a.heads * half;
-  const T* x = static_cast<const T*>(a.x);
+  const X* x = static_cast<const X*>(a.x);
   T* y = static_cast<T*>(a.y);
   for (i64 idx = i64(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += i64(gridDim.x) * blockDim.x) {
     const i64 i = idx % half;
@@ -141,7 +145,7 @@ __global__ void rope_kernel(RopeArgs a, const double* inv_freq) {
     double sd, cd;
     sincos(double(a.pos_offset + t) * inv_freq[i], &sd, &cd);
     const float c = float(cd * a.mscale), s = float(sd * a.mscale);
-    const T* xs = x + t * a.x_token_stride + b * a.x_batch_stride + h * a.x_head_stride;
+    const X* xs = x + t * a.x_token_stride + b * a.x_batch_stride + h * a.x_head_stride;
     T* ys = y + t * a.y_token_stride + b * a.y_batch_stride + h * a.y_head_stride;
     if constexpr (!kBackward) {
       const float x0 = to_float(xs[2 * i]), x1 = to_float(xs[2 * i + 1]);
@@ -164,7 +168,10 @@ void copy_op(Context& ctx, const CopyArgs& c) {
                c.rows, ", cols ", c.cols, ")");
   if (c.src == nullptr || c.dst == nullptr || c.batch == 0 || c.rows == 0 || c.cols == 0) return;
   const std::size_t es = dtype_size(c.dtype);
+  const DType dst_dtype = c.dst_dtype.value_or(c.dtype);
   if (is_host_pointer(c.src) || is_host_pointer(c.dst)) {
+    LAGA_REQUIRE(dst_dtype == c.dtype, "copy: host transfers keep the dtype (", dtype_name(c.dtype), " to ",
+                 dtype_name(dst_dtype), " asked)");
     LAGA_REQUIRE(c.mode == CopyMode::assign, "copy: accumulate needs device buffers (got a host pointer)");
     for (i64 b = 0; b < c.batch; ++b) {
       const char* s = static_cast<const char*>(c.src) + b * c.src_batch_stride * i64(es);
@@ -177,19 +184,20 @@ void copy_op(Context& ctx, const CopyArgs& c) {
     return;
   }
   if (c.mode == CopyMode::assign && c.src == c.dst && c.src_ld == c.dst_ld &&
-      c.src_batch_stride == c.dst_batch_stride)
+      c.src_batch_stride == c.dst_batch_stride && dst_dtype == c.dtype)
     return;  // onto itself
   const bool reduce = c.mode == CopyMode::accumulate && c.dst_batch_stride == 0 && c.batch > 1;
   const i64 threads_total = reduce ? c.rows * c.cols : c.batch * c.rows * c.cols;
   const unsigned blocks = blocks_for(threads_total, kElementwiseThreads);
-  dispatch_any(c.dtype, [&](auto z) {
-    using T = decltype(z);
+  dispatch_pair(c.dtype, dst_dtype, "copy", [&](auto zs, auto zd) {
+    using S = decltype(zs);
+    using D = decltype(zd);
     if (reduce)
-      copy_kernel<T, true, true><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(c);
+      copy_kernel<S, D, true, true><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(c);
     else if (c.mode == CopyMode::accumulate)
-      copy_kernel<T, true, false><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(c);
+      copy_kernel<S, D, true, false><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(c);
     else
-      copy_kernel<T, false, false><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(c);
+      copy_kernel<S, D, false, false><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(c);
   });
   LAGA_CUDA_CHECK_LAUNCH("copy_kernel");
 }
@@ -235,11 +243,13 @@ void rmsnorm_backward_op(Context& ctx, const RmsNormArgs& a) {
   float* partial = static_cast<float*>(
       ctx.scratch.get(ScratchSlot::norm_partial, sizeof(float) * std::size_t(chunks * a.cols), ctx.stream));
   const unsigned col_blocks = blocks_for(a.cols, kDgammaThreads);
-  dispatch_compute(a.dtype, "rmsnorm", [&](auto z) {
+  dispatch_compute(a.dtype, "rmsnorm", [](auto) {});
+  dispatch_pair(a.dtype, a.dy_dtype.value_or(a.dtype), "rmsnorm backward", [&](auto z, auto zg) {
     using T = decltype(z);
-    rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
+    using G = decltype(zg);
+    rmsnorm_backward_dx_kernel<T, G><<<static_cast<unsigned>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
     LAGA_CUDA_CHECK_LAUNCH("rmsnorm_backward_dx_kernel");
-    rmsnorm_dgamma_partial_kernel<T>
+    rmsnorm_dgamma_partial_kernel<T, G>
         <<<dim3(col_blocks, static_cast<unsigned>(chunks)), kDgammaThreads, 0, ctx.stream>>>(a, rows_per_chunk, partial);
     LAGA_CUDA_CHECK_LAUNCH("rmsnorm_dgamma_partial_kernel");
     rmsnorm_dgamma_final_kernel<<<col_blocks, kDgammaThreads, 0, ctx.stream>>>(a.cols, chunks, partial,
@@ -254,12 +264,17 @@ void rope_op(Context& ctx, const RopeArgs& a, const double* inv_freq_device, boo
   const i64 total = a.tokens * a.batch * a.heads * (a.dim / 2);
   if (total == 0 || a.x == nullptr || a.y == nullptr) return;
   const unsigned blocks = blocks_for(total, kElementwiseThreads);
-  dispatch_compute(a.dtype, "rope", [&](auto z) {
+  dispatch_compute(a.dtype, "rope", [](auto) {});
+  dispatch_pair(a.x_dtype.value_or(a.dtype), a.dtype, "rope", [&](auto zx, auto z) {
+    using X = decltype(zx);
     using T = decltype(z);
-    if (backward)
-      rope_kernel<T, true><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(a, inv_freq_device);
-    else
-      rope_kernel<T, false><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(a, inv_freq_device);
+    if constexpr (std::is_same_v<X, double> || std::is_same_v<T, double>) {
+      LAGA_REQUIRE(false, "rope: float64 is not supported by the cuda backend: use float32 or bfloat16");
+    } else if (backward) {
+      rope_kernel<X, T, true><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(a, inv_freq_device);
+    } else {
+      rope_kernel<X, T, false><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(a, inv_freq_device);
+    }
   });
   LAGA_CUDA_CHECK_LAUNCH("rope_kernel");
 }

@@ -48,6 +48,20 @@ __host__ __device__ constexpr i64 imin(i64 a, i64 b) { return a < b ? a : b; }
 __host__ __device__ constexpr i64 imax(i64 a, i64 b) { return a > b ? a : b; }
 __host__ __device__ constexpr i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 
+// Grid order. A kernel's blocks are (tile, kv head, batch) flattened into blockIdx.x with the tile slowest,
+// and tile 0 the most causal work (the last row tile; the first key tile), so the GPU issues blocks in
+// decreasing work across all heads: the last wave is short tiles, whatever the head count. (With the tile
+// fastest, as in a (tiles, heads, batch) grid, every head's short tiles run before the next head's long
+// ones, and at S = 8k the last wave held long tiles alone.)
+__host__ __device__ constexpr i64 grid_blocks(i64 tiles, i64 kv_heads, i64 batch) { return tiles * kv_heads * batch; }
+struct TileWork {
+  i64 tile, g, b;  // tile in work order (0: the most work), kv head, batch entry
+};
+__device__ __forceinline__ TileWork tile_work(i64 kv_heads, i64 batch) {
+  const i64 x = blockIdx.x, hb = kv_heads * batch;
+  return {x / hb, x % kv_heads, (x % hb) / kv_heads};
+}
+
 // Keys visible to query i: 0 .. i + q_offset, clamped to [0, kv_len].
 __device__ __forceinline__ i64 visible_keys(i64 i, i64 q_offset, i64 kv_len) {
   return imin(imax(i + q_offset + 1, 0), kv_len);
@@ -171,8 +185,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   auto srow = [&](int mt) { return Tr::kSWgmma ? 64 * mt + 16 * warp : wms * Tr::kRowsS + 16 * mt; };
   auto orow = [&](int mt) { return Tr::kPInRegs ? srow(mt) : wmo * Tr::kRowsO + 16 * mt; };
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
-  const i64 row0 = i64(gridDim.x - 1 - blockIdx.x) * kBM;  // the longest rows first
-  const i64 g = blockIdx.y, b = blockIdx.z;
+  const TileWork w = tile_work(p.kv_heads, p.batch);
+  const i64 row0 = (ceil_div(rows, kBM) - 1 - w.tile) * kBM;  // the longest rows first
+  const i64 g = w.g, b = w.b;
   const i64 row_last = imin(row0 + kBM, rows) - 1;
   const i64 n_full = visible_keys(row0 / group, p.q_offset, p.kv_len);  // keys every row of the tile sees
   const i64 n_end = visible_keys(row_last / group, p.q_offset, p.kv_len);
@@ -472,7 +487,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   bf16* s_dst = s_pt + kBN * kBM;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
-  const i64 key0 = i64(blockIdx.x) * kBN, g = blockIdx.y, b = blockIdx.z;
+  const TileWork w = tile_work(p.kv_heads, p.batch);
+  const i64 key0 = w.tile * kBN, g = w.g, b = w.b;  // the first keys are seen by the most rows
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
   const i64 r_first = imin(imax(key0 - p.q_offset, 0), p.q_len) * group;  // first row that sees key0
   const int n_tiles = int(ceil_div(rows - r_first, kBM));
@@ -625,7 +641,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 // ================================================================ backward: dK, dV through shared memory
 // kBlockN keys per block, kBlockM rows per step (one stage: Q/lse load during dV, dO/D during S^T).
 // S^T and dP^T: kWarpsNS (keys) x kWarps / kWarpsNS (rows) warps; dK and dV: every warp all kBlockN keys and
-// a 1/kWarps slice of the d_qk and d_v columns. Splits > 1 (gridDim.x = key blocks x splits): the rows are cut
+// a 1/kWarps slice of the d_qk and d_v columns. Splits > 1 (tiles = key blocks x splits): the rows are cut
 // into `splits` contiguous ranges and each block writes fp32 partials [split][b][g][key][d_qk + d_v] (dK
 // already scaled), summed by flash_bwd_dkdv_reduce_kernel.
 template <int kDqk_, int kDv_, int kBlockN_, int kBlockM_, int kWarps_, int kWarpsNS_, bool kVInK_>
@@ -684,8 +700,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
   const int wks = warp / Tr::kWarpsMS, wms = warp % Tr::kWarpsMS;
-  const int split = int(blockIdx.x % unsigned(splits));
-  const i64 key0 = i64(blockIdx.x / unsigned(splits)) * kBN, g = blockIdx.y, b = blockIdx.z;
+  const TileWork w = tile_work(p.kv_heads, p.batch);  // tile = key block * splits + split
+  const int split = int(w.tile % splits);
+  const i64 key0 = (w.tile / splits) * kBN, g = w.g, b = w.b;
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
   const RowRange range = split_rows(key0, p.q_offset, p.q_len, group, splits, split, kBM);
   const int n_tiles = int(ceil_div(range.end - range.begin, kBM));
@@ -905,8 +922,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const int wms = warp / Tr::kWarpsNS, wns = warp % Tr::kWarpsNS;
   const int wmq = warp / Tr::kWarpsNQ, wnq = warp % Tr::kWarpsNQ;
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
-  const i64 row0 = i64(gridDim.x - 1 - blockIdx.x) * kBM;
-  const i64 g = blockIdx.y, b = blockIdx.z;
+  const TileWork w = tile_work(p.kv_heads, p.batch);
+  const i64 row0 = (ceil_div(rows, kBM) - 1 - w.tile) * kBM;  // the longest rows first
+  const i64 g = w.g, b = w.b;
   const i64 row_last = imin(row0 + kBM, rows) - 1;
   const i64 n_full = visible_keys(row0 / group, p.q_offset, p.kv_len);
   const i64 n_end = visible_keys(row_last / group, p.q_offset, p.kv_len);

@@ -50,6 +50,14 @@ bool bwd_aligned(const AttentionBwdParams& p) {
          strides8(p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
 }
 
+// One block per (tile, kv head, batch entry), tile slowest (flash::tile_work).
+dim3 flash_grid(i64 tiles, const AttentionFwdParams& p) {
+  const i64 n = flash::grid_blocks(tiles, p.kv_heads, p.batch);
+  LAGA_REQUIRE(n <= INT32_MAX, "attention: ", n, " blocks exceed the grid limit (", tiles, " tiles x ", p.kv_heads,
+               " kv heads x batch ", p.batch, ")");
+  return dim3(unsigned(n));
+}
+
 int multiprocessors(const Context& ctx) {
   int sms = 0;
   LAGA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device));
@@ -61,8 +69,7 @@ void forward_impl(Context& ctx, const AttentionFwdParams& p) {
   using Tr = typename K::Fwd;
   const i64 rows = p.q_len * (p.q_heads / p.kv_heads);
   launch(ctx, flash::flash_fwd_kernel<Tr, kAligned>, "flash_fwd_kernel",
-         dim3(blocks(rows, Tr::kBlockM), unsigned(p.kv_heads), unsigned(p.batch)), Tr::kThreads,
-         std::size_t(Tr::kSmemBytes), p);
+         flash_grid(blocks(rows, Tr::kBlockM), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p);
 }
 
 template <class K, bool kAligned>
@@ -79,8 +86,7 @@ void backward_impl(Context& ctx, const AttentionBwdParams& p) {
   if constexpr (c.dkdv_regs) {
     using Tr = typename K::DkdvRegs;
     launch(ctx, flash::flash_bwd_dkdv_regs_kernel<Tr, kAligned>, "flash_bwd_dkdv_regs_kernel",
-           dim3(blocks(p.kv_len, Tr::kBlockN), unsigned(p.kv_heads), unsigned(p.batch)), Tr::kThreads,
-           std::size_t(Tr::kSmemBytes), p, cdelta);
+           flash_grid(blocks(p.kv_len, Tr::kBlockN), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta);
   } else {
     using Tr = typename K::DkdvSmem;
     // Split the rows of each key block over enough blocks to fill the GPU twice (causal work is heaviest for
@@ -90,13 +96,12 @@ void backward_impl(Context& ctx, const AttentionBwdParams& p) {
     const i64 want = (2 * i64(multiprocessors(ctx)) + per_split - 1) / per_split;
     const int splits = int(std::clamp<i64>(std::min<i64>(want, rows / (4 * Tr::kBlockM)), 1, 16));
     float* partial = nullptr;
-    if (splits > 1)  // the fused path never uses the eager scores slot: it holds the partials
+    if (splits > 1)
       partial = static_cast<float*>(ctx.scratch.get(
-          ScratchSlot::scores, sizeof(float) * splits * p.batch * p.kv_heads * p.kv_len * (Tr::kDqk + Tr::kDv),
+          ScratchSlot::split_partial, sizeof(float) * splits * p.batch * p.kv_heads * p.kv_len * (Tr::kDqk + Tr::kDv),
           ctx.stream));
     launch(ctx, flash::flash_bwd_dkdv_smem_kernel<Tr, kAligned>, "flash_bwd_dkdv_smem_kernel",
-           dim3(unsigned(key_blocks * splits), unsigned(p.kv_heads), unsigned(p.batch)), Tr::kThreads,
-           std::size_t(Tr::kSmemBytes), p, cdelta, splits, partial);
+           flash_grid(key_blocks * splits, p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, splits, partial);
     if (splits > 1) {
       const i64 pairs = p.batch * p.kv_heads * p.kv_len * (Tr::kDqk + Tr::kDv) / 2;
       if (pairs > 0) {
@@ -108,8 +113,7 @@ void backward_impl(Context& ctx, const AttentionBwdParams& p) {
   }
   using Tq = typename K::Dq;
   launch(ctx, flash::flash_bwd_dq_kernel<Tq, kAligned>, "flash_bwd_dq_kernel",
-         dim3(blocks(rows, Tq::kBlockM), unsigned(p.kv_heads), unsigned(p.batch)), Tq::kThreads,
-         std::size_t(Tq::kSmemBytes), p, cdelta);
+         flash_grid(blocks(rows, Tq::kBlockM), p), Tq::kThreads, std::size_t(Tq::kSmemBytes), p, cdelta);
 }
 
 // Runtime (d_qk, d_v), V inside K and alignment to template arguments; f(Kernels<...>{}, bool_constant).

@@ -64,11 +64,17 @@ struct BlockImpl {
   }
 
   Tensor empty(Shape shape, const std::string& name) { return Tensor(be.allocator(), dt, std::move(shape), name); }
-  Tensor zeros(Shape shape, const std::string& name) {
-    Tensor t = empty(std::move(shape), name);
+  Tensor zeros(Shape shape, const std::string& name) { return zeros_of(dt, std::move(shape), name); }
+  Tensor zeros_of(DType dtype, Shape shape, const std::string& name) {
+    Tensor t(be.allocator(), dtype, std::move(shape), name);
     be.fill(t, 0.0);
     return t;
   }
+  // The latent gradient is a sum over heads and, under SP, over ranks: it is kept in the accumulation dtype
+  // (float32 for a bf16 run) until the RMSNorm backward, so that LAGA's per-rank partials, reduce-scattered
+  // in float32, sum to what explicit's single GEMM over all heads gives (one bf16 rounding of each would
+  // differ by ~1e-3 relative, the paper's whole margin).
+  Tensor latent_grad(std::int64_t rows, const std::string& name) { return zeros_of(accum_dtype(dt), {rows, dl}, name); }
 
   void gemm(OpPhase ph, GemmArgs g) {
     g.dtype = dt;
@@ -78,6 +84,7 @@ struct BlockImpl {
   }
   void copy(OpPhase ph, CopyArgs c) {
     c.dtype = dt;
+    if (c.dst_dtype == dt) c.dst_dtype.reset();
     Timer timer{*this, ph};
     be.copy(c);
   }
@@ -90,9 +97,10 @@ struct BlockImpl {
   }
   // dx[rows, k] (+)= dy[rows, n] W[k, n]^T
   void linear_dx(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* dy, std::int64_t lddy,
-                 const void* w, std::int64_t ldw, void* dx, std::int64_t lddx, double beta = 0.0) {
+                 const void* w, std::int64_t ldw, void* dx, std::int64_t lddx, double beta = 0.0,
+                 std::optional<DType> dx_dtype = std::nullopt) {
     gemm(ph, GemmArgs{.trans_b = Trans::yes, .m = rows, .n = k, .k = n, .a = dy, .lda = lddy, .b = w, .ldb = ldw,
-                      .c = dx, .ldc = lddx, .beta = beta});
+                      .c = dx, .ldc = lddx, .beta = beta, .c_dtype = dx_dtype});
   }
   // dW[k, n] += x[rows, k]^T dy[rows, n]
   void linear_dw(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x, std::int64_t ldx,
@@ -142,10 +150,10 @@ struct BlockImpl {
   }
   // The transpose of all_gather: sum over ranks of their [S*B, w], rank r keeps its [s*B, w] slice.
   Tensor reduce_scatter(const Tensor& full, std::int64_t w, const std::string& what) {
-    Tensor local = empty({T, w}, what + ".scattered");
+    Tensor local(be.allocator(), full.dtype(), {T, w}, what + ".scattered");
     comm.label(phase, what);
     Timer timer{*this, OpPhase::communication};
-    comm.reduce_scatter(full.data(), local.data(), T * w, dt);
+    comm.reduce_scatter(full.data(), local.data(), T * w, full.dtype());
     return local;
   }
 
@@ -280,13 +288,14 @@ struct BlockImpl {
                                            .dst_ld = heads * dn, .dst_batch_stride = dn});
     // d c_kv = dv W_UV[heads]^T + dk_nope W_UK[heads]^T
     linear_dx(OpPhase::up_projections, rows, rkv, heads * dv, dvv.data(), heads * dv, w.w_uv.at(first * dv), nh * dv,
-              dlatent.data(), dl, 1.0);
+              dlatent.data(), dl, 1.0, dlatent.dtype());
     linear_dx(OpPhase::up_projections, rows, rkv, heads * dn, dk_nope.data(), heads * dn, w.w_uk.at(first * dn), nh * dn,
-              dlatent.data(), dl, 1.0);
+              dlatent.data(), dl, 1.0, dlatent.dtype());
     // d k_pe = sum over heads of the rope part of dk
     copy(OpPhase::up_projections, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = dk.at(dn),
                                            .src_ld = heads * dqk, .src_batch_stride = dqk, .dst = dlatent.at(rkv),
-                                           .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate});
+                                           .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate,
+                                           .dst_dtype = dlatent.dtype()});
     linear_dw(OpPhase::up_projections, rows, rkv, heads * dv, latent.data(), dl, dvv.data(), heads * dv,
               g.w_uv.at(first * dv), nh * dv);
     linear_dw(OpPhase::up_projections, rows, rkv, heads * dn, latent.data(), dl, dk_nope.data(), heads * dn,
@@ -487,7 +496,7 @@ struct BlockImpl {
         ag.dk = Tensor();
         Tensor dv_loc = a2a() ? gather_heads(ag.dv, dv, "v") : reduce_scatter(ag.dv, nh * dv, "v");
         ag.dv = Tensor();
-        dlatent = zeros({T, dl}, "d_latent");
+        dlatent = latent_grad(T, "d_latent");
         up_project_backward(dk_loc, dv_loc, ctx.get("latent"), T, 0, nh, w, g, dlatent);
         release(ctx, {"latent"});
         break;
@@ -507,7 +516,7 @@ struct BlockImpl {
         k_att = v_att = do_att = Tensor();
         release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
         dq_att = ag.dq;
-        Tensor dlat_full = zeros({Tk, dl}, "d_latent_gathered");
+        Tensor dlat_full = latent_grad(Tk, "d_latent_gathered");
         up_project_backward(ag.dk, ag.dv, lat_full, Tk, h0, H, w, g, dlat_full);
         ag = AttnGrads();
         lat_full = Tensor();
@@ -530,25 +539,28 @@ struct BlockImpl {
                       .stride_a = rkv, .b = do_att.data(), .ldb = H * dv, .stride_b = dv, .c = g.w_uv.at(h0 * dv),
                       .ldc = nh * dv, .stride_c = dv, .beta = 1.0, .c_dtype = accum_dtype(dt)});
         do_att = Tensor();
-        Tensor dlat_full = zeros({Tk, dl}, "d_latent_gathered");
+        Tensor dlat_full = latent_grad(Tk, "d_latent_gathered");
         Tensor dq_abs;
         if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
           const Tensor lat_full = ctx.get("latent_gathered");
           AttnGrads ag = attention_backward(do_lat, q_abs, lat_full, dl, nullptr, dl, 1, dl, rkv, a);
           copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = dl, .dst = dlat_full.data(),
-                                            .dst_ld = dl, .mode = CopyMode::accumulate});
+                                            .dst_ld = dl, .mode = CopyMode::accumulate, .dst_dtype = dlat_full.dtype()});
           copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = rkv, .src = ag.dv.data(), .src_ld = rkv,
-                                            .dst = dlat_full.data(), .dst_ld = dl, .mode = CopyMode::accumulate});
+                                            .dst = dlat_full.data(), .dst_ld = dl, .mode = CopyMode::accumulate,
+                                            .dst_dtype = dlat_full.dtype()});
           dq_abs = ag.dq;
         } else {
           const Tensor k_exp = ctx.get("k_expanded"), v_exp = ctx.get("v_expanded");
           AttnGrads ag = attention_backward(do_lat, q_abs, k_exp, H * dl, &v_exp, H * rkv, H, dl, rkv, a);
           copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = H * dl,
                                                  .src_batch_stride = dl, .dst = dlat_full.data(), .dst_ld = dl,
-                                                 .dst_batch_stride = 0, .mode = CopyMode::accumulate});
+                                                 .dst_batch_stride = 0, .mode = CopyMode::accumulate,
+                                                 .dst_dtype = dlat_full.dtype()});
           copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = rkv, .src = ag.dv.data(),
                                                  .src_ld = H * rkv, .src_batch_stride = rkv, .dst = dlat_full.data(),
-                                                 .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate});
+                                                 .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate,
+                                                 .dst_dtype = dlat_full.dtype()});
           dq_abs = ag.dq;
         }
         do_lat = o_lat = q_abs = Tensor();
@@ -584,11 +596,13 @@ struct BlockImpl {
     {
       const Tensor& kv_down = ctx.get("kv_down");
       Timer timer{*this, OpPhase::projections};
-      be.rope_backward(rope_args(1, dlatent.at(rkv), dl, dkv_down.at(rkv), dl, 0));
+      RopeArgs rope = rope_args(1, dlatent.at(rkv), dl, dkv_down.at(rkv), dl, 0);
+      rope.x_dtype = dlatent.dtype();
+      be.rope_backward(rope);
       be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rkv, .eps = cfg.rms_norm_eps, .x = kv_down.data(),
                                       .x_ld = dl, .gamma = w.kv_norm.data(), .rstd = ctx.get("kv_rstd").data(),
                                       .dy = dlatent.data(), .dy_ld = dl, .dx = dkv_down.data(), .dx_ld = dl,
-                                      .dgamma = g.kv_norm.data()});
+                                      .dgamma = g.kv_norm.data(), .dy_dtype = dlatent.dtype()});
     }
     dlatent = Tensor();
     release(ctx, {"kv_down", "kv_rstd"});

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <string_view>
 
 #include "laga/errors.hpp"
 #include "laga/problem.hpp"
@@ -58,8 +59,11 @@ std::vector<CollectiveRecord> expected_traffic(const MlaConfig& cfg, const Block
   const bool latent = opts.form != Form::Explicit;
 
   std::vector<CollectiveRecord> out;
+  // The latent gradient travels in the accumulation dtype (float32 for bf16: src/mla/block.cpp, latent_grad).
+  const std::size_t es_latent_grad = dtype_size(accum_dtype(opts.dtype));
   auto add = [&](Phase ph, CollectiveKind kind, const char* tensor, std::size_t chunk_elems) {
-    const std::size_t b = collective_bytes_sent(kind, chunk_elems * es, P);
+    const bool latent_grad = ph == Phase::backward && std::string_view(tensor) == "kv_latent";
+    const std::size_t b = collective_bytes_sent(kind, chunk_elems * (latent_grad ? es_latent_grad : es), P);
     out.push_back({ph, kind, tensor, b, b, 1});
   };
   // a2a chunks: this rank's tokens for one rank's heads, T * H * width.

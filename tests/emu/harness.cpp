@@ -79,7 +79,7 @@ template <class K, bool kA>
 void run_fwd(const AttentionFwdParams& p) {
   using Tr = typename K::Fwd;
   const i64 rows = p.q_len * (p.q_heads / p.kv_heads);
-  emu::launch(&flash_fwd_kernel<Tr, kA>, EmuDim3{unsigned(ceil_div(rows, Tr::kBlockM)), unsigned(p.kv_heads), unsigned(p.batch)},
+  emu::launch(&flash_fwd_kernel<Tr, kA>, EmuDim3{unsigned(grid_blocks(ceil_div(rows, Tr::kBlockM), p.kv_heads, p.batch)), 1, 1},
               Tr::kThreads, std::size_t(Tr::kSmemBytes), p);
 }
 template <class K, bool kA>
@@ -98,13 +98,13 @@ void run_bwd(const AttentionBwdParams& p, int splits) {
   if constexpr (c.dkdv_regs) {
     using Tr = typename K::DkdvRegs;
     emu::launch(&flash_bwd_dkdv_regs_kernel<Tr, kA>,
-                EmuDim3{unsigned(ceil_div(p.kv_len, Tr::kBlockN)), unsigned(p.kv_heads), unsigned(p.batch)}, Tr::kThreads,
+                EmuDim3{unsigned(grid_blocks(ceil_div(p.kv_len, Tr::kBlockN), p.kv_heads, p.batch)), 1, 1}, Tr::kThreads,
                 std::size_t(Tr::kSmemBytes), p, cd);
   } else {
     using Tr = typename K::DkdvSmem;
     const i64 kb = ceil_div(p.kv_len, Tr::kBlockN);
     std::vector<float> partial(splits > 1 ? std::size_t(splits * p.batch * p.kv_heads * p.kv_len * (Tr::kDqk + Tr::kDv)) : 1, NAN);
-    emu::launch(&flash_bwd_dkdv_smem_kernel<Tr, kA>, EmuDim3{unsigned(kb * splits), unsigned(p.kv_heads), unsigned(p.batch)},
+    emu::launch(&flash_bwd_dkdv_smem_kernel<Tr, kA>, EmuDim3{unsigned(grid_blocks(kb * splits, p.kv_heads, p.batch)), 1, 1},
                 Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cd, splits, partial.data());
     if (splits > 1) {
       const i64 pairs = p.batch * p.kv_heads * p.kv_len * (Tr::kDqk + Tr::kDv) / 2;
@@ -113,7 +113,7 @@ void run_bwd(const AttentionBwdParams& p, int splits) {
     }
   }
   using Tq = typename K::Dq;
-  emu::launch(&flash_bwd_dq_kernel<Tq, kA>, EmuDim3{unsigned(ceil_div(rows, Tq::kBlockM)), unsigned(p.kv_heads), unsigned(p.batch)},
+  emu::launch(&flash_bwd_dq_kernel<Tq, kA>, EmuDim3{unsigned(grid_blocks(ceil_div(rows, Tq::kBlockM), p.kv_heads, p.batch)), 1, 1},
               Tq::kThreads, std::size_t(Tq::kSmemBytes), p, cd);
 }
 

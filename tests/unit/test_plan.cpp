@@ -126,6 +126,16 @@ TEST(PlanByHand, TrafficAtDeepSeekV3Size) {
   EXPECT_EQ(sent(Form::Explicit, Layout::AllGather), s * 2 * 40960 * 7);
   EXPECT_EQ(sent(Form::Laga, Layout::AllGather), s * 2 * 576 * 7);
   EXPECT_EQ(sent(Form::Absorbed, Layout::AllGather), sent(Form::Laga, Layout::AllGather));
+  // Backward: explicit mirrors its forward; the latent gradient is reduce-scattered in float32 (4 bytes).
+  auto sent_backward = [&](Form f, Layout l) {
+    std::size_t b = 0;
+    for (const auto& r : expected_traffic(cfg, BlockOptions{.form = f, .layout = l, .dtype = DType::bf16}, sh))
+      if (r.phase == Phase::backward) b += r.bytes_sent;
+    return b;
+  };
+  EXPECT_EQ(sent_backward(Form::Explicit, Layout::A2A), sent(Form::Explicit, Layout::A2A));
+  EXPECT_EQ(sent_backward(Form::Laga, Layout::A2A), s * (2 * (24576 + 16384) * 7 / 8 + 4 * 576 * 7));
+  EXPECT_EQ(sent_backward(Form::Laga, Layout::AllGather), s * 4 * 576 * 7);
 }
 
 TEST(PlanInput, BadValuesAreRefused) {
