@@ -10,7 +10,9 @@ error, so the schema cannot silently outgrow this checker.
 
 Consistency checks: the saved tensors add up to saved_bytes and the collectives to the traffic totals; every
 summary has min <= q1 <= median <= q3 <= max; a complete document holds one point per combination of the
-configuration's lists; each modeled block time is the measured compute plus the modeled collectives.
+configuration's lists; each modeled block time is the measured compute plus the modeled collectives; with
+--gemm-check (`gemms`), every GEMM ratio, rate and summary agrees with the times, the calls cover each pass's
+GEMMs once, in order, and their FLOPs are the block's GEMM FLOPs.
 Exit code 0 when every file passes, 1 otherwise (each problem printed with its JSON path).
 """
 import argparse
@@ -94,6 +96,61 @@ def summaries(node, path):
             yield from summaries(v, f"{path}[{i}]")
 
 
+def close(a, b, rel=1e-9):
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-300)
+
+
+def gemm_consistency(p, at):
+    """--gemm-check's section of point p: ratios from the times, counts, order of issue, FLOPs."""
+    errors = []
+    g = p["gemms"]
+    gl, sm = g["list"], g["summary"]
+    issued = {"forward": [], "backward": []}
+    flops = {"forward": 0.0, "backward": 0.0}
+    for j, e in enumerate(gl):
+        ep = f"{at}.gemms.list[{j}]"
+        if e["in_block_s"] <= 0 or e["alone_s"] <= 0:
+            errors.append(f"{ep}: times must be positive to form a ratio")
+            continue
+        if not close(e["ratio"], e["in_block_s"] / e["alone_s"]):
+            errors.append(f"{ep}: ratio {e['ratio']} != in_block_s / alone_s = {e['in_block_s'] / e['alone_s']}")
+        if not close(e["flops"], 2.0 * e["m"] * e["n"] * e["k"] * e["batch"], 1e-12):
+            errors.append(f"{ep}: flops {e['flops']} != 2 m n k batch")
+        for rate, t in (("in_block_flops_per_s", "in_block_s"), ("alone_flops_per_s", "alone_s")):
+            if not close(e[rate], e["flops"] / e[t]):
+                errors.append(f"{ep}: {rate} != flops / {t}")
+        if len(e["issued"]) != e["calls"]:
+            errors.append(f"{ep}: {len(e['issued'])} issued positions for {e['calls']} calls")
+        for where in e["issued"]:
+            issued[where["pass"]].append(where["index"])
+            flops[where["pass"]] += e["flops"]
+    for pas, idx in issued.items():
+        if sorted(idx) != list(range(len(idx))):
+            errors.append(f"{at}.gemms: the {pas} GEMMs' positions are not 0..{len(idx) - 1}, each once")
+        # The probe saw the GEMMs the block counted: every FLOP of the pass but attention's kernel.
+        want = sum(v for ph, v in p["flops"][pas].items() if ph != "attention")
+        if not close(flops[pas], want):
+            errors.append(f"{at}.gemms: {pas} GEMM FLOPs {flops[pas]} != the block's non-attention FLOPs {want}")
+    if errors:
+        return errors
+    if sm["count"] != len(gl):
+        errors.append(f"{at}.gemms.summary: count {sm['count']} != {len(gl)} entries")
+    if sm["calls"] != sum(e["calls"] for e in gl):
+        errors.append(f"{at}.gemms.summary: calls {sm['calls']} != the entries' calls")
+    in_block = sum(e["calls"] * e["in_block_s"] for e in gl)
+    alone = sum(e["calls"] * e["alone_s"] for e in gl)
+    if not (close(sm["in_block_s"], in_block) and close(sm["alone_s"], alone)):
+        errors.append(f"{at}.gemms.summary: in_block_s/alone_s are not the sums of calls x median")
+    if not close(sm["time_weighted_ratio"], in_block / alone):
+        errors.append(f"{at}.gemms.summary: time_weighted_ratio {sm['time_weighted_ratio']} != {in_block / alone}")
+    worst = max(e["ratio"] for e in gl)
+    if sm["worst_ratio"] != worst or sm["worst"] >= len(gl) or gl[sm["worst"]]["ratio"] != worst:
+        errors.append(f"{at}.gemms.summary: worst_ratio/worst do not name the largest ratio {worst}")
+    if sm["within_10pct"] != (sm["time_weighted_ratio"] <= 1.10):
+        errors.append(f"{at}.gemms.summary: within_10pct disagrees with time_weighted_ratio")
+    return errors
+
+
 def consistency(doc):
     errors = []
     cfg = doc["config"]
@@ -130,6 +187,11 @@ def consistency(doc):
                 errors.append(f"{at}.modeled: block_s != compute_s + collective_s for {pl['placement']}")
             if p["sp"] == 1 and pl["collective_s"] != 0:
                 errors.append(f"{at}.modeled: P = 1 has modeled collective time")
+        if cfg.get("gemm_check", False) != ("gemms" in p):
+            errors.append(f"{at}: gemms {'missing' if 'gemms' not in p else 'present'} but config.gemm_check is "
+                          f"{cfg.get('gemm_check', False)}")
+        if "gemms" in p:
+            errors.extend(gemm_consistency(p, at))
     if doc["complete"]:
         labels = [v["label"] for v in cfg["variants"]]
         want = set(itertools.product(cfg["seq"], cfg["sp"], cfg["batch"], cfg["layouts"], cfg["kernels"], labels))

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -24,6 +25,7 @@
 #include "laga/bench.hpp"
 #include "laga/cuda.hpp"
 #include "laga/errors.hpp"
+#include "laga/gemm_probe.hpp"
 #include "laga/problem.hpp"
 
 #ifndef LAGA_SOURCE_DIR
@@ -61,6 +63,7 @@ struct BenchOptions {
   bool phantom = false;
   int repeat = 5, warmup = 1;
   bool check = false;
+  bool gemm_check = false;
   std::uint64_t seed = 1;
   std::string out;
   int node_size = 8;
@@ -248,6 +251,8 @@ struct Measured {
   std::vector<RankRun> others;              // the other ranks' last repeat (threads)
   GlobalResult result;                      // with --check (rank order, gathered)
   bool have_result = false;
+  std::vector<GemmRecord> gemm_records;     // with --gemm-check: rank `rank`'s GEMMs in the instrumented repeats
+  std::vector<GemmProbeResult> gemms;       // ... and each distinct one alone
 };
 
 // Per-rank state kept across points: a backend, its weights (made once), and the current point's input.
@@ -317,7 +322,19 @@ struct Bench {
       m.result = gather_result(*s.be, *comm, m.run);
       m.have_result = true;
     }
+    if (o.gemm_check) {
+      GemmProbeBackend probe(*s.be);
+      for (int it = 0; it < o.repeat; ++it) run_rank(cfg, options(p), shape, probe, *comm, o.seed, &s.w, &s.x, &s.dy);
+      m.gemm_records = probe.records();
+      gemms_alone(m, *s.be);
+    }
     return m;
+  }
+
+  // --gemm-check: the GEMMs of the instrumented repeats again, each alone on the same backend (after at least
+  // one warm-up, as the in-block ones are warm: they follow the timed repeats).
+  void gemms_alone(Measured& m, Backend& be) {
+    m.gemms = laga::time_gemms_alone(be, m.gemm_records, o.repeat, std::max(1, o.warmup));
   }
 
   // P ranks as threads of this process (CPU): real in-process collectives.
@@ -343,6 +360,16 @@ struct Bench {
             if (it + 1 == o.warmup + o.repeat) last[r] = std::move(run);
           }
           if (o.check) results[r] = gather_result(*s.be, *comms[r], last[r]);
+          if (o.gemm_check) {  // every rank repeats (collectives), rank P-1 through the probe
+            std::optional<GemmProbeBackend> probe;
+            if (r == m.rank) probe.emplace(*s.be);
+            Backend& be = probe ? static_cast<Backend&>(*probe) : *s.be;
+            for (int it = 0; it < o.repeat; ++it) {
+              comms[r]->barrier();
+              run_rank(cfg, opts, s.shape, be, *comms[r], o.seed, &s.w, &s.x, &s.dy);
+            }
+            if (probe) m.gemm_records = probe->records();
+          }
         } catch (const std::exception& e) {
           // The other ranks may wait in a collective forever: end the process.
           std::fprintf(stderr, "laga: failure on rank %d of %d (thread): %s\n", r, p.sp, e.what());
@@ -351,6 +378,7 @@ struct Bench {
         }
       });
     for (auto& t : threads) t.join();
+    if (o.gemm_check) gemms_alone(m, *ranks[m.rank].be);  // with one BLAS thread, as the rank had in the block
     set_cpu_blas_threads(default_blas_threads);
     m.run = std::move(last[m.rank]);
     for (int r = 0; r < p.sp; ++r)
@@ -430,6 +458,64 @@ json traffic_json(const RankRun& r) {
           {"collectives", records}};
 }
 
+// Within this of the rate alone, the block's GEMMs pass (issue #5): time-weighted ratio <= 1.10.
+constexpr double kGemmTolerance = 0.10;
+
+// --gemm-check: each distinct GEMM of the instrumented repeats, its median time in the block against alone,
+// and the summary; `line` gets the table's line for it.
+json gemms_json(const Bench& b, const Measured& m, std::string& line) {
+  const int repeats = b.o.repeat;  // instrumented repeats (as many as timed ones)
+  json list = json::array();
+  for (const GemmProbeResult& r : m.gemms) {
+    LAGA_CHECK(r.occurrences.size() % std::size_t(repeats) == 0, "a GEMM occurs ", r.occurrences.size(),
+               " times in ", repeats, " repeats: every repeat must issue the same GEMMs");
+    const std::size_t calls = r.occurrences.size() / std::size_t(repeats);
+    json issued = json::array();  // where in the first repeat: run_rank makes two passes, forward then backward
+    for (std::size_t i = 0; i < calls; ++i) {
+      const GemmRecord& rec = m.gemm_records[r.occurrences[i]];
+      issued.push_back({{"pass", rec.pass % 2 == 0 ? "forward" : "backward"}, {"index", rec.index_in_pass}});
+    }
+    const GemmKey& g = r.key;
+    list.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}, {"trans_a", g.trans_a == Trans::yes},
+                    {"trans_b", g.trans_b == Trans::yes}, {"dtype", dtype_name(g.dtype)},
+                    {"c_dtype", dtype_name(g.c_dtype)}, {"lda", g.lda}, {"ldb", g.ldb}, {"ldc", g.ldc},
+                    {"stride_a", g.stride_a}, {"stride_b", g.stride_b}, {"stride_c", g.stride_c},
+                    {"alpha", g.alpha}, {"beta", g.beta}, {"calls", calls}, {"issued", issued},
+                    {"flops", r.flops()}, {"in_block_s", r.in_block_median}, {"alone_s", r.alone_median},
+                    {"in_block_flops_per_s", r.in_block_flops_per_s()}, {"alone_flops_per_s", r.alone_flops_per_s()},
+                    {"ratio", r.ratio()}});
+  }
+  const GemmProbeSummary sum = summarize_gemms(m.gemms);
+  const bool within = sum.within(kGemmTolerance);
+  json summary = {{"count", sum.count},
+                  {"calls", sum.calls / std::size_t(repeats)},
+                  {"in_block_s", sum.in_block_s / repeats},
+                  {"alone_s", sum.alone_s / repeats},
+                  {"time_weighted_ratio", sum.time_weighted_ratio},
+                  {"worst_ratio", sum.worst_ratio},
+                  {"worst", sum.worst},
+                  {"within_10pct", within}};
+  if (!m.gemms.empty()) {
+    const json& w = list[sum.worst];
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "gemms: %zu distinct, %zu calls a fwd+bwd; in block / alone: %.3f time-weighted "
+               "(%s 10%%), worst %.3f (m %lld n %lld k %lld batch %lld, %s #%d)",
+               sum.count, sum.calls / std::size_t(repeats), sum.time_weighted_ratio, within ? "within" : "NOT within",
+               sum.worst_ratio, (long long)w["m"].get<std::int64_t>(), (long long)w["n"].get<std::int64_t>(),
+               (long long)w["k"].get<std::int64_t>(), (long long)w["batch"].get<std::int64_t>(),
+               w["issued"][0]["pass"].get<std::string>().c_str(), w["issued"][0]["index"].get<int>());
+    line = buf;
+  }
+  return {{"what", "every GEMM the block issued in --repeat extra forward+backward runs after the timed ones "
+                   "(through a probe backend: marks just before and after each call), against the same arguments "
+                   "run alone on the same backend and buffers of the same sizes; medians; ratio = in block / alone"},
+          {"repeats_in_block", repeats},
+          {"repeats_alone", repeats},
+          {"warmup_alone", std::max(1, b.o.warmup)},
+          {"list", list},
+          {"summary", summary}};
+}
+
 struct PointResult {
   json doc;
   // For the table row.
@@ -437,6 +523,7 @@ struct PointResult {
   Summary fwd, bwd, block;
   double modeled_node = 0, modeled_cross = 0;
   std::string check;
+  std::string gemms;  // --gemm-check's line
 };
 
 PointResult point_json(const Bench& b, const Point& p, const Measured& m, const GlobalResult* reference,
@@ -553,6 +640,7 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
     }
     doc["check"] = check;
   }
+  if (b.o.gemm_check) doc["gemms"] = gemms_json(b, m, pr.gemms);
   pr.doc = std::move(doc);
   pr.saved = double(run.saved_bytes);
   pr.peak_bwd = double(run.bwd.peak_bytes);
@@ -578,6 +666,7 @@ std::string canonical_command(const BenchOptions& o, const std::string& dtype) {
     << o.warmup << " --seed " << o.seed;
   if (o.phantom) c << " --phantom";
   if (o.check) c << " --check";
+  if (o.gemm_check) c << " --gemm-check";
   if (o.device == "cuda") c << " --gpu " << o.gpu;
   return c.str();
 }
@@ -688,7 +777,8 @@ int run_bench(BenchOptions o) {
                  {"ranks", o.phantom ? "phantom: rank P-1 of P alone on this device (collectives counted, not performed)"
                                      : "P = 1 alone; P > 1 as threads of this process with in-process collectives"},
                  {"cpu_threads_per_rank", b.device == Device::cpu ? json(b.default_blas_threads) : json(nullptr)},
-                 {"check", o.check}};
+                 {"check", o.check},
+                 {"gemm_check", o.gemm_check}};
   if (b.device == Device::cuda) config["gpu"] = o.gpu;
   for (Layout l : layouts) config["layouts"].push_back(layout_name(l));
   for (AttentionKernel k : kernels) config["kernels"].push_back(kernel_name(k));
@@ -757,6 +847,7 @@ int run_bench(BenchOptions o) {
                 fmt("%.3f", pr.gflop).c_str(), ms(pr.fwd).c_str(), ms(pr.bwd).c_str(),
                 fmt("%.0f%%", 100 * pr.block.relative_iqr()).c_str(), fmt("%.2f", pr.modeled_node * 1e3).c_str(),
                 fmt("%.2f", pr.modeled_cross * 1e3).c_str(), o.check ? ("  " + pr.check).c_str() : "");
+    if (!pr.gemms.empty()) std::printf("%9s %s\n", "", pr.gemms.c_str());
     std::fflush(stdout);
     if (!o.out.empty()) write_atomically(o.out, doc);
   }
@@ -772,6 +863,10 @@ int run_bench(BenchOptions o) {
               "* MODELED, not measured: node ms* = measured compute + collectives priced for P ranks on nodes of %d "
               "(%s within a node; P > %d fills several nodes); xnode ms* = the same with one rank a node (%s).\n",
               b.model.node_size, b.model.intra.name.c_str(), b.model.node_size, b.model.inter.name.c_str());
+  if (o.gemm_check)
+    std::printf("gemms: each distinct GEMM's median time in the block (extra instrumented repeats after the timed "
+                "ones) / alone on the same backend; time-weighted = sum over calls in block / alone; within 10%% "
+                "when <= 1.10 (docs/bench.md).\n");
   if (o.check)
     std::printf("check: largest relative error of y, dx and every weight gradient (summed over ranks) against the "
                 "single-rank explicit result; at P = 1 whether LAGA is bit-identical to explicit.\n");
@@ -804,6 +899,9 @@ std::function<int()> add_bench(CLI::App& app, CLI::App*& sub) {
   sub->add_option("--warmup", o->warmup, "Untimed runs before the repeats")->capture_default_str();
   sub->add_flag("--check", o->check, "Also record each point's error against the single-rank explicit result, and "
                                      "whether LAGA at P = 1 is bit-identical to explicit");
+  sub->add_flag("--gemm-check", o->gemm_check, "Also time every GEMM of the block (in extra instrumented repeats "
+                                               "after the timed ones) against the same GEMM alone; adds \"gemms\" "
+                                               "to each point");
   sub->add_option("--seed", o->seed, "Seed of the deterministic weights and inputs")->capture_default_str();
   sub->add_option("--out", o->out, "The JSON document (rewritten after every point; complete: true at the end)");
   sub->add_option("--node-size", o->node_size, "Model: GPUs a node")->capture_default_str();
