@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "laga/backend.hpp"
 
@@ -43,10 +44,42 @@ CudaMemInfo cuda_mem_info(int device);
 std::string cuda_device_name(int device);
 
 // High-water mark of cudaMemGetInfo's used bytes on the backend's device, sampled after every allocation
-// the backend's allocator makes (device memory only grows at an allocation, so this is the peak up to the
-// memory the backend takes outside its allocator: cuBLASLt workspace and kernel scratch, which stay
-// allocated and show at the next sample). reset sets it to the current used bytes.
+// the backend's allocator makes and every growth of its kernel scratch (below); device memory only grows at
+// an allocation, so this is the peak of what the backend allocates (the cuBLASLt workspace is allocated with
+// the backend). reset sets it to the current used bytes.
 std::size_t cuda_peak_used_bytes(Backend& backend);
 void cuda_reset_peak_used(Backend& backend);
+
+// ---- kernel scratch: device buffers the backend keeps outside its accounting allocator ----
+// One buffer per purpose ("slot"), grown on demand and kept: eager attention's fp32 scores (and dP, dS in
+// its backward), the eager backward's gathered Q / dO and split dK sum, the fused backward's D and 576/512
+// split partials, RMSNorm's dgamma partials. Not in the allocator's figures nor in `laga plan`'s; in the
+// device's (cuda_peak_used_bytes). Eager attention processes its heads (or one head's query rows) in chunks
+// so that the "scores" slot stays at or under the backend's eager scratch cap (at least one query row:
+// 4 * kv_len bytes forward, 4 * kv_len rounded up to 256 plus kv_len elements backward).
+struct CudaScratchSlot {
+  std::string name;
+  std::size_t held_bytes = 0;  // allocated now
+  std::size_t peak_bytes = 0;  // largest allocation since the backend was made or the last reset
+};
+struct CudaScratchInfo {
+  std::size_t held_bytes = 0;  // sum over slots, now
+  std::size_t peak_bytes = 0;  // high-water mark of that sum since the backend was made or the last reset
+  std::vector<CudaScratchSlot> slots;
+};
+CudaScratchInfo cuda_scratch_info(Backend& backend);
+std::size_t cuda_scratch_peak_bytes(Backend& backend);  // cuda_scratch_info(backend).peak_bytes
+// Sets the high-water marks to the bytes held now; with `release`, first frees every scratch buffer (after
+// the backend's queued work), so the marks restart from 0 and the next op allocates what it needs.
+void cuda_reset_scratch_peak(Backend& backend, bool release = false);
+
+// The cap on eager attention's score scratch, in bytes. A new backend takes cuda_default_eager_scratch_cap():
+// the environment variable LAGA_CUDA_SCRATCH_CAP (bytes, or with a K, M or G suffix, powers of 1024), read
+// once per process, or 1 GiB when it is unset (an invalid value makes backend creation throw
+// InvalidArgument). Chunking can change which cuBLASLt algorithm runs a GEMM, so results can differ in the
+// last bits between caps (within the usual tolerances); a given cap always gives the same bits.
+std::size_t cuda_default_eager_scratch_cap();
+std::size_t cuda_eager_scratch_cap(Backend& backend);
+void cuda_set_eager_scratch_cap(Backend& backend, std::size_t bytes);
 
 }  // namespace laga

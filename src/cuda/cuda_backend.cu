@@ -2,8 +2,11 @@
 // the kernels of cuda_ops.cu, cuda_attention.cu and cuda_flash.cu). All work of one backend is queued on
 // its own stream; synchronize() and the host transfers wait for it.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_attention.cuh"
@@ -14,6 +17,23 @@
 
 namespace laga {
 namespace cuda {
+
+const char* scratch_slot_name(ScratchSlot s) {
+  switch (s) {
+    case ScratchSlot::scores: return "scores";
+    case ScratchSlot::gather_q: return "gather_q";
+    case ScratchSlot::gather_do: return "gather_do";
+    case ScratchSlot::dk_accum: return "dk_accum";
+    case ScratchSlot::delta: return "delta";
+    case ScratchSlot::split_partial: return "split_partial";
+    case ScratchSlot::norm_partial: return "norm_partial";
+    case ScratchSlot::gemm_fallback: return "gemm_fallback";
+    case ScratchSlot::count: break;
+  }
+  return "?";
+}
+
+Scratch::Scratch() : bufs_(static_cast<std::size_t>(ScratchSlot::count)) {}
 
 Scratch::~Scratch() {
   for (auto& b : bufs_)
@@ -27,12 +47,63 @@ void* Scratch::get(ScratchSlot slot, std::size_t bytes, cudaStream_t stream) {
   if (b.ptr) {
     LAGA_CUDA_CHECK(cudaStreamSynchronize(stream));
     LAGA_CUDA_CHECK(cudaFree(b.ptr));
-    b = {nullptr, 0};
+    held_ -= b.bytes;
+    b.ptr = nullptr;
+    b.bytes = 0;
   }
   LAGA_CUDA_CHECK(cudaMalloc(&b.ptr, bytes));
   b.bytes = bytes;
+  b.peak = std::max(b.peak, bytes);
+  held_ += bytes;
+  peak_ = std::max(peak_, held_);
+  if (on_grow) on_grow(on_grow_user);
   return b.ptr;
 }
+
+void Scratch::release(cudaStream_t stream) {
+  bool any = false;
+  for (const auto& b : bufs_) any = any || b.ptr;
+  if (!any) return;
+  LAGA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (auto& b : bufs_) {
+    if (b.ptr) LAGA_CUDA_CHECK(cudaFree(b.ptr));
+    b.ptr = nullptr;
+    b.bytes = 0;
+  }
+  held_ = 0;
+}
+
+void Scratch::reset_peak() {
+  for (auto& b : bufs_) b.peak = b.bytes;
+  peak_ = held_;
+}
+
+namespace {
+
+// LAGA_CUDA_SCRATCH_CAP: bytes, or a number with a K, M or G suffix (powers of 1024; "512M", "2G").
+std::size_t parse_scratch_cap(const char* text) {
+  const std::string t(text);
+  std::size_t used = 0;
+  unsigned long long v = 0;
+  bool ok = !t.empty() && t[0] >= '0' && t[0] <= '9';
+  if (ok) {
+    try {
+      v = std::stoull(t, &used);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  unsigned shift = 0;
+  if (ok && used < t.size()) {
+    const char u = t[used];
+    shift = (u == 'k' || u == 'K') ? 10 : (u == 'm' || u == 'M') ? 20 : (u == 'g' || u == 'G') ? 30 : 64;
+    ok = shift < 64 && used + 1 == t.size() && v <= (~0ULL >> shift);
+  }
+  LAGA_REQUIRE(ok, "LAGA_CUDA_SCRATCH_CAP = '", t, "': expected a byte count, optionally with a K, M or G suffix");
+  return static_cast<std::size_t>(v << shift);
+}
+
+}  // namespace
 
 namespace {
 
@@ -102,6 +173,10 @@ class CudaBackend final : public Backend {
     LAGA_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     gemm_ = std::make_unique<GemmRunner>(ctx_.stream);
     ctx_.gemm = gemm_.get();
+    ctx_.eager_scratch_cap = cuda_default_eager_scratch_cap();
+    // Scratch grows outside the allocator: sample the device's used bytes there too.
+    ctx_.scratch.on_grow = [](void* alloc) { static_cast<CudaAllocator*>(alloc)->sample_used(); };
+    ctx_.scratch.on_grow_user = &alloc_;
   }
   ~CudaBackend() override {
     cudaSetDevice(ctx_.device);
@@ -118,6 +193,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return ctx_.stream; }
   int device_index() const { return ctx_.device; }
   CudaAllocator& cuda_allocator() { return alloc_; }
+  Context& context() { return ctx_; }
 
   void gemm(const GemmArgs& g) override {
     DeviceGuard guard(ctx_.device);
@@ -276,5 +352,46 @@ std::size_t cuda_peak_used_bytes(Backend& backend) {
 }
 
 void cuda_reset_peak_used(Backend& backend) { as_cuda(backend, "cuda_reset_peak_used").cuda_allocator().reset_peak_used(); }
+
+CudaScratchInfo cuda_scratch_info(Backend& backend) {
+  const cuda::Scratch& s = as_cuda(backend, "cuda_scratch_info").context().scratch;
+  CudaScratchInfo info;
+  info.held_bytes = s.held_bytes();
+  info.peak_bytes = s.peak_bytes();
+  for (int i = 0; i < int(cuda::ScratchSlot::count); ++i) {
+    const auto slot = cuda::ScratchSlot(i);
+    info.slots.push_back({cuda::scratch_slot_name(slot), s.slot_bytes(slot), s.slot_peak_bytes(slot)});
+  }
+  return info;
+}
+
+std::size_t cuda_scratch_peak_bytes(Backend& backend) {
+  return as_cuda(backend, "cuda_scratch_peak_bytes").context().scratch.peak_bytes();
+}
+
+void cuda_reset_scratch_peak(Backend& backend, bool release) {
+  cuda::CudaBackend& b = as_cuda(backend, "cuda_reset_scratch_peak");
+  if (release) {
+    cuda::DeviceGuard guard(b.device_index());
+    b.context().scratch.release(b.stream());
+  }
+  b.context().scratch.reset_peak();
+}
+
+std::size_t cuda_default_eager_scratch_cap() {
+  static const std::size_t cap = [] {
+    const char* v = std::getenv("LAGA_CUDA_SCRATCH_CAP");
+    return v && *v ? cuda::parse_scratch_cap(v) : std::size_t(1) << 30;
+  }();
+  return cap;
+}
+
+std::size_t cuda_eager_scratch_cap(Backend& backend) {
+  return as_cuda(backend, "cuda_eager_scratch_cap").context().eager_scratch_cap;
+}
+
+void cuda_set_eager_scratch_cap(Backend& backend, std::size_t bytes) {
+  as_cuda(backend, "cuda_set_eager_scratch_cap").context().eager_scratch_cap = bytes;
+}
 
 }  // namespace laga

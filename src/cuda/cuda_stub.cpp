@@ -25,6 +25,12 @@ CudaMemInfo cuda_mem_info(int) { no_cuda("cuda_mem_info"); }
 std::string cuda_device_name(int) { no_cuda("cuda_device_name"); }
 std::size_t cuda_peak_used_bytes(Backend&) { no_cuda("cuda_peak_used_bytes"); }
 void cuda_reset_peak_used(Backend&) { no_cuda("cuda_reset_peak_used"); }
+CudaScratchInfo cuda_scratch_info(Backend&) { no_cuda("cuda_scratch_info"); }
+std::size_t cuda_scratch_peak_bytes(Backend&) { no_cuda("cuda_scratch_peak_bytes"); }
+void cuda_reset_scratch_peak(Backend&, bool) { no_cuda("cuda_reset_scratch_peak"); }
+std::size_t cuda_default_eager_scratch_cap() { no_cuda("cuda_default_eager_scratch_cap"); }
+std::size_t cuda_eager_scratch_cap(Backend&) { no_cuda("cuda_eager_scratch_cap"); }
+void cuda_set_eager_scratch_cap(Backend&, std::size_t) { no_cuda("cuda_set_eager_scratch_cap"); }
 
 std::unique_ptr<Communicator> make_host_staging_communicator(Communicator&, Backend&) {
   no_cuda("make_host_staging_communicator");

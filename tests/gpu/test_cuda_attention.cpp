@@ -8,7 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -292,6 +295,170 @@ TEST(CudaAttentionChecks, RejectsUnsupportedInputs) {
   p = pr.params(true);
   p.d_qk = 584;  // past the fused kernel's largest head dim
   EXPECT_THROW(be.gpu->attention_forward(p), InvalidArgument);
+}
+
+// ---------------------------------------------------------------- eager attention's score scratch cap
+// Eager attention cuts its [heads, q_len, kv_len] score scratch into chunks of heads (or of one head's query
+// rows) under the backend's cap (cuda_set_eager_scratch_cap). A capped run must give every output within the
+// float64 tolerance, like the uncapped one. Not bitwise in general: chunking changes the GEMMs' batch counts
+// and operand addresses, and cuBLASLt's heuristic may pick another algorithm for them (cuda_attention.cu);
+// whether the bits matched is printed (GPUCHECK ... bitwise_equal_to_uncapped). The scores slot's high-water
+// mark stays at or under the cap (at least one query row).
+enum class Cap { two_heads, one_head, rows, one_row };
+const char* cap_tag(Cap c) {
+  switch (c) {
+    case Cap::two_heads: return "two_heads";
+    case Cap::one_head: return "one_head";
+    case Cap::rows: return "rows";
+    case Cap::one_row: return "one_row";
+  }
+  return "?";
+}
+
+// Bytes of the backward's scores slot for e score elements (fp32 dP, then dS at a 256-byte boundary).
+std::size_t backward_scratch(i64 e, DType dt) {
+  return std::size_t((4 * e + 255) / 256 * 256 + i64(dtype_size(dt)) * e);
+}
+
+std::size_t cap_bytes(Cap cap, const Case& c, DType dt) {
+  const i64 per_head = c.q_len * c.kv_len;
+  switch (cap) {
+    case Cap::two_heads: return backward_scratch(2 * per_head, dt);
+    case Cap::one_head: return backward_scratch(per_head, dt);
+    case Cap::rows: return backward_scratch(std::max<i64>(c.q_len / 3, 1) * c.kv_len, dt);
+    case Cap::one_row: return 1;
+  }
+  return 0;
+}
+
+struct CapParam {
+  const char* case_name;
+  DType dtype;
+  Cap cap;
+};
+std::string cap_param_string(const CapParam& p) {
+  return std::string(p.case_name) + "_" + dtype_tag(p.dtype) + "_" + cap_tag(p.cap);
+}
+void PrintTo(const CapParam& p, std::ostream* os) { *os << cap_param_string(p); }
+const Case& case_named(const char* name) {
+  const Case* c = std::find_if(std::begin(kCases), std::end(kCases),
+                               [&](const Case& x) { return std::string(x.name) == name; });
+  if (c == std::end(kCases)) throw std::logic_error(std::string("no attention case ") + name);
+  return *c;
+}
+
+// MHA, GQA (chunks of whole groups, and of part of a group), MQA (v in k, and separate), causal offsets
+// positive (keys no query sees) and negative (rows that see no key).
+std::vector<CapParam> cap_params() {
+  std::vector<CapParam> out;
+  for (const char* name : {"mha_192_128", "gqa_offset", "mqa_576_512_absorbed", "mqa_separate_v",
+                           "mha_offset_unseen_keys", "negative_offset"})
+    for (DType t : {DType::f32, DType::bf16})
+      for (Cap c : {Cap::two_heads, Cap::one_head, Cap::rows, Cap::one_row})
+        if (c != Cap::two_heads || case_named(name).q_heads > 2) out.push_back({name, t, c});
+  return out;
+}
+
+std::size_t slot_peak(Backend& gpu, const std::string& name) {
+  for (const auto& s : cuda_scratch_info(gpu).slots)
+    if (s.name == name) return s.peak_bytes;
+  ADD_FAILURE() << "no scratch slot '" << name << "'";
+  return 0;
+}
+
+class CudaEagerScratchCap : public ::testing::TestWithParam<CapParam> {};
+
+TEST_P(CudaEagerScratchCap, ChunkedMatchesFloat64) {
+  LAGA_REQUIRE_GPU();
+  const CapParam& cp = GetParam();
+  const Case& c = case_named(cp.case_name);
+  Backends be;
+  Backend& gpu = *be.gpu;
+  auto rng = rng_for_test();
+  Problem pr(c, AttentionKernel::eager, cp.dtype, be, rng);
+  // Uncapped: one chunk, the calls eager attention made before chunking existed.
+  cuda_set_eager_scratch_cap(gpu, std::numeric_limits<std::size_t>::max());
+  pr.forward();
+  pr.backward(rng);  // also computes the float64 references
+  pr.check_forward();
+  pr.check_backward();
+  auto raw = [&](const Mirror& m) {
+    std::vector<unsigned char> b(m.dev.bytes());
+    gpu.copy_to_host(b.data(), m.dev);
+    return b;
+  };
+  const std::vector<const Mirror*> outs{&pr.o, &pr.lse, &pr.probs, &pr.dq, &pr.dk, &pr.dv};
+  const char* names[] = {"o", "lse", "probs", "dq", "dk", "dv"};
+  std::vector<std::vector<unsigned char>> uncapped;
+  for (const Mirror* m : outs) uncapped.push_back(raw(*m));
+
+  // Capped, on the same inputs, from fresh scratch; outputs poisoned.
+  const std::size_t cap = cap_bytes(cp.cap, c, cp.dtype);
+  const std::size_t full = backward_scratch(c.q_heads * c.q_len * c.kv_len, cp.dtype);
+  ASSERT_LT(cap, full) << "the cap must force chunks";
+  cuda_set_eager_scratch_cap(gpu, cap);
+  EXPECT_EQ(cuda_eager_scratch_cap(gpu), cap);
+  cuda_reset_scratch_peak(gpu, /*release=*/true);
+  EXPECT_EQ(cuda_scratch_info(gpu).held_bytes, 0u);
+  EXPECT_EQ(cuda_scratch_peak_bytes(gpu), 0u);
+  for (Mirror* m : {&pr.o, &pr.lse, &pr.probs, &pr.dq, &pr.dk, &pr.dv}) gpu.fill(m->dev, kNaN);
+  const AttentionBwdParams p = pr.params(true);
+  gpu.attention_forward(p);
+  gpu.attention_backward(p);
+  gpu.synchronize();
+  pr.check_forward();
+  pr.check_backward();
+  for (std::size_t i = 0; i < outs.size(); ++i)
+    std::printf("GPUCHECK %s %s bitwise_equal_to_uncapped=%s\n", cap_param_string(cp).c_str(), names[i],
+                raw(*outs[i]) == uncapped[i] ? "yes" : "no");
+
+  // The scores slot: at or under the cap, or one query row (plus the 256-byte minimum) when the cap is less.
+  const std::size_t one_row = std::max<std::size_t>(256, backward_scratch(c.kv_len, cp.dtype));
+  const std::size_t scores = slot_peak(gpu, "scores");
+  EXPECT_GT(scores, 0u);
+  EXPECT_LE(scores, std::max(cap, one_row)) << "cap " << cap << ", one row " << one_row;
+  const CudaScratchInfo info = cuda_scratch_info(gpu);
+  EXPECT_GE(info.peak_bytes, scores);
+  EXPECT_GE(info.peak_bytes, info.held_bytes);
+  std::printf("GPUCHECK %s scratch cap=%zu scores_peak=%zu total_peak=%zu\n", cap_param_string(cp).c_str(), cap,
+              scores, info.peak_bytes);
+
+  // Same cap again: same bits (the chunking and each GEMM's algorithm are fixed for a problem).
+  std::vector<std::vector<unsigned char>> first;
+  for (const Mirror* m : outs) first.push_back(raw(*m));
+  gpu.attention_forward(p);
+  gpu.attention_backward(p);
+  for (std::size_t i = 0; i < outs.size(); ++i) EXPECT_EQ(raw(*outs[i]), first[i]) << names[i] << " on rerun";
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaEagerScratchCap, ::testing::ValuesIn(cap_params()),
+                         [](const ::testing::TestParamInfo<CapParam>& i) { return cap_param_string(i.param); });
+
+// The fused kernels never touch the eager scores slot: the 576/512 backward's row-split partials have their own.
+TEST(CudaScratch, FusedBackwardUsesItsOwnSlots) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  Backend& gpu = *be.gpu;
+  auto rng = rng_for_test();
+  Problem pr(case_named("mqa_576_512_absorbed_dense_h16"), AttentionKernel::fused, DType::bf16, be, rng);
+  pr.forward();
+  pr.backward(rng);
+  pr.check_backward();
+  const CudaScratchInfo info = cuda_scratch_info(gpu);
+  std::size_t sum = 0;
+  for (const auto& s : info.slots) {
+    std::printf("GPUCHECK scratch slot %s held=%zu peak=%zu\n", s.name.c_str(), s.held_bytes, s.peak_bytes);
+    sum += s.held_bytes;
+    if (s.name == "scores") EXPECT_EQ(s.peak_bytes, 0u) << "fused attention used the eager scores slot";
+  }
+  EXPECT_EQ(info.held_bytes, sum);
+  EXPECT_GE(info.peak_bytes, info.held_bytes);
+  EXPECT_GT(slot_peak(gpu, "delta"), 0u);
+  cuda_reset_scratch_peak(gpu);  // without release: the marks restart from what is held
+  EXPECT_EQ(cuda_scratch_peak_bytes(gpu), info.held_bytes);
+  cuda_reset_scratch_peak(gpu, /*release=*/true);
+  EXPECT_EQ(cuda_scratch_info(gpu).held_bytes, 0u);
+  EXPECT_EQ(cuda_scratch_peak_bytes(gpu), 0u);
 }
 
 }  // namespace

@@ -313,6 +313,7 @@ struct Bench {
     auto comm = p.sp == 1 ? make_single_rank_communicator(*s.be) : make_phantom_communicator(*s.be, rank, p.sp);
     if (device == Device::cpu) set_cpu_blas_threads(default_blas_threads);
     m.repeats.assign(1, {});
+    if (device == Device::cuda) cuda_reset_scratch_peak(*s.be, /*release=*/true);  // this point's kernel scratch
     for (int it = 0; it < o.warmup + o.repeat; ++it) {
       RankRun run = run_rank(cfg, options(p), shape, *s.be, *comm, o.seed, &s.w, &s.x, &s.dy);
       if (it >= o.warmup) m.repeats[0].push_back({run.fwd, run.bwd});
@@ -538,6 +539,8 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
     saved.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"bytes", t.bytes}});
   json memory = {{"saved_bytes", run.saved_bytes}, {"peak_forward_bytes", run.fwd.peak_bytes},
                  {"peak_backward_bytes", run.bwd.peak_bytes}, {"saved", saved}};
+  if (b.device == Device::cuda)  // outside the allocator's figures (cuda_scratch_info); cuda runs one rank, state 0
+    memory["backend_scratch_peak_bytes"] = cuda_scratch_peak_bytes(*b.ranks.at(0).be);
 
   std::vector<double> block, compute, comm_measured;
   for (const auto& r : reps) {

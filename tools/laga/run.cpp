@@ -230,6 +230,7 @@ struct DeviceMemory {
   bool have = false;
   std::size_t used_before = 0;  // before the run's weights and inputs (context, workspaces, other ranks)
   std::size_t peak_used = 0;    // high-water mark over the run
+  std::size_t scratch_peak = 0;  // the backend's kernel scratch (outside the allocator), high-water mark
 };
 
 // One rank's measurements of one run.
@@ -263,6 +264,7 @@ json rank_json(const RankRun& run, int rank, const DeviceMemory& mem, int gpu) {
     j["gpu"] = gpu;
     j["device_used_before_bytes"] = mem.used_before;
     j["device_peak_used_bytes"] = mem.peak_used;
+    j["backend_scratch_peak_bytes"] = mem.scratch_peak;
   }
   return j;
 }
@@ -404,6 +406,7 @@ RankRun measured_run(Prepared& p, Communicator& comm, std::uint64_t seed, const 
   if (p.device == DeviceKind::cuda) {
     p.be->synchronize();
     mem.have = true;
+    cuda_reset_scratch_peak(*p.be, /*release=*/true);  // scratch of an earlier run is not this run's
     mem.used_before = cuda_mem_info(p.gpu).used_bytes();
     cuda_reset_peak_used(*p.be);
   }
@@ -411,6 +414,7 @@ RankRun measured_run(Prepared& p, Communicator& comm, std::uint64_t seed, const 
   if (mem.have) {
     p.be->synchronize();
     mem.peak_used = std::max(cuda_peak_used_bytes(*p.be), cuda_mem_info(p.gpu).used_bytes());
+    mem.scratch_peak = cuda_scratch_peak_bytes(*p.be);
   }
   return run;
 }
@@ -456,7 +460,7 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm, Communicat
   std::vector<double> mine{double(run.saved_bytes), double(run.fwd.peak_bytes), double(run.bwd.peak_bytes),
                            double(sent), double(recv), run.fwd.total_seconds(), run.bwd.total_seconds(),
                            run.fwd.total_flops() + run.bwd.total_flops(), double(mem.used_before),
-                           double(mem.peak_used), double(p.gpu)};
+                           double(mem.peak_used), double(p.gpu), double(mem.scratch_peak)};
   std::vector<double> all(mine.size() * P);
   host.all_gather(mine.data(), all.data(), mine.size(), DType::f64);
   const bool cuda = p.device == DeviceKind::cuda;
@@ -469,19 +473,20 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm, Communicat
                 dtype_name(opts.dtype), P, comm.name(), cuda ? ", cuda" : "");
     if (cuda) std::printf("device: %s (%d visible)\n", cuda_device_name(p.gpu).c_str(), cuda_device_count());
     std::vector<std::string> header{"rank", "saved", "peak fwd", "peak bwd", "sent", "received", "GFLOP", "fwd ms", "bwd ms"};
-    if (cuda) header.insert(header.end(), {"gpu", "dev used before", "dev peak"});
+    if (cuda) header.insert(header.end(), {"gpu", "dev used before", "dev peak", "scratch peak"});
     Table t(header);
     for (int r = 0; r < P; ++r) {
       const double* m = &all[r * mine.size()];
       std::vector<std::string> row{std::to_string(r), human_bytes(m[0]), human_bytes(m[1]), human_bytes(m[2]),
                                    human_bytes(m[3]), human_bytes(m[4]), fmt("%.3f", m[7] * 1e-9),
                                    fmt("%.2f", m[5] * 1e3), fmt("%.2f", m[6] * 1e3)};
-      if (cuda) row.insert(row.end(), {fmt("%.0f", m[10]), human_bytes(m[8]), human_bytes(m[9])});
+      if (cuda) row.insert(row.end(), {fmt("%.0f", m[10]), human_bytes(m[8]), human_bytes(m[9]), human_bytes(m[11])});
       t.add(row);
     }
     t.print();
     if (cuda)
-      std::printf("dev: device memory in use (cudaMemGetInfo; all processes on the GPU), before the run and its peak\n");
+      std::printf("dev: device memory in use (cudaMemGetInfo; all processes on the GPU), before the run and its peak; "
+                  "scratch: the backend's kernel scratch outside the allocator (in dev, not in saved/peak)\n");
     std::printf("\ncollectives on rank 0 (bytes this rank sent / received):\n");
     Table c({"phase", "collective", "tensor", "calls", "sent", "received"}, 3);
     for (const auto& rec : run.traffic)
@@ -749,7 +754,7 @@ int run_phantom(const RunOptions& o) {
                                                             std::to_string(P) + ": " + notice}};
   std::vector<std::string> header{"variant", "layout", "kernel", "saved", "peak fwd", "peak bwd", "sent", "GFLOP",
                                   "fwd ms", "bwd ms"};
-  if (device == DeviceKind::cuda) header.push_back("dev peak");
+  if (device == DeviceKind::cuda) header.insert(header.end(), {"dev peak", "scratch peak"});
   Table summary(header, 3);
   const bool details = o.verbose || variants.size() == 1;
   for (const BlockOptions& v : variants) {
@@ -765,7 +770,7 @@ int run_phantom(const RunOptions& o) {
                                  human_bytes(double(run.bwd.peak_bytes)), human_bytes(double(sent)),
                                  fmt("%.4g", (run.fwd.total_flops() + run.bwd.total_flops()) * 1e-9),
                                  fmt("%.2f", run.fwd.total_seconds() * 1e3), fmt("%.2f", run.bwd.total_seconds() * 1e3)};
-    if (mem.have) row.push_back(human_bytes(double(mem.peak_used)));
+    if (mem.have) row.insert(row.end(), {human_bytes(double(mem.peak_used)), human_bytes(double(mem.scratch_peak))});
     summary.add(row);
     if (!details) {
       std::string line;
@@ -778,7 +783,8 @@ int run_phantom(const RunOptions& o) {
                   human_bytes(double(run.saved_bytes)).c_str(), human_bytes(double(run.fwd.peak_bytes)).c_str(),
                   human_bytes(double(run.bwd.peak_bytes)).c_str(), human_bytes(double(sent)).c_str(),
                   mem.have ? (", device in use " + human_bytes(double(mem.used_before)) + " before, peak " +
-                              human_bytes(double(mem.peak_used))).c_str() : "");
+                              human_bytes(double(mem.peak_used)) + ", scratch peak " +
+                              human_bytes(double(mem.scratch_peak))).c_str() : "");
       Table s({"saved tensor", "shape", "bytes"}, 2);
       for (const auto& rec : run.saved) s.add({rec.name, shape_string(rec.shape), std::to_string(rec.bytes)});
       s.add({"total", "", std::to_string(run.saved_bytes)});
@@ -798,7 +804,8 @@ int run_phantom(const RunOptions& o) {
   }
   p.be.reset();
   std::printf("\nper rank %d of %d (saved: kept from forward to backward; peak: live activation bytes%s):\n", r, P,
-              device == DeviceKind::cuda ? "; dev peak: cudaMemGetInfo, whole device" : "");
+              device == DeviceKind::cuda ? "; dev peak: cudaMemGetInfo, whole device; scratch peak: kernel scratch "
+                                           "outside the allocator" : "");
   summary.print();
   std::printf("phantom rank %d of %d: %s\n", r, P, notice);
   return kExitOk;
