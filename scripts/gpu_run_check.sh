@@ -14,8 +14,8 @@
 #     3. phantom rank 7 of 8, DeepSeek-V3, S = 16384, bf16: every variant x layout x kernel in one process,
 #        its saved bytes against `laga plan --dtype bfloat16 --json` (must be EQUAL), time by phase, device
 #        memory (cudaMemGetInfo);
-#     4. `mpirun -np 2|4 laga run --device cuda --check` (the ranks share the GPU: MPI with host staging),
-#        laga and explicit, both layouts, bf16 and float32.
+#     4. `mpirun -np 2|4|8 laga run --device cuda --check` (the ranks share the GPU: MPI with host staging),
+#        laga, explicit and absorbed, both layouts, bf16 (and float32 at np 4).
 #   A summary goes to stdout and $OUT/summary.txt; logs and JSON documents to $OUT/results.tar.gz.
 #
 # The build: cmake -B build-nccl -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build-nccl laga laga_gpu_tests
@@ -188,15 +188,15 @@ fi
 # ---- 4. ranks sharing the GPU under mpirun
 say ""
 if [ -n "$MPIRUN" ]; then
-  say "== 4. mpirun -np 2|4 laga run --device cuda --check (ranks share the GPU: MPI with host staging)"
+  say "== 4. mpirun -np 2|4|8 laga run --device cuda --check (ranks share the GPU: MPI with host staging)"
   mp=()
-  for np in 2 4; do
+  for np in 2 4 8; do
     for dtype in bfloat16 float32; do
-      for form in laga explicit; do
+      for form in laga explicit absorbed; do
         for layout in a2a all_gather; do
           # float32 (the plumbing at float precision): np 4, laga a2a and explicit all_gather.
-          [ "$dtype" = float32 ] && { [ "$np" = 2 ] || [ "$form/$layout" = laga/all_gather ] ||
-                                      [ "$form/$layout" = explicit/a2a ]; } && continue
+          [ "$dtype" = float32 ] && { [ "$np" != 4 ] || [ "$form/$layout" = laga/all_gather ] ||
+                                      [ "$form/$layout" = explicit/a2a ] || [ "$form" = absorbed ]; } && continue
           tag=mpi_np${np}_${dtype}_${form}_${layout}
           timeout 90 "$MPIRUN" -np "$np" --bind-to none "$LAGA" run --device cuda --dtype "$dtype" --model small \
             --seq 256 --batch 2 --form "$form" --layout "$layout" --check --json "$work/$tag.json" >"$work/$tag.log" 2>&1 ||
