@@ -9,6 +9,8 @@
 #      shapes, measured in this call                                              -> test_cuda_perf + bench_sdpa.py
 #   4. the block's cuBLASLt GEMMs in the block vs alone (phantom rank 7 of 8, DeepSeek-V3 S = 16384)
 #                                                                                 -> laga bench --gemm-check
+#   5. the committed H200 documents, re-measured: bench/results/h200-deepseek-v3-{fused,eager}.json
+#   6. explicit vs LAGA attention on a phantom rank with the SM clock and power sampled (nvidia-smi, 50 ms)
 #
 #   (here)  cmake -B build-nccl -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build-nccl laga laga_gpu_tests
 #           bash scripts/gpu_run_check.sh pack build-nccl                         # carry build-nccl/dist-run
@@ -18,7 +20,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dist=$(cd "${1:-build-nccl/dist-run}" && pwd)
-parts=${2:-1234}
+parts=${2:-123456}
 out=${OUT:-/tmp/laga_gpu_all}
 mkdir -p "$out"
 lib_dirs() {
@@ -62,4 +64,54 @@ if [[ $parts == *4* ]]; then
   echo "exit $?"
   grep -E 'gemms:|a2a|all_gather' "$out/gemm_check.log" | tail -14
   echo "part 4 $(elapsed "$t")"
+fi
+if [[ $parts == *5* ]]; then
+  t=$(date +%s)
+  echo; echo "== 5. bench documents (phantom rank P-1, DeepSeek-V3, bf16)"
+  timeout 240 "$dist/laga" bench --model deepseek-v3 --device cuda --dtype bfloat16 --seq 4096,8192,16384,32768 \
+    --sp 8 --batch 1 --form all --layout all --kernel fused --repeat 5 --warmup 1 --seed 1 --phantom \
+    --out "$out/h200-deepseek-v3-fused.json" >"$out/bench_fused.log" 2>&1
+  echo "fused: exit $?"
+  timeout 240 "$dist/laga" bench --model deepseek-v3 --device cuda --dtype bfloat16 --seq 4096,8192,16384 \
+    --sp 4,8,16 --batch 1 --form all --layout all --kernel eager --repeat 3 --warmup 1 --seed 1 --phantom \
+    --out "$out/h200-deepseek-v3-eager.json" >"$out/bench_eager.log" 2>&1
+  echo "eager: exit $?"
+  echo "part 5 $(elapsed "$t")"
+fi
+if [[ $parts == *6* ]]; then
+  t=$(date +%s)
+  echo; echo "== 6. phantom explicit vs LAGA (a2a, fused, S = 16384): attention time, SM clock, power"
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader -lms 50 >"$out/clock.csv" 2>&1 &
+  smi=$!
+  for form in explicit laga explicit laga; do
+    echo "$form start $(date +%s.%N)" >>"$out/clock_marks.txt"
+    timeout 120 "$dist/laga" bench --model deepseek-v3 --device cuda --seq 16384 --sp 8 --phantom --form "$form" \
+      --layout a2a --kernel fused --repeat 10 --warmup 2 --out "$out/clock_$form.json" >/dev/null 2>&1
+    echo "$form end $(date +%s.%N)" >>"$out/clock_marks.txt"
+  done
+  kill "$smi" 2>/dev/null
+  python3 - "$out" <<'PY'
+import csv, datetime, json, sys
+out = sys.argv[1]
+marks = [l.split() for l in open(f"{out}/clock_marks.txt")]
+rows = []
+for r in csv.reader(open(f"{out}/clock.csv")):
+    try:
+        ts = datetime.datetime.strptime(r[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        rows.append((ts, float(r[1].split()[0]), float(r[2].split()[0])))
+    except Exception:
+        pass
+for i in range(0, len(marks), 2):
+    form, t0, t1 = marks[i][0], float(marks[i][2]), float(marks[i + 1][2])
+    inside = [r for r in rows if t0 <= r[0] <= t1]
+    d = json.load(open(f"{out}/clock_{form}.json"))
+    att = d["points"][0]["time"]["forward"]["by_phase"]["attention"]["median"] * 1e3
+    attb = d["points"][0]["time"]["backward"]["by_phase"]["attention"]["median"] * 1e3
+    if inside:
+        print(f"{form:9s} attention fwd {att:6.2f} ms bwd {attb:6.2f} ms | SM clock median {sorted(r[1] for r in inside)[len(inside)//2]:.0f} MHz,"
+              f" min {min(r[1] for r in inside):.0f}; power max {max(r[2] for r in inside):.0f} W ({len(inside)} samples)")
+    else:
+        print(f"{form:9s} attention fwd {att:6.2f} ms bwd {attb:6.2f} ms | no clock samples")
+PY
+  echo "part 6 $(elapsed "$t")"
 fi
