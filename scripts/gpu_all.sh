@@ -16,13 +16,20 @@
 #           bash scripts/gpu_run_check.sh pack build-nccl                         # carry build-nccl/dist-run
 #   (there) bash scripts/gpu_all.sh build-nccl/dist-run [parts, default 1234]
 #
-# The summary goes to stdout; logs and JSON documents to $OUT (or /tmp/laga_gpu_all).
+# The summary goes to stdout; to $OUT (or /tmp/laga_gpu_all): the JSON documents and all logs in one archive
+# (logs.tar.gz: the device returns few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dist=$(cd "${1:-build-nccl/dist-run}" && pwd)
 parts=${2:-123456}
-out=${OUT:-/tmp/laga_gpu_all}
-mkdir -p "$out"
+final=${OUT:-/tmp/laga_gpu_all}
+mkdir -p "$final"
+out=$(mktemp -d /tmp/laga_gpu_all.XXXXXX)
+finish() {
+  tar -czf "$final/logs.tar.gz" -C "$out" . 2>/dev/null
+  cp "$out"/*.json "$final/" 2>/dev/null
+}
+trap finish EXIT
 lib_dirs() {
   find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr/lib /opt /usr/local/lib -name "$1" \
     -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':'
@@ -35,7 +42,10 @@ elapsed() { echo "($(( $(date +%s) - $1 )) s)"; }
 if [[ $parts == *1* ]]; then
   t=$(date +%s)
   echo "== 1. GPU test suite"
-  OUT=$out/tests timeout 420 bash scripts/gpu_check.sh run "$dist" '*:-*DISABLED*' | tail -40
+  OUT=$out/tests timeout 420 bash scripts/gpu_check.sh run "$dist" '*:-*DISABLED*' >"$out/tests.txt" 2>&1
+  grep -E '^\[  FAILED  \]' "$out/tests.txt" | sort -u | head -20
+  grep -A12 -E 'Failure' "$out/tests/gpu_tests.log" | head -60
+  grep -E '^\[  PASSED  \]|^exit code' "$out/tests.txt"
   echo "part 1 $(elapsed "$t")"
 fi
 if [[ $parts == *2* ]]; then
@@ -51,7 +61,8 @@ if [[ $parts == *3* ]]; then
     --gtest_filter='CudaPerf.DISABLED_Attention*LongSequences' >"$out/perf.log" 2>&1
   grep -E '^GPUPERF' "$out/perf.log" | sed 's/^GPUPERF //'
   grep -E 'FAILED|rror' "$out/perf.log" | head -5
-  PYTHONUNBUFFERED=1 timeout 200 python3 scripts/bench_sdpa.py >"$out/sdpa.log" 2>&1
+  # PyTorch with its own libraries: the system's cuDNN (found through our LD_LIBRARY_PATH) is older.
+  env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 timeout 200 python3 scripts/bench_sdpa.py >"$out/sdpa.log" 2>&1
   grep -vE '^\s*$' "$out/sdpa.log" | tail -8
   echo "part 3 $(elapsed "$t")"
 fi

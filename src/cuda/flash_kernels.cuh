@@ -48,18 +48,25 @@ __host__ __device__ constexpr i64 imin(i64 a, i64 b) { return a < b ? a : b; }
 __host__ __device__ constexpr i64 imax(i64 a, i64 b) { return a > b ? a : b; }
 __host__ __device__ constexpr i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 
-// Grid order. A kernel's blocks are (tile, kv head, batch) flattened into blockIdx.x with the tile slowest,
-// and tile 0 the most causal work (the last row tile; the first key tile), so the GPU issues blocks in
-// decreasing work across all heads: the last wave is short tiles, whatever the head count. (With the tile
-// fastest, as in a (tiles, heads, batch) grid, every head's short tiles run before the next head's long
-// ones, and at S = 8k the last wave held long tiles alone.)
+// Grid order. A kernel's blocks are (tile, kv head, batch entry) flattened into blockIdx.x. Within a group of
+// kHeadGroup (kv head, batch) pairs the tile is slowest, tile 0 the most causal work (the last row tile; the
+// first key tile), so the GPU issues blocks in decreasing work across the group's heads and the last wave is
+// short tiles. (With the tile fastest, every head's short tiles ran before the next head's long ones: at
+// S = 8k, h 16 the last wave held long tiles alone.) Groups run one after the other, so the blocks resident
+// at a time share the K/V (or Q/dO) of at most kHeadGroup heads in L2: with every head in one group, 128
+// heads x 32k keys of K/V streamed from HBM and the h128 S32k forward lost 16%.
+constexpr i64 kHeadGroup = 16;
 __host__ __device__ constexpr i64 grid_blocks(i64 tiles, i64 kv_heads, i64 batch) { return tiles * kv_heads * batch; }
 struct TileWork {
   i64 tile, g, b;  // tile in work order (0: the most work), kv head, batch entry
 };
-__device__ __forceinline__ TileWork tile_work(i64 kv_heads, i64 batch) {
+__device__ __forceinline__ TileWork tile_work(i64 tiles, i64 kv_heads, i64 batch) {
   const i64 x = blockIdx.x, hb = kv_heads * batch;
-  return {x / hb, x % kv_heads, (x % hb) / kv_heads};
+  const i64 group = x / (tiles * kHeadGroup);  // every group but the last is full
+  const i64 first = group * kHeadGroup, size = imin(kHeadGroup, hb - first);
+  const i64 within = x - group * tiles * kHeadGroup;
+  const i64 pair = first + within % size;  // (kv head, batch entry), kv head fastest
+  return {within / size, pair % kv_heads, pair / kv_heads};
 }
 
 // Keys visible to query i: 0 .. i + q_offset, clamped to [0, kv_len].
@@ -185,7 +192,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   auto srow = [&](int mt) { return Tr::kSWgmma ? 64 * mt + 16 * warp : wms * Tr::kRowsS + 16 * mt; };
   auto orow = [&](int mt) { return Tr::kPInRegs ? srow(mt) : wmo * Tr::kRowsO + 16 * mt; };
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
-  const TileWork w = tile_work(p.kv_heads, p.batch);
+  const TileWork w = tile_work(ceil_div(rows, kBM), p.kv_heads, p.batch);
   const i64 row0 = (ceil_div(rows, kBM) - 1 - w.tile) * kBM;  // the longest rows first
   const i64 g = w.g, b = w.b;
   const i64 row_last = imin(row0 + kBM, rows) - 1;
@@ -487,7 +494,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   bf16* s_dst = s_pt + kBN * kBM;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
-  const TileWork w = tile_work(p.kv_heads, p.batch);
+  const TileWork w = tile_work(ceil_div(p.kv_len, kBN), p.kv_heads, p.batch);
   const i64 key0 = w.tile * kBN, g = w.g, b = w.b;  // the first keys are seen by the most rows
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
   const i64 r_first = imin(imax(key0 - p.q_offset, 0), p.q_len) * group;  // first row that sees key0
@@ -700,7 +707,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
   const int wks = warp / Tr::kWarpsMS, wms = warp % Tr::kWarpsMS;
-  const TileWork w = tile_work(p.kv_heads, p.batch);  // tile = key block * splits + split
+  const TileWork w = tile_work(ceil_div(p.kv_len, kBN) * splits, p.kv_heads, p.batch);  // key block * splits + split
   const int split = int(w.tile % splits);
   const i64 key0 = (w.tile / splits) * kBN, g = w.g, b = w.b;
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
@@ -922,7 +929,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const int wms = warp / Tr::kWarpsNS, wns = warp % Tr::kWarpsNS;
   const int wmq = warp / Tr::kWarpsNQ, wnq = warp % Tr::kWarpsNQ;
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
-  const TileWork w = tile_work(p.kv_heads, p.batch);
+  const TileWork w = tile_work(ceil_div(rows, kBM), p.kv_heads, p.batch);
   const i64 row0 = (ceil_div(rows, kBM) - 1 - w.tile) * kBM;  // the longest rows first
   const i64 g = w.g, b = w.b;
   const i64 row_last = imin(row0 + kBM, rows) - 1;

@@ -236,6 +236,8 @@ int main(int argc, char** argv) {
       {"mha_192_128_wide_offset", 1, 64, 160, 2, 2, 192, 128, 96, true, false, 1},
       {"mha_192_128_multi_tile", 1, 200, 200, 1, 1, 192, 128, 0, false, false, 1},
       {"gqa_192_128_negative_offset", 2, 40, 45, 4, 2, 192, 128, -3, false, false, 1},
+      // 17 kv heads x batch 2 = 34 (head, batch) pairs: three groups of the grid order, the last partial.
+      {"mha_192_128_head_groups", 2, 24, 24, 17, 17, 192, 128, 0, false, false, 1},
       {"mqa_576_512_absorbed_wide", 1, 70, 70, 4, 1, 576, 512, 0, true, true, 1},
       {"mqa_576_512_absorbed_offset", 2, 40, 100, 3, 1, 576, 512, 60, false, true, 1},
       {"mqa_576_512_separate_v", 1, 50, 50, 2, 1, 576, 512, 0, false, false, 1},

@@ -285,6 +285,10 @@ TEST(CudaBackend, NameDeviceAndMissingDevice) {
   EXPECT_EQ(be.gpu->device(), Device::cuda);
   EXPECT_GE(cuda_device_count(), 1);
   EXPECT_THROW(make_cuda_backend(cuda_device_count()), InvalidArgument);
+  // The refusal touches no device: the next op on a good backend must not see a stale CUDA error.
+  Tensor t(be.gpu->allocator(), DType::f32, {4}, "t", MemoryKind::external);
+  be.gpu->fill(t, 1.0);
+  EXPECT_EQ(to_host(*be.gpu, t), (std::vector<double>{1, 1, 1, 1}));
 }
 
 // ================================================================ RMSNorm
