@@ -6,7 +6,8 @@
 #                                                 runtime) and this machine's Open MPI (libraries, plugins,
 #                                                 launcher: used there only if the machine has no Open MPI
 #                                                 of its own) into <build-dir>/dist-run, the folder to carry
-#   scripts/gpu_run_check.sh run [dist-dir]       (there) run, each step with its own time limit:
+#   scripts/gpu_run_check.sh run [dist-dir] [steps]   (there) run the steps named (default 1234), each with
+#                                                 its own time limit:
 #     1. the GPU communicator tests (tests/gpu/test_nccl.cpp: NCCL and host staging at P = 1, host staging
 #        over 2 and 4 thread ranks sharing the GPU);
 #     2. `laga run --device cuda --check` at P = 1 for every variant x layout x kernel (bf16), and through
@@ -49,6 +50,7 @@ fi
 
 dist=${2:-build-nccl/dist-run}
 dist=$(cd "$dist" && pwd)
+steps=${3:-1234}
 out=${OUT:-/tmp/laga_gpu_run}
 work=$(mktemp -d /tmp/laga_gpu_run.XXXXXX)
 mkdir -p "$out"
@@ -99,6 +101,7 @@ if ldd "$LAGA" | grep -q 'not found'; then
 fi
 
 # ---- 1. communicator tests
+if [[ $steps == *1* ]]; then
 say ""
 say "== 1. GPU communicator tests (tests/gpu/test_nccl.cpp)"
 NCCL_DEBUG=VERSION timeout 150 "$dist/laga_gpu_tests" --gtest_filter='*GpuComm*:*HostStaging*:*CudaMemInfo*' \
@@ -112,34 +115,11 @@ awk '/^GPUCHECK HostStaging/ { k = $2 " " $3 " " $4 " " $5; split($7, e, "=");
        if (!(k in w) || e[2] + 0 > w[k]) { w[k] = e[2] + 0; t[k] = $6 } }
      END { for (c in w) printf "  %-48s worst rel. error %.2e (%s)\n", c, w[c], t[c] }' "$work/gtest_nccl.log" |
   sort | tee -a "$SUMMARY"
+fi
 
 # ---- 2. P = 1 with --check
-check_table() {  # JSON documents of `laga run --check`: one row each, the worst error against each reference
-  python3 - "$@" <<'PY'
-import json, sys
-refs = ["explicit P=1, same device", "explicit same P", "CPU float64"]
-rows = []
-for path in sys.argv[1:]:
-    try:
-        d = json.load(open(path))
-    except Exception:
-        rows.append((path.split("/")[-1], "-", "-", "no JSON: the run failed (see its log)", "", "", ""))
-        continue
-    r = d["runs"][0]
-    cells = {}
-    for c in r.get("check", []):
-        worst = max(t["rel_error"] for t in c["tensors"])
-        cells[c["reference"]] = f"{worst:.2e} {'ok' if all(t['ok'] for t in c['tensors']) else 'FAIL'} (tol {c['tolerance']:.0e})"
-    rows.append((f"{r['variant']} / {r['layout']} / {r['kernel']}", f"P={d['options']['sp']}", r["dtype"],
-                 d["machine"]["communicator"]) + tuple(cells.get(k, "-") for k in refs))
-header = ("variant / layout / kernel", "P", "dtype", "communicator") + tuple("vs " + k for k in refs)
-w = [max(len(str(x[i])) for x in [header] + rows) for i in range(len(header))]
-for k, row in enumerate([header] + rows):
-    print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(row)))
-    if k == 0:
-        print("-" * (sum(w) + 2 * (len(w) - 1)))
-PY
-}
+check_table() { python3 scripts/check_table.py "$@"; }  # JSON documents of `laga run --check`
+if [[ $steps == *2* ]]; then
 say ""
 say "== 2. laga run --device cuda --check at P = 1 (model small, S = 256, batch 2, bf16)"
 p1=()
@@ -161,8 +141,10 @@ for comm in nccl host-staging; do
   p1+=("$work/p1_comm_$comm.json")
 done
 check_table "${p1[@]}" | tee -a "$SUMMARY"
+fi
 
 # ---- 3. phantom rank 7 of 8, DeepSeek-V3, S = 16384
+if [[ $steps == *3* ]]; then
 say ""
 say "== 3. phantom rank 7 of 8: DeepSeek-V3, S = 16384, bf16, every variant x layout x kernel"
 start=$(date +%s)
@@ -184,10 +166,13 @@ if [ -s "$work/phantom_dsv3.json" ]; then
 else
   tail -30 "$work/phantom_dsv3.log" | tee -a "$SUMMARY"
 fi
+fi
 
 # ---- 4. ranks sharing the GPU under mpirun
 say ""
-if [ -n "$MPIRUN" ]; then
+if [[ $steps != *4* ]]; then
+  :
+elif [ -n "$MPIRUN" ]; then
   say "== 4. mpirun -np 2|4|8 laga run --device cuda --check (ranks share the GPU: MPI with host staging)"
   mp=()
   for np in 2 4 8; do

@@ -61,6 +61,10 @@ struct CollectiveRecord {
   std::size_t bytes_sent = 0;
   std::size_t bytes_received = 0;
   int calls = 1;
+  // Time in these calls, on the backend's queue (device events on the GPU), when the block timed them
+  // (MlaBlock does); 0 otherwise. Bus bandwidth = bytes_sent / seconds (NCCL's busbw for all-gather,
+  // reduce-scatter and all-to-all, whose bytes_sent is already (P-1)/P of the buffer).
+  double seconds = 0;
 };
 
 std::size_t collective_bytes_sent(CollectiveKind, std::size_t chunk_bytes, int ranks);
@@ -86,9 +90,15 @@ class CountingCommunicator final : public Communicator {
 
   // Calls with the same (phase, kind, tensor) are merged, in order of first appearance.
   const std::vector<CollectiveRecord>& records() const { return records_; }
+  // The record the last call was counted in (-1 before any call), and time added to a record.
+  int last_record() const { return last_; }
+  void add_seconds(int record, double seconds) { records_.at(std::size_t(record)).seconds += seconds; }
   std::size_t total_sent(Phase) const;
   std::size_t total_received(Phase) const;
-  void clear() { records_.clear(); }
+  void clear() {
+    records_.clear();
+    last_ = -1;
+  }
 
  private:
   void record(CollectiveKind kind, std::size_t chunk_bytes);
@@ -96,6 +106,7 @@ class CountingCommunicator final : public Communicator {
   Phase phase_ = Phase::forward;
   std::string tensor_ = "unlabelled";
   std::vector<CollectiveRecord> records_;
+  int last_ = -1;
 };
 
 }  // namespace laga

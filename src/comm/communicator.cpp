@@ -53,11 +53,13 @@ std::size_t collective_bytes_sent(CollectiveKind kind, std::size_t chunk_bytes, 
 void CountingCommunicator::record(CollectiveKind kind, std::size_t chunk_bytes) {
   // Every formula is symmetric (each rank receives what it sends), so received == sent.
   const std::size_t bytes = collective_bytes_sent(kind, chunk_bytes, inner_.size());
-  for (CollectiveRecord& r : records_) {
+  for (std::size_t i = 0; i < records_.size(); ++i) {
+    CollectiveRecord& r = records_[i];
     if (r.phase == phase_ && r.kind == kind && r.tensor == tensor_) {
       r.bytes_sent += bytes;
       r.bytes_received += bytes;
       ++r.calls;
+      last_ = int(i);
       return;
     }
   }
@@ -69,6 +71,7 @@ void CountingCommunicator::record(CollectiveKind kind, std::size_t chunk_bytes) 
   r.bytes_received = bytes;
   r.calls = 1;
   records_.push_back(std::move(r));
+  last_ = int(records_.size()) - 1;
 }
 
 // Record after the inner call so a call that throws is not counted.

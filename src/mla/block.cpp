@@ -45,20 +45,27 @@ struct BlockImpl {
   // ---------------------------------------------------------------- op wrappers: count, time, run
   // Times one op on the backend's queue; the marks are read once per pass (finish_timing), so timing a
   // device backend does not synchronize after every op.
+  // A collective's timer also charges its time to the communicator's record of the call.
   struct Timer {
     BlockImpl& self;
     OpPhase ph;
+    bool collective = false;
     int start = self.be.mark();
-    ~Timer() { self.marks.push_back({ph, start, self.be.mark()}); }
+    ~Timer() { self.marks.push_back({ph, start, self.be.mark(), collective ? self.comm.last_record() : -1}); }
   };
   struct Mark {
     OpPhase ph;
     int start, end;
+    int record;  // the communicator's record, or -1
   };
   std::vector<Mark> marks;
   void finish_timing() {
     be.synchronize();
-    for (const Mark& m : marks) stats->seconds[int(m.ph)] += be.elapsed(m.start, m.end);
+    for (const Mark& m : marks) {
+      const double t = be.elapsed(m.start, m.end);
+      stats->seconds[int(m.ph)] += t;
+      if (m.record >= 0) comm.add_seconds(m.record, t);
+    }
     marks.clear();
     be.reset_marks();
   }
@@ -120,7 +127,7 @@ struct BlockImpl {
                                           .dst_batch_stride = chunk});
     Tensor recv = empty({Tk, H * w}, what + ".a2a");
     comm.label(phase, what);
-    Timer timer{*this, OpPhase::communication};
+    Timer timer{*this, OpPhase::communication, true};
     comm.all_to_all(send.data(), recv.data(), chunk, dt);
     return recv;
   }
@@ -131,7 +138,7 @@ struct BlockImpl {
     Tensor recv = empty({P, chunk}, what + ".a2a_recv");
     {
       comm.label(phase, what);
-      Timer timer{*this, OpPhase::communication};
+      Timer timer{*this, OpPhase::communication, true};
       comm.all_to_all(att.data(), recv.data(), chunk, dt);
     }
     Tensor local = empty({T, nh * w}, what + ".local");
@@ -144,7 +151,7 @@ struct BlockImpl {
   Tensor all_gather(const Tensor& local, std::int64_t w, const std::string& what) {
     Tensor full = empty({Tk, w}, what + ".gathered");
     comm.label(phase, what);
-    Timer timer{*this, OpPhase::communication};
+    Timer timer{*this, OpPhase::communication, true};
     comm.all_gather(local.data(), full.data(), T * w, dt);
     return full;
   }
@@ -152,7 +159,7 @@ struct BlockImpl {
   Tensor reduce_scatter(const Tensor& full, std::int64_t w, const std::string& what) {
     Tensor local(be.allocator(), full.dtype(), {T, w}, what + ".scattered");
     comm.label(phase, what);
-    Timer timer{*this, OpPhase::communication};
+    Timer timer{*this, OpPhase::communication, true};
     comm.reduce_scatter(full.data(), local.data(), T * w, full.dtype());
     return local;
   }

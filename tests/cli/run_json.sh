@@ -8,7 +8,7 @@ trap 'rm -rf "$TMP"' EXIT
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 
-if "$LAGA" run --model tiny --seq 64 --sp 4 --form explicit --kernel eager --check --json "$TMP/run.json" >"$TMP/out" 2>"$TMP/err"; then
+if "$LAGA" run --model tiny --seq 64 --sp 4 --form explicit --kernel eager --check --warmup 1 --json "$TMP/run.json" >"$TMP/out" 2>"$TMP/err"; then
   python3 - "$TMP/run.json" <<'PY' || fail "the document is not as expected"
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -22,6 +22,16 @@ assert "probs" in " ".join(names), names  # the eager kernel keeps the softmax o
 for r in run["ranks"]:
     assert r["saved_bytes"] == sum(t["bytes"] for t in r["saved"]) > 0
     assert r["peak_backward_bytes"] >= r["saved_bytes"]
+assert d["options"]["warmup"] == 1
+# Every collective carries its time on the queue; with real (thread) traffic each took some, and the bus
+# bandwidth is bytes sent over that time.
+for r in run["ranks"]:
+    assert r["traffic"], r["rank"]
+    for c in r["traffic"]:
+        assert c["seconds"] > 0, c
+        assert abs(c["bus_bytes_per_s"] - c["bytes_sent"] / c["seconds"]) <= 1e-9 * c["bus_bytes_per_s"], c
+    comm = r["seconds_forward"]["communication"] + r["seconds_backward"]["communication"]
+    assert sum(c["seconds"] for c in r["traffic"]) <= comm * (1 + 1e-9), (r["traffic"], comm)
 (check,) = run["check"]
 assert check["reference"] == "explicit P=1, same device" and check["tolerance"] == 1e-5
 assert all(t["ok"] for t in check["tensors"]) and {t["tensor"] for t in check["tensors"]} >= {"y", "dx", "dw_o"}
@@ -34,5 +44,10 @@ rc=0
 "$LAGA" run --model tiny --seq 64 --json "$TMP/no/such/dir/run.json" >"$TMP/out" 2>"$TMP/err" || rc=$?
 [ "$rc" -eq 2 ] || fail "--json into a missing directory: exit $rc, expected 2"
 grep -qF "json = '$TMP/no/such/dir/run.json'" "$TMP/err" || fail "--json into a missing directory: $(cat "$TMP/err")"
+
+rc=0
+"$LAGA" run --model tiny --seq 64 --warmup -1 >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" -eq 2 ] || fail "--warmup -1: exit $rc, expected 2"
+grep -qF "warmup = -1: must be in [0, 100]" "$TMP/err" || fail "--warmup -1: $(cat "$TMP/err")"
 
 [ "$failures" -eq 0 ] && echo "run --json: ok" || { echo "run --json: $failures failure(s)"; exit 1; }

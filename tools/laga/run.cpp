@@ -52,6 +52,7 @@ struct RunOptions {
   std::string comm = "auto";
   int phantom_rank = -1;  // >= 0: run this rank of --sp alone
   std::uint64_t seed = 1;
+  int warmup = 0;  // untimed passes before the measured one
   bool check = false;
   bool verbose = false;
   std::string save_dir, load_dir, json_path;
@@ -244,7 +245,9 @@ json rank_json(const RankRun& run, int rank, const DeviceMemory& mem, int gpu) {
   std::size_t sent = 0, received = 0;
   for (const auto& c : run.traffic) {
     traffic.push_back({{"phase", phase_name(c.phase)}, {"collective", collective_name(c.kind)}, {"tensor", c.tensor},
-                       {"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}});
+                       {"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received},
+                       {"seconds", c.seconds},
+                       {"bus_bytes_per_s", c.seconds > 0 ? double(c.bytes_sent) / c.seconds : 0.0}});
     sent += c.bytes_sent, received += c.bytes_received;
   }
   json j = {{"rank", rank},
@@ -290,7 +293,7 @@ json document_json(const RunOptions& o, const MlaConfig& cfg, int P) {
           {"options", {{"model", o.model}, {"seq", o.seq}, {"batch", o.batch}, {"sp", P}, {"form", o.form},
                        {"layout", o.layout}, {"kernel", o.kernel}, {"recompute", o.recompute},
                        {"absorbed_attention", o.absorbed_attention}, {"dtype", dtype_text(o)}, {"device", o.device},
-                       {"comm", o.comm}, {"seed", o.seed}, {"check", o.check}}},
+                       {"comm", o.comm}, {"seed", o.seed}, {"check", o.check}, {"warmup", o.warmup}}},
           {"runs", json::array()}};
 }
 
@@ -366,6 +369,7 @@ void check_options(const RunOptions& o, Prepared& p, int ranks, int rank) {
                                              "(float64 needs --device cpu)");
   }
   LAGA_REQUIRE(o.tolerance >= 0, "tolerance = ", o.tolerance, ": must be >= 0 (0 picks the dtype's default)");
+  LAGA_REQUIRE(o.warmup >= 0 && o.warmup <= 100, "warmup = ", o.warmup, ": must be in [0, 100]");
 }
 
 Prepared prepare(const RunOptions& o, int ranks, int rank, int gpu) {
@@ -403,14 +407,17 @@ void maybe_inject_failure(int rank) {
 
 // The block on this rank, with the device memory around it on cuda.
 RankRun measured_run(Prepared& p, Communicator& comm, std::uint64_t seed, const MlaWeights* w, const Tensor* x,
-                     const Tensor* dy, DeviceMemory& mem) {
+                     const Tensor* dy, DeviceMemory& mem, int warmup) {
+  // Warm-up passes pay the first-launch costs (module loading, cuBLASLt heuristics, the allocator's pool)
+  // outside the measured pass; they are the same collectives on every rank, so every rank runs them.
+  for (int i = 0; i < warmup; ++i) run_rank(p.cfg, p.opts, p.sh, *p.be, comm, seed, w, x, dy);
   mem = DeviceMemory{};
   if (p.device == DeviceKind::cuda) {
     p.be->synchronize();
     mem.have = true;
     cuda_reset_scratch_peak(*p.be, /*release=*/true);  // scratch of an earlier run is not this run's
+    cuda_reset_peak_used(*p.be);  // hands the pool's unused memory back first, so warm-ups are not counted
     mem.used_before = cuda_mem_info(p.gpu).used_bytes();
-    cuda_reset_peak_used(*p.be);
   }
   RankRun run = run_rank(p.cfg, p.opts, p.sh, *p.be, comm, seed, w, x, dy);
   if (mem.have) {
@@ -452,7 +459,7 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm, Communicat
 
   DeviceMemory mem;
   RankRun run = measured_run(p, comm, o.seed, have ? &loaded.weights : nullptr, have ? &loaded.x : nullptr,
-                             have ? &loaded.dy : nullptr, mem);
+                             have ? &loaded.dy : nullptr, mem, o.warmup);
   maybe_inject_failure(comm.rank());
 
   // Per-rank figures to rank 0.
@@ -489,12 +496,14 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm, Communicat
     if (cuda)
       std::printf("dev: device memory in use (cudaMemGetInfo; all processes on the GPU), before the run and its peak; "
                   "scratch: the backend's kernel scratch outside the allocator (in dev, not in saved/peak)\n");
-    std::printf("\ncollectives on rank 0 (bytes this rank sent / received):\n");
-    Table c({"phase", "collective", "tensor", "calls", "sent", "received"}, 3);
+    std::printf("\ncollectives on rank 0 (bytes this rank sent / received; time on the backend's queue, bus bandwidth = "
+                "sent / time%s):\n", comm.performs_traffic() ? "" : "; NOT performed here");
+    Table c({"phase", "collective", "tensor", "calls", "sent", "received", "ms", "bus GB/s"}, 3);
     for (const auto& rec : run.traffic)
       c.add({phase_name(rec.phase), collective_name(rec.kind), rec.tensor, std::to_string(rec.calls),
-             std::to_string(rec.bytes_sent), std::to_string(rec.bytes_received)});
-    if (run.traffic.empty()) c.add({"-", "none", "-", "0", "0", "0"});
+             std::to_string(rec.bytes_sent), std::to_string(rec.bytes_received), fmt("%.3f", rec.seconds * 1e3),
+             rec.seconds > 0 && rec.bytes_sent > 0 ? fmt("%.1f", double(rec.bytes_sent) / rec.seconds * 1e-9) : "-"});
+    if (run.traffic.empty()) c.add({"-", "none", "-", "0", "0", "0", "-", "-"});
     c.print();
     if (o.verbose) {
       std::printf("\ntensors kept for backward on rank 0:\n");
@@ -764,7 +773,7 @@ int run_phantom(const RunOptions& o) {
     p.be = make_backend();
     auto comm = make_phantom_communicator(*p.be, r, P);
     DeviceMemory mem;
-    const RankRun run = measured_run(p, *comm, o.seed, &w, &x, &dy, mem);
+    const RankRun run = measured_run(p, *comm, o.seed, &w, &x, &dy, mem, o.warmup);
     std::size_t sent = 0;
     for (const auto& c : run.traffic) sent += c.bytes_sent;
     std::vector<std::string> row{variant_of(v).label(), layout_name(v.layout), kernel_name(v.kernel),
@@ -895,6 +904,8 @@ std::function<int()> add_run(CLI::App& app, CLI::App*& sub, int* argc, char*** a
                   "Run rank R of --sp P alone (no mpirun): collectives are not performed and received data is "
                   "synthetic; memory, FLOPs and time of one rank of a large job on one device");
   sub->add_option("--seed", o->seed, "Seed of the deterministic weights and inputs")->capture_default_str();
+  sub->add_option("--warmup", o->warmup, "Untimed passes (forward and backward) before the measured one: first "
+                                         "launches load kernels and pick GEMM algorithms")->capture_default_str();
   sub->add_flag("--check", o->check, "Compare with the single-rank explicit result on the same device and dtype "
                                      "(and, on cuda, with the CPU float64 result); exit 1 above tolerance");
   sub->add_option("--tolerance", o->tolerance, "Relative error bound of --check against the same-device result "
