@@ -142,6 +142,9 @@ struct CopyCase {
   i64 batch, rows, cols;
   bool broadcast_src, reduce_dst;
   CopyMode mode;
+  // Row and batch strides padded by odd counts (0), or by whole 16-byte vectors (the backend's vector path
+  // for same-dtype assignment when every row starts on a 16-byte boundary).
+  bool aligned = false;
 };
 void PrintTo(const CopyCase& c, std::ostream* os) { *os << c.name; }
 
@@ -151,6 +154,13 @@ const CopyCase kCopyCases[] = {
     {"accumulate_batched", 3, 11, 19, false, false, CopyMode::accumulate},
     {"accumulate_reduce_over_batch", 6, 21, 16, false, true, CopyMode::accumulate},
     {"assign_long_row", 1, 1, 10000, false, false, CopyMode::assign},
+    {"assign_batched_aligned", 5, 37, 192, false, false, CopyMode::assign, true},
+    {"assign_broadcast_src_aligned", 3, 19, 64, true, false, CopyMode::assign, true},
+    {"assign_long_row_aligned", 1, 1, 40000, false, false, CopyMode::assign, true},
+    {"accumulate_batched_aligned", 3, 11, 128, false, false, CopyMode::accumulate, true},
+    // More batch entries than one launch's grid.y (65535) takes, on either path.
+    {"assign_many_batches_aligned", 70000, 1, 8, false, false, CopyMode::assign, true},
+    {"accumulate_many_batches", 70000, 2, 3, false, false, CopyMode::accumulate},
 };
 
 struct CopyParam {
@@ -174,10 +184,11 @@ TEST_P(CudaCopy, MatchesCpuFloat64) {
   Backends be;
   auto rng = rng_for_test();
   CopyArgs a{.batch = c.batch, .rows = c.rows, .cols = c.cols, .mode = c.mode};
-  a.src_ld = c.cols + 3;
-  a.src_batch_stride = c.broadcast_src ? 0 : c.rows * a.src_ld + 2;
-  a.dst_ld = c.cols + 5;
-  a.dst_batch_stride = c.reduce_dst ? 0 : c.rows * a.dst_ld + 1;
+  const i64 pad = c.aligned ? 8 : 1;  // 8 elements: 16 bytes of bf16, a multiple of 16 for f32 and f64
+  a.src_ld = c.cols + 3 * pad;
+  a.src_batch_stride = c.broadcast_src ? 0 : c.rows * a.src_ld + 2 * pad;
+  a.dst_ld = c.cols + 5 * pad;
+  a.dst_batch_stride = c.reduce_dst ? 0 : c.rows * a.dst_ld + pad;
   const i64 src_size = (c.broadcast_src ? 0 : c.batch - 1) * a.src_batch_stride + c.rows * a.src_ld;
   const i64 dst_size = (c.reduce_dst ? 0 : c.batch - 1) * a.dst_batch_stride + c.rows * a.dst_ld;
   Mirror src = random_mirror(*be.gpu, dt, src_size, rng, "src");
