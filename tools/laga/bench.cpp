@@ -27,13 +27,8 @@
 #include "laga/errors.hpp"
 #include "laga/gemm_probe.hpp"
 #include "laga/problem.hpp"
+#include "laga_build_commit.hpp"
 
-#ifndef LAGA_SOURCE_DIR
-#define LAGA_SOURCE_DIR ""
-#endif
-#ifndef LAGA_GIT_COMMIT
-#define LAGA_GIT_COMMIT "unknown"
-#endif
 #ifndef LAGA_BUILD_TYPE
 #define LAGA_BUILD_TYPE ""
 #endif
@@ -196,21 +191,9 @@ json machine_info() {
 }
 
 json build_info() {
-  std::string commit, source = "configure";
-  bool dirty = false;
-  const std::string dir = LAGA_SOURCE_DIR;
-  if (!dir.empty() && std::filesystem::exists(dir + "/.git")) {
-    const std::string c = run_capture("git -C '" + dir + "' rev-parse HEAD 2>/dev/null");
-    if (c.size() == 40) {
-      commit = c;
-      source = "git";
-      dirty = !run_capture("git -C '" + dir + "' status --porcelain --untracked-files=no 2>/dev/null").empty();
-    }
-  }
-  if (commit.empty()) commit = LAGA_GIT_COMMIT;  // configure time, short; whether the tree was dirty is unknown
-  json b = {{"commit", commit},
-            {"commit_from", commit == "unknown" ? "unknown" : source},
-            {"dirty", source == "git" ? json(dirty) : json(nullptr)},
+  json b = {{"commit", LAGA_BUILD_COMMIT},
+            {"commit_from", std::string(LAGA_BUILD_COMMIT) == "unknown" ? "unknown" : "build"},
+            {"dirty", LAGA_BUILD_DIRTY < 0 ? json(nullptr) : json(LAGA_BUILD_DIRTY == 1)},
             {"compiler", __VERSION__},
             {"build_type", LAGA_BUILD_TYPE},
 #ifdef LAGA_HAVE_CUDA

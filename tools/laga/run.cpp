@@ -30,10 +30,8 @@
 #include "laga/nccl_comm.hpp"
 #include "laga/npy.hpp"
 #include "laga/problem.hpp"
+#include "laga_build_commit.hpp"
 
-#ifndef LAGA_GIT_COMMIT
-#define LAGA_GIT_COMMIT "unknown"
-#endif
 
 namespace laga::cli {
 namespace {
@@ -275,7 +273,8 @@ json rank_json(const RankRun& run, int rank, const DeviceMemory& mem, int gpu) {
 }
 
 json machine_json(DeviceKind device, int gpu, const char* communicator) {
-  json j = {{"hostname", host_name()}, {"commit", LAGA_GIT_COMMIT}, {"communicator", communicator},
+  json j = {{"hostname", host_name()}, {"commit", LAGA_BUILD_COMMIT},
+            {"dirty", LAGA_BUILD_DIRTY < 0 ? json(nullptr) : json(LAGA_BUILD_DIRTY == 1)}, {"communicator", communicator},
             {"device", device == DeviceKind::cuda ? "cuda" : "cpu"}};
   if (device == DeviceKind::cuda) {
     j["device_name"] = cuda_device_name(gpu);

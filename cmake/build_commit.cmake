@@ -1,0 +1,30 @@
+# Run at build time (cmake -P): writes OUT, a header naming the commit the binary is built from and whether
+# tracked files differed from it, rewritten only when that changes (so an unchanged tree rebuilds nothing).
+# FIXED (optional): a commit given at configure time (-DLAGA_GIT_COMMIT=...), taken as is, cleanliness unknown.
+if(FIXED)
+  set(commit "${FIXED}")
+  set(dirty -1)
+else()
+  execute_process(COMMAND git rev-parse HEAD WORKING_DIRECTORY "${SRC}" OUTPUT_VARIABLE commit
+                  OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0 OR commit STREQUAL "")
+    set(commit unknown)
+    set(dirty -1)
+  else()
+    execute_process(COMMAND git status --porcelain --untracked-files=no WORKING_DIRECTORY "${SRC}"
+                    OUTPUT_VARIABLE status ERROR_QUIET)
+    if(status STREQUAL "")
+      set(dirty 0)
+    else()
+      set(dirty 1)
+    endif()
+  endif()
+endif()
+set(text "// Generated at build time by cmake/build_commit.cmake.\n#pragma once\n#define LAGA_BUILD_COMMIT \"${commit}\"\n// 1: tracked files differed from the commit when this was built; 0: they did not; -1: unknown\n#define LAGA_BUILD_DIRTY ${dirty}\n")
+set(old "")
+if(EXISTS "${OUT}")
+  file(READ "${OUT}" old)
+endif()
+if(NOT old STREQUAL text)
+  file(WRITE "${OUT}" "${text}")
+endif()
