@@ -14,7 +14,8 @@ REFS = ["explicit P=1, same device", "explicit same P", "CPU float64"]
 
 def summary_row(d):
     r = d["runs"][0]
-    return {"variant": r["variant"], "form": r["form"], "layout": r["layout"], "kernel": r["kernel"],
+    return {"model": d["options"]["model"], "seq": d["options"]["seq"], "batch": d["options"]["batch"],
+            "variant": r["variant"], "form": r["form"], "layout": r["layout"], "kernel": r["kernel"],
             "dtype": r["dtype"], "sp": d["options"]["sp"], "communicator": d["machine"]["communicator"],
             "device": d["machine"].get("device_name", d["machine"]["device"]), "commit": d["machine"]["commit"],
             "checks": [{"reference": c["reference"], "tolerance": c["tolerance"],

@@ -60,7 +60,8 @@ start=$(date +%s)
 "$bin" --gtest_filter="$filter" --gtest_also_run_disabled_tests >"$out/gpu_tests.log" 2>&1
 rc=$?
 secs=$(( $(date +%s) - start ))
-grep '^GPUCHECK' "$out/gpu_tests.log" >"$out/gpu_checks.txt"
+# (the host-staging suite's lines have another layout: scripts/gpu_run_check.sh reads them)
+grep '^GPUCHECK' "$out/gpu_tests.log" | grep -v '^GPUCHECK HostStaging' >"$out/gpu_checks.txt"
 grep -E '^\[  FAILED  \]' "$out/gpu_tests.log" | sort -u | head -40
 grep -B3 -E 'Failure|error:' "$out/gpu_tests.log" | head -60
 

@@ -148,7 +148,7 @@ if [[ $steps == *3* ]]; then
 say ""
 say "== 3. phantom rank 7 of 8: DeepSeek-V3, S = 16384, bf16, every variant x layout x kernel"
 start=$(date +%s)
-timeout 300 "$LAGA" run --device cuda --model deepseek-v3 --seq 16384 --sp 8 --phantom-rank 7 --form all --layout all \
+timeout 300 "$LAGA" run --device cuda --model deepseek-v3 --seq 16384 --sp 8 --phantom-rank 7 --form all --layout all --warmup 1 \
   --kernel all --json "$work/phantom_dsv3.json" >"$work/phantom_dsv3.log" 2>&1
 rc=$?
 say "exit $rc in $(( $(date +%s) - start )) s; $(grep -m1 'phantom rank' "$work/phantom_dsv3.log")"
