@@ -6,6 +6,7 @@
 --json writes the same rows, with every tensor's error, as one document (the form committed under
 bench/results/checks/ and read by scripts/results.py).
 """
+import argparse
 import json
 import sys
 
@@ -24,13 +25,12 @@ def summary_row(d):
 
 
 def main(argv):
-    out_json = None
-    if "--json" in argv:
-        i = argv.index("--json")
-        out_json = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("documents", nargs="+", help="laga run --check --json documents")
+    ap.add_argument("--json", dest="out_json", help="write the rows, every tensor's error included, here")
+    args = ap.parse_args(argv)
     rows, summary = [], []
-    for path in argv:
+    for path in args.documents:
         try:
             d = json.load(open(path))
         except Exception:
@@ -48,8 +48,8 @@ def main(argv):
         print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(row)))
         if k == 0:
             print("-" * (sum(w) + 2 * (len(w) - 1)))
-    if out_json:
-        with open(out_json, "w") as f:
+    if args.out_json:
+        with open(args.out_json, "w") as f:
             json.dump({"schema": "laga-checks/1", "runs": summary}, f, indent=1)
     return 0
 

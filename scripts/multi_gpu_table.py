@@ -6,6 +6,7 @@ predicts for the same points from the measured compute.
 
     python3 scripts/multi_gpu_table.py run1.json run2.json ... [--json out.json]
 """
+import argparse
 import json
 import sys
 
@@ -18,19 +19,19 @@ def modeled_comm(rank, P):
 
 
 def main(argv):
-    out_json = None
-    if "--json" in argv:
-        i = argv.index("--json")
-        out_json = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
-    points, coll = [], []
-    for path in argv:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("documents", nargs="+", help="laga run --json documents of multi-GPU runs")
+    ap.add_argument("--json", dest="out_json", help="write the points, collectives and speed-ups here")
+    args = ap.parse_args(argv)
+    points, coll, machine = [], [], None
+    for path in args.documents:
         try:
             d = json.load(open(path))
         except Exception:
             print(f"{path}: no JSON (the run failed; see its log)")
             continue
         o, r = d["options"], d["runs"][0]
+        machine = machine or d["machine"]
         P = o["sp"]
         # The slowest rank sets the block's time (causal all_gather loads the last rank most).
         ranks = r["ranks"]
@@ -75,10 +76,10 @@ def main(argv):
     for c in coll:
         print(f"  S {c['seq']:>6} P {c['sp']} {c['layout']:10} {c['form']:10} {c['phase']:8} {c['collective']:14} "
               f"{c['tensor']:10} {c['bytes_sent']/2**20:10.2f} MiB {c['seconds']*1e3:8.3f} ms {c['bus_gbs']:7.1f} GB/s")
-    if out_json:
-        json.dump({"points": points, "collectives": coll, "speedups": speedups,
+    if args.out_json:
+        json.dump({"machine": machine, "points": points, "collectives": coll, "speedups": speedups,
                    "time_model": {"label": "modeled", "bandwidth_bytes_per_s": NVLINK_BW, "latency_s": NVLINK_ALPHA}},
-                  open(out_json, "w"), indent=1)
+                  open(args.out_json, "w"), indent=1)
     return 0
 
 
