@@ -30,13 +30,7 @@ finish() {
   cp "$out"/*.json "$final/" 2>/dev/null
 }
 trap finish EXIT
-lib_dirs() {
-  find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr/lib /opt /usr/local/lib -name "$1" \
-    -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':'
-}
-export LD_LIBRARY_PATH="$dist/libs:$(lib_dirs 'libcublasLt.so.13*')$(lib_dirs 'libnccl.so.2*')${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # multicast stays off
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. scripts/gpu_env.sh  # libraries, NVLink multicast off
 elapsed() { echo "($(( $(date +%s) - $1 )) s)"; }
 
 if [[ $parts == *1* ]]; then

@@ -23,13 +23,8 @@ final=${OUT:-/tmp/laga_gpu_multi}
 mkdir -p "$final"
 out=$(mktemp -d /tmp/laga_gpu_multi.XXXXXX)
 trap 'tar -czf "$final/logs.tar.gz" -C "$out" . 2>/dev/null; cp "$out"/multi-gpu*.json "$final/" 2>/dev/null' EXIT
-lib_dirs() {
-  find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr/lib /opt /usr/local/lib -name "$1" \
-    -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':'
-}
-export LD_LIBRARY_PATH="$dist/libs:$(lib_dirs 'libcublasLt.so.13*')$(lib_dirs 'libnccl.so.2*')${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+. scripts/gpu_env.sh  # libraries, NVLink multicast off
+export OMPI_MCA_rmaps_base_oversubscribe=1
 export NCCL_DEBUG=WARN OPENBLAS_NUM_THREADS=4
 LAGA=$dist/laga
 mpi() { timeout "$1" mpirun -np "$2" --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_DEBUG \

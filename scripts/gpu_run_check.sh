@@ -58,16 +58,10 @@ LAGA=$dist/laga
 SUMMARY=$out/summary.txt  # written as the steps go, so a run stopped at its limit still reports
 : >"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # KINDS.md: keep multicast off
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-4}
 
-# Libraries from the machine: cuBLASLt and NCCL (the toolkit's lib64, or the pip wheels nvidia-cublas and
-# nvidia-nccl-cu13).
-lib_dirs() {
-  find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr/lib /opt /usr/local/lib -name "$1" \
-    -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':'
-}
-export LD_LIBRARY_PATH="$dist/libs:$(lib_dirs 'libcublasLt.so.13*')$(lib_dirs 'libnccl.so.2*')${LD_LIBRARY_PATH:-}"
+# Libraries from the machine (cuBLASLt and NCCL: the toolkit's lib64, or the pip wheels), NVLink multicast off.
+. scripts/gpu_env.sh
 
 say "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
@@ -75,7 +69,6 @@ say "libnccl: $(lib_dirs 'libnccl.so.2*')"
 say "system mpirun: $(command -v mpirun || echo none) $( (mpirun --version 2>&1 || true) | head -1)"
 
 # Open MPI: the machine's if laga runs with it (libmpi.so.40, an Open MPI mpirun), else the bundled one.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
 MPIRUN=""
 probe() { timeout 60 "$LAGA" run --model tiny --seq 16 >"$work/probe.log" 2>&1; }

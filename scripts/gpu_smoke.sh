@@ -9,12 +9,8 @@ cd "$(dirname "$0")/.."
 dist=$(cd "${1:-build-nccl/dist-run}" && pwd)
 out=${OUT:-/tmp/laga_gpu_smoke}
 mkdir -p "$out"
-lib_dirs() {
-  find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr/lib /opt /usr/local/lib -name "$1" \
-    -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':'
-}
-export LD_LIBRARY_PATH="$dist/libs:$(lib_dirs 'libcublasLt.so.13*')$(lib_dirs 'libnccl.so.2*')${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 OPENBLAS_NUM_THREADS=8 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. scripts/gpu_env.sh  # libraries, NVLink multicast off
+export OPENBLAS_NUM_THREADS=8
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 timeout 240 "$dist/laga_gpu_tests" --gtest_filter='*CudaBlock*:*CudaAttention*:*CudaLaga*' >"$out/gtest.log" 2>&1
 echo "GPU tests exit $?"; grep -E '^\[ +(PASSED|FAILED) +\]' "$out/gtest.log"; grep -A4 Failure "$out/gtest.log" | head -30
