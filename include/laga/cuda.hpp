@@ -82,4 +82,14 @@ std::size_t cuda_default_eager_scratch_cap();
 std::size_t cuda_eager_scratch_cap(Backend& backend);
 void cuda_set_eager_scratch_cap(Backend& backend, std::size_t bytes);
 
+// How the tensor-core backward of the 192/128 attention (explicit MLA, LAGA) forms dQ: `true` (the default)
+// adds it up inside the dK/dV kernel, the key blocks of each row tile in a fixed order (reproducible; no dQ
+// kernel recomputing S and dP); `false` runs the separate dQ kernel. dK and dV are the same bits either way;
+// dQ agrees within bf16 rounding. A new backend takes cuda_default_flash_fused_dq(): the environment variable
+// LAGA_CUDA_FLASH_DQ ("fused" or "separate"), read once per process, else fused (another value makes backend
+// creation throw InvalidArgument).
+bool cuda_default_flash_fused_dq();
+bool cuda_flash_fused_dq(Backend& backend);
+void cuda_set_flash_fused_dq(Backend& backend, bool fused);
+
 }  // namespace laga

@@ -26,6 +26,8 @@ const char* scratch_slot_name(ScratchSlot s) {
     case ScratchSlot::dk_accum: return "dk_accum";
     case ScratchSlot::delta: return "delta";
     case ScratchSlot::split_partial: return "split_partial";
+    case ScratchSlot::dq_accum: return "dq_accum";
+    case ScratchSlot::dq_count: return "dq_count";
     case ScratchSlot::norm_partial: return "norm_partial";
     case ScratchSlot::gemm_fallback: return "gemm_fallback";
     case ScratchSlot::count: break;
@@ -212,6 +214,7 @@ class CudaBackend final : public Backend {
     gemm_ = std::make_unique<GemmRunner>(ctx_.stream);
     ctx_.gemm = gemm_.get();
     ctx_.eager_scratch_cap = cuda_default_eager_scratch_cap();
+    ctx_.flash_fused_dq = cuda_default_flash_fused_dq();
     // Scratch grows outside the allocator: sample the device's used bytes there too.
     ctx_.scratch.on_grow = [](void* alloc) { static_cast<CudaAllocator*>(alloc)->sample_used(); };
     ctx_.scratch.on_grow_user = &alloc_;
@@ -431,6 +434,23 @@ std::size_t cuda_eager_scratch_cap(Backend& backend) {
 
 void cuda_set_eager_scratch_cap(Backend& backend, std::size_t bytes) {
   as_cuda(backend, "cuda_set_eager_scratch_cap").context().eager_scratch_cap = bytes;
+}
+
+bool cuda_default_flash_fused_dq() {
+  static const bool fused = [] {
+    const char* v = std::getenv("LAGA_CUDA_FLASH_DQ");
+    if (v == nullptr || *v == 0) return true;
+    const std::string s(v);
+    LAGA_REQUIRE(s == "fused" || s == "separate", "LAGA_CUDA_FLASH_DQ is '", s, "'; it must be 'fused' or 'separate'");
+    return s == "fused";
+  }();
+  return fused;
+}
+
+bool cuda_flash_fused_dq(Backend& backend) { return as_cuda(backend, "cuda_flash_fused_dq").context().flash_fused_dq; }
+
+void cuda_set_flash_fused_dq(Backend& backend, bool fused) {
+  as_cuda(backend, "cuda_set_flash_fused_dq").context().flash_fused_dq = fused;
 }
 
 }  // namespace laga

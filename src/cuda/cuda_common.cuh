@@ -115,6 +115,8 @@ inline unsigned blocks_for(i64 n, int threads) {
 //   dk_accum       eager backward: fp32 dK of one kv head, when its sum is split over chunks
 //   delta          fused backward: D = rowsum(dO * O)
 //   split_partial  fused tensor-core backward, 576/512: the dK/dV partial sums of the row splits
+//   dq_accum       fused tensor-core backward, 192/128: fp32 dQ added up by the dK/dV kernel, 64-row tiles
+//   dq_count       its per-tile counters (how many key blocks have added theirs)
 //   norm_partial   RMSNorm backward: dgamma partial sums
 //   gemm_fallback  reserved for the GEMM fallback
 enum class ScratchSlot {
@@ -124,6 +126,8 @@ enum class ScratchSlot {
   dk_accum,
   delta,
   split_partial,
+  dq_accum,
+  dq_count,
   norm_partial,
   gemm_fallback,
   count
@@ -175,6 +179,8 @@ struct Context {
   // under this many bytes (at least one query row). Set from cuda_default_eager_scratch_cap().
   std::size_t eager_scratch_cap = std::size_t(1) << 30;
   int max_smem_per_block = 0;  // opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+  // Tensor-core 192/128 backward: dQ added up inside the dK/dV kernel (else the separate dQ kernel).
+  bool flash_fused_dq = true;
 };
 
 }  // namespace laga::cuda

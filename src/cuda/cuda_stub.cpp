@@ -31,6 +31,9 @@ void cuda_reset_scratch_peak(Backend&, bool) { no_cuda("cuda_reset_scratch_peak"
 std::size_t cuda_default_eager_scratch_cap() { no_cuda("cuda_default_eager_scratch_cap"); }
 std::size_t cuda_eager_scratch_cap(Backend&) { no_cuda("cuda_eager_scratch_cap"); }
 void cuda_set_eager_scratch_cap(Backend&, std::size_t) { no_cuda("cuda_set_eager_scratch_cap"); }
+bool cuda_default_flash_fused_dq() { no_cuda("cuda_default_flash_fused_dq"); }
+bool cuda_flash_fused_dq(Backend&) { no_cuda("cuda_flash_fused_dq"); }
+void cuda_set_flash_fused_dq(Backend&, bool) { no_cuda("cuda_set_flash_fused_dq"); }
 
 std::unique_ptr<Communicator> make_host_staging_communicator(Communicator&, Backend&) {
   no_cuda("make_host_staging_communicator");

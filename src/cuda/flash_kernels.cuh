@@ -452,7 +452,7 @@ __global__ void __launch_bounds__(256) flash_bwd_delta_kernel(const AttentionBwd
 // wgmmas and the registers hold only the dK/dV accumulators and one step's S^T, dP^T (64-row steps).
 // Without kWgmma (mma.sync), P^T and dS^T stay in registers as the A operands of dV and dK.
 template <int kDqk_, int kDv_, int kBlockN_, int kBlockM_, int kWarps_, bool kVInK_, int kMinBlocks_,
-          bool kWgmma_ = false>
+          bool kWgmma_ = false, bool kFuseDq_ = false>
 struct BwdKvRegTraits {
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockN = kBlockN_, kBlockM = kBlockM_;
   static constexpr int kWarps = kWarps_, kThreads = 32 * kWarps, kMinBlocks = kMinBlocks_;
@@ -462,6 +462,8 @@ struct BwdKvRegTraits {
   static constexpr int kKBytes = kBlockN * kDqk * 2, kVBytes = kVInK ? 0 : kBlockN * kDv * 2;
   static constexpr int kQBytes = kBlockM * kDqk * 2, kDoBytes = kBlockM * kDv * 2;
   static constexpr bool kWgmma = kWgmma_;
+  // dQ in this kernel too (dq_accum, below): dQ^T = K^T dS^T per step, each warpgroup 32 of the 64 rows
+  static constexpr bool kFuseDq = kFuseDq_;
   // Q | dO | lse | D, whole 1 KB units (the wgmma tiles start 1024-byte aligned)
   static constexpr int kStageBytes = (kQBytes + kDoBytes + 2 * kBlockM * 4 + 1023) / 1024 * 1024;
   static constexpr int kOffStage = kKBytes + kVBytes;
@@ -472,15 +474,36 @@ struct BwdKvRegTraits {
                             (kDv == 128 || kDv == 192) && (kDqk == 128 || kDqk == 192) && kDqk % 64 == 0 &&
                             kKBytes % 1024 == 0 && kOffStage % 1024 == 0 && kQBytes % 1024 == 0),
                 "wgmma dK/dV: warpgroups of 64 keys, wgmma shapes in use, 1024-aligned tiles");
+  static_assert(!kFuseDq || (kWgmma && kWarps == 8 && kBlockN == 128 && kThreads == 256),
+                "fused dQ: the wgmma layout with two warpgroups (dq_accum_offset's fragment order)");
   static_assert(kBlockN % (16 * kWarps) == 0 && kBlockM % 16 == 0, "mma tile multiples");
   static_assert(kOffStage % 128 == 0 && kStageBytes % 128 == 0, "tile alignment");
   static_assert(!kVInK || kDv <= kDqk, "V inside K needs d_v <= d_qk");
   static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "dK/dV tiles exceed shared memory");
 };
 
+// Fused dQ (FlashAttention-3's deterministic mode). Key block j adds dS K for its rows to an fp32 buffer of
+// 64-row tiles (dq_accum, per (batch, kv head) ceil(rows / 64) tiles of 64 x d_qk floats), the key blocks of a
+// row tile in increasing j: a counter per row tile holds how many have added theirs, block j waits for it to
+// reach j and block 0 stores instead of adding (no zero fill). Blocks walk their row tiles from the last one
+// down, so block j - 1 is one step ahead of block j on the same tile, and block j only waits on blocks issued
+// before it (lower blockIdx: tile_work), never on one that may not be resident. A tile's floats are in the
+// order of the wgmma accumulators (one 16-byte vector per thread and 8-column group), so that the adds are
+// coalesced; flash_bwd_dq_convert_kernel scales them into dQ.
+constexpr int kDqTileRows = 64;
+__host__ __device__ constexpr i64 dq_row_tiles(i64 rows) { return (rows + kDqTileRows - 1) / kDqTileRows; }
+// Offset in a tile of (row r, column d): warpgroup r / 32 holds rows 32 wg.., m tile d / 64 of dQ^T, the
+// mma.sync C layout per warp (d = row of dQ^T, r = its column); ((m tile * 4 + n tile) * 256 + thread) * 4 + e.
+__host__ __device__ constexpr int dq_accum_offset(int r, int d) {
+  const int wg = r / 32, nt = (r % 32) / 8, tig = (r % 8) / 2, e_lo = r % 2;
+  const int mt = d / 64, w4 = (d % 64) / 16, h = (d % 16) / 8, gid = d % 8;
+  const int tid = 128 * wg + 32 * w4 + 4 * gid + tig;
+  return ((mt * 4 + nt) * 256 + tid) * 4 + 2 * h + e_lo;
+}
+
 template <class Tr, bool kAligned>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
-    flash_bwd_dkdv_regs_kernel(const AttentionBwdParams p, const float* delta) {
+    flash_bwd_dkdv_regs_kernel(const AttentionBwdParams p, const float* delta, float* dq_accum, unsigned* dq_count) {
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv, kThreads = Tr::kThreads;
   constexpr int kMT = Tr::kMT, kNTQ = Tr::kNTQ;
   char* smem = dynamic_smem();
@@ -498,7 +521,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const i64 key0 = w.tile * kBN, g = w.g, b = w.b;  // the first keys are seen by the most rows
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
   const i64 r_first = imin(imax(key0 - p.q_offset, 0), p.q_len) * group;  // first row that sees key0
-  const int n_tiles = int(ceil_div(rows - r_first, kBM));
+  // Steps walk the 64-row tiles (aligned to row 0, the tiles of dq_accum) from the last one down to the one
+  // holding r_first: the diagonal, masked, tile comes last.
+  const i64 row_tiles = ceil_div(rows, kBM);
+  const int n_tiles = r_first < rows ? int(row_tiles - r_first / kBM) : 0;
+  auto step_row0 = [&](int t) { return (row_tiles - 1 - t) * kBM; };
+  const i64 tile_base = (b * p.kv_heads + g) * row_tiles;  // this (batch, kv head)'s first dq_accum tile
 
   const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
   const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
@@ -514,7 +542,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     load_tile<kBN, kDv, kThreads, kAligned, decltype(v_row), kSlab>(const_cast<bf16*>(s_v), v_row);
   }
   auto load_rows = [&](int t, int st) {
-    const i64 r0 = r_first + i64(t) * kBM;
+    const i64 r0 = step_row0(t);
     auto q_row = [&](int r) -> const bf16* {
       const i64 row = r0 + r;
       if (row >= rows) return nullptr;
@@ -541,10 +569,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
   for (int t = 0; t < n_tiles; ++t) {
     const int st = t & 1;
-    const i64 r0 = r_first + i64(t) * kBM;
+    const i64 r0 = step_row0(t);
     cp_async_wait<0>();
     if constexpr (Tr::kWgmma) fence_proxy_async();  // wgmma reads what cp.async and the stores wrote
     __syncthreads();
+    // Every thread's dQ adds of the previous step were issued before this barrier.
+    if constexpr (Tr::kFuseDq)
+      if (tid == 0 && t > 0) release_counter(dq_count + tile_base + r0 / kBM + 1);
     if (t + 1 < n_tiles) load_rows(t + 1, st ^ 1);
     cp_async_commit();
     const bf16* sq = s_q(st);
@@ -599,9 +630,31 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
               pack_bf16(lo_bf16(ph[nt][h]) * (ds[0][nt][2 * h] - d0), hi_bf16(ph[nt][h]) * (ds[0][nt][2 * h + 1] - d1));
       }
       fence_proxy_async();
+      if constexpr (Tr::kFuseDq)  // the key blocks before this one have added theirs to this row tile
+        if (tid == 0) wait_counter(dq_count + tile_base + r0 / kBM, unsigned(w.tile));
       __syncthreads();  // each warpgroup's P^T and dS^T rows are in (written by its four warps)
-      warpgroup_mma_ss_tb_async<kMT, kDv, kBM / 16, kBN, kBM>(acc_dv, s_pt, 64 * (warp / 4), sdo);
-      warpgroup_mma_ss_tb_async<kMT, kDqk, kBM / 16, kBN, kBM>(acc_dk, s_dst, 64 * (warp / 4), sq);
+      if constexpr (Tr::kFuseDq) {
+        // dQ^T (d_qk x 32 rows per warpgroup) = K^T dS^T first, so that its adds overlap dV and dK.
+        float acc_dq[kDqk / 64][4][4];
+        warpgroup_mma_tt_async<kDqk / 64, kBN / 16, kBN>(acc_dq, s_k, s_dst + 32 * (warp / 4));
+        warpgroup_mma_ss_tb_async<kMT, kDv, kBM / 16, kBN, kBM>(acc_dv, s_pt, 64 * (warp / 4), sdo);
+        warpgroup_mma_ss_tb_async<kMT, kDqk, kBM / 16, kBN, kBM>(acc_dk, s_dst, 64 * (warp / 4), sq);
+        warpgroup_wait<2>(acc_dq);
+        float* dst = dq_accum + (tile_base + r0 / kBM) * (kBM * kDqk) + tid * 4;
+#pragma unroll
+        for (int mt = 0; mt < kDqk / 64; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const float* c = acc_dq[mt][nt];
+            if (w.tile == 0)
+              st_global_v4(dst + (mt * 4 + nt) * kThreads * 4, c[0], c[1], c[2], c[3]);
+            else
+              red_add_v4(dst + (mt * 4 + nt) * kThreads * 4, c[0], c[1], c[2], c[3]);
+          }
+      } else {
+        warpgroup_mma_ss_tb_async<kMT, kDv, kBM / 16, kBN, kBM>(acc_dv, s_pt, 64 * (warp / 4), sdo);
+        warpgroup_mma_ss_tb_async<kMT, kDqk, kBM / 16, kBN, kBM>(acc_dk, s_dst, 64 * (warp / 4), sq);
+      }
       warpgroup_wait<0>(acc_dv);
       reg_fence_all(acc_dk);
     } else {
@@ -624,6 +677,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       warp_mma_ra<kMT, kDqk / 8, kBM / 16, true, kDqk>(acc_dk, dsa, sq, 0, lane);
     }
   }
+  if constexpr (Tr::kFuseDq)
+    if (n_tiles > 0) {
+      __syncthreads();  // every thread's adds to the last tile are issued
+      if (tid == 0) release_counter(dq_count + tile_base + step_row0(n_tiles - 1) / kBM);
+    }
 
   bf16* dk = static_cast<bf16*>(p.dk) + b * p.dk_batch_stride + g * p.dk_head_stride;
   bf16* dv = static_cast<bf16*>(p.dv) + b * p.dv_batch_stride + g * p.dv_head_stride;
@@ -643,6 +701,35 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         store2<kAligned>(dv + key * p.dv_token_stride + nt * 8 + 2 * tig, acc_dv[mt][nt][2 * h],
                          acc_dv[mt][nt][2 * h + 1]);
     }
+}
+
+// dQ = scale * dq_accum, one block per (row tile, kv head, batch entry) in dq_accum's order; a tile no key
+// block added to (rows that see no key) is zeros. The tile goes through shared memory (kRows x kDqk floats),
+// from the accumulator order to rows.
+template <int kDqk, bool kAligned>
+__global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const AttentionBwdParams p, const float* dq_accum,
+                                                                   const unsigned* dq_count) {
+  constexpr int kRows = kDqTileRows, kThreads = 256;
+  float* s = reinterpret_cast<float*>(dynamic_smem());
+  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group, row_tiles = dq_row_tiles(rows);
+  const i64 tile = blockIdx.x, pair = tile / row_tiles, row0 = (tile % row_tiles) * kRows;
+  const i64 g = pair % p.kv_heads, b = pair / p.kv_heads;
+  const bool added = dq_count[tile] > 0;
+  if (added) {
+    const float4* src = reinterpret_cast<const float4*>(dq_accum + tile * (kRows * kDqk));
+    for (int i = threadIdx.x; i < kRows * kDqk / 4; i += kThreads) reinterpret_cast<float4*>(s)[i] = src[i];
+  }
+  __syncthreads();
+  bf16* dq = static_cast<bf16*>(p.dq) + b * p.dq_batch_stride;
+  const float scale = float(p.scale);
+  for (int i = threadIdx.x; i < kRows * kDqk / 2; i += kThreads) {
+    const int r = i / (kDqk / 2), d = 2 * (i % (kDqk / 2));
+    const i64 row = row0 + r;
+    if (row >= rows) continue;
+    const float lo = added ? scale * s[dq_accum_offset(r, d)] : 0.f;
+    const float hi = added ? scale * s[dq_accum_offset(r, d + 1)] : 0.f;
+    store2<kAligned>(dq + (g * group + row % group) * p.dq_head_stride + (row / group) * p.dq_token_stride + d, lo, hi);
+  }
 }
 
 // ================================================================ backward: dK, dV through shared memory
@@ -1076,6 +1163,7 @@ struct TileConfig {
   bool dkdv_regs = true;
   int dkdv_n = 0, dkdv_m = 0, dkdv_warps = 0, dkdv_warps_ns = 0, dkdv_min_blocks = 1;
   bool dkdv_wgmma = false;  // registers layout only (then FlashAttention-3's arrangement, 64-row steps)
+  bool dq_fused = false;    // wgmma registers layout only: dQ added up inside the dK/dV kernel (no dQ kernel)
   // backward dQ: rows x keys per step, warps, S warps along rows, dQ warps along rows
   int dq_m = 0, dq_n = 0, dq_warps = 0, dq_warps_ms = 0, dq_warps_mq = 0, dq_min_blocks = 1;
   bool dq_wgmma = false;
@@ -1092,7 +1180,7 @@ constexpr TileConfig tile_config(int dqk, int dv, bool v_in_k) {
     c = {.supported = true, .fwd_m = 128, .fwd_n = 64, .fwd_warps = 4, .fwd_warps_ms = 4, .fwd_warps_mo = 4,
          .fwd_pipe = Pipe::split, .fwd_min_blocks = 2, .fwd_s_wgmma = true, .fwd_o_wgmma = true,
          .dkdv_regs = true, .dkdv_n = 128, .dkdv_m = 64, .dkdv_warps = 8, .dkdv_warps_ns = 8, .dkdv_min_blocks = 1,
-         .dkdv_wgmma = true,
+         .dkdv_wgmma = true, .dq_fused = true,
          .dq_m = 128, .dq_n = 64, .dq_warps = 8, .dq_warps_ms = 8, .dq_warps_mq = 8, .dq_min_blocks = 1,
          .dq_wgmma = true};
   } else if (dqk == 576 && dv == 512) {
@@ -1114,6 +1202,9 @@ struct Kernels {
                         kVInK, c.fwd_min_blocks, c.fwd_s_wgmma, c.fwd_o_wgmma>;
   using DkdvRegs =
       BwdKvRegTraits<kDqk, kDv, c.dkdv_n, c.dkdv_m, c.dkdv_warps, kVInK, c.dkdv_min_blocks, c.dkdv_wgmma>;
+  // The same dK/dV kernel with dQ added up inside it (when c.dq_fused; the separate dQ kernel otherwise).
+  using DkdvRegsFusedDq = BwdKvRegTraits<kDqk, kDv, c.dkdv_n, c.dkdv_m, c.dkdv_warps, kVInK, c.dkdv_min_blocks,
+                                         c.dkdv_wgmma, c.dq_fused>;
   using DkdvSmem = BwdKvSmemTraits<kDqk, kDv, c.dkdv_n, c.dkdv_m, c.dkdv_warps, c.dkdv_warps_ns, kVInK>;
   using Dq = BwdQTraits<kDqk, kDv, c.dq_m, c.dq_n, c.dq_warps, c.dq_warps_ms, c.dq_warps_mq, kVInK,
                        c.dq_min_blocks, c.dq_wgmma>;

@@ -248,6 +248,54 @@ __device__ __forceinline__ void wgmma_m64n192k16_ss_tb(float (&d)[24][4], std::u
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// SS, both transposed: A (64 x 16) and B (16 x N) from descriptors of MN-major tiles (rows are k), as
+// dQ^T = K^T dS^T reads K [keys][d] and dS^T [keys][rows]. N = 32 may start in the middle of a 64-column slab
+// (the second half of it): every address stays inside the slab's 128-byte rows.
+__device__ __forceinline__ void wgmma_m64n32k16_ss_tt(float (&d)[4][4], std::uint64_t desc_a, std::uint64_t desc_b,
+                                                      int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// ---------------------------------------------------------------- ordered accumulation in global memory
+// The fused backward adds each key block's dQ contribution to an fp32 buffer, the key blocks of a row tile in
+// a fixed order (a counter per row tile says how many have added theirs), so the sums are reproducible.
+__device__ __forceinline__ void st_global_v4(float* p, float a, float b, float c, float d) {
+  *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+}
+// p[0..3] += (a, b, c, d) in L2, without a return value (sm_90: vector red).
+__device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+// Waits (one thread) until *counter == value; its acquire orders what the block reads and adds next after what
+// the releasing blocks wrote. Bounded: a counter that never arrives (a bug, not a slow predecessor: a step
+// takes microseconds) traps instead of hanging the GPU.
+__device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned value) {
+  for (long long polls = 0;; ++polls) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
+    if (v == value) return;
+    if (polls > (1LL << 30)) __trap();
+    __nanosleep(64);
+  }
+}
+// *counter += 1 (one thread, after a barrier behind which every thread of the block issued its adds): release
+// at GPU scope makes those adds visible before the new count.
+__device__ __forceinline__ void release_counter(unsigned* counter) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+
 // Two floats rounded to bf16 and packed (lo in the low half: the lower column).
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

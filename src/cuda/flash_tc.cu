@@ -83,10 +83,32 @@ void backward_impl(Context& ctx, const AttentionBwdParams& p) {
     LAGA_CUDA_CHECK_LAUNCH("flash_bwd_delta_kernel");
   }
   const float* cdelta = delta;
+  if constexpr (c.dq_fused) {
+    if (ctx.flash_fused_dq) {
+      // dQ added up by the dK/dV kernel into fp32 tiles (their counters zeroed first), then scaled into dq.
+      using Tr = typename K::DkdvRegsFusedDq;
+      const i64 tiles = p.batch * p.kv_heads * flash::dq_row_tiles(rows);
+      constexpr std::size_t kTileFloats = std::size_t(flash::kDqTileRows) * Tr::kDqk;
+      float* dq_accum = static_cast<float*>(
+          ctx.scratch.get(ScratchSlot::dq_accum, sizeof(float) * kTileFloats * std::size_t(tiles), ctx.stream));
+      auto* dq_count = static_cast<unsigned*>(
+          ctx.scratch.get(ScratchSlot::dq_count, sizeof(unsigned) * std::size_t(tiles), ctx.stream));
+      if (tiles > 0) LAGA_CUDA_CHECK(cudaMemsetAsync(dq_count, 0, sizeof(unsigned) * std::size_t(tiles), ctx.stream));
+      launch(ctx, flash::flash_bwd_dkdv_regs_kernel<Tr, kAligned>, "flash_bwd_dkdv_regs_kernel (fused dQ)",
+             flash_grid(blocks(p.kv_len, Tr::kBlockN), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta,
+             dq_accum, dq_count);
+      LAGA_REQUIRE(tiles <= INT32_MAX, "attention: ", tiles, " dQ tiles exceed the grid limit");
+      launch(ctx, flash::flash_bwd_dq_convert_kernel<Tr::kDqk, kAligned>, "flash_bwd_dq_convert_kernel",
+             dim3(unsigned(tiles)), 256, sizeof(float) * kTileFloats, p, static_cast<const float*>(dq_accum),
+             static_cast<const unsigned*>(dq_count));
+      return;
+    }
+  }
   if constexpr (c.dkdv_regs) {
     using Tr = typename K::DkdvRegs;
     launch(ctx, flash::flash_bwd_dkdv_regs_kernel<Tr, kAligned>, "flash_bwd_dkdv_regs_kernel",
-           flash_grid(blocks(p.kv_len, Tr::kBlockN), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta);
+           flash_grid(blocks(p.kv_len, Tr::kBlockN), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta,
+           static_cast<float*>(nullptr), static_cast<unsigned*>(nullptr));
   } else {
     using Tr = typename K::DkdvSmem;
     // Split the rows of each key block over enough blocks to fill the GPU twice (causal work is heaviest for

@@ -279,6 +279,25 @@ __device__ __forceinline__ void warpgroup_mma_ss_tb_async(float (&acc)[MT][N / 8
   wgmma_commit();
 }
 
+// acc[MT][4][4] = A B, A (64 MT x 16 KS) and B (16 KS x 32) both read transposed: A^T the tile [kRows][64 MT]
+// (m tile mt = slab mt), B^T the tile [kRows][64] whose columns start at s_b (which may point 32 columns into
+// the slab). As dQ^T = K^T dS^T over the keys of a block. Issued and committed as one group.
+template <int MT, int KS, int kRows>
+__device__ __forceinline__ void warpgroup_mma_tt_async(float (&acc)[MT][4][4], const bf16* s_a, const bf16* s_b) {
+  const u32 a0 = smem_u32(s_a), b0 = smem_u32(s_b);
+  reg_fence_all(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+    const std::uint64_t db = wgmma_desc_sw128_mn(b0 + u32(ks * 16 * 128), u32(kRows * 128));
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      wgmma_m64n32k16_ss_tt(acc[mt], wgmma_desc_sw128_mn(a0 + u32(mt * kRows * 128 + ks * 16 * 128), u32(kRows * 128)),
+                            db, ks > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
 // An accumulator [MT][2 KS][4] (fp32) as A fragments [MT][KS][4] (bf16) of the next GEMM, k = its columns.
 template <int MT, int KS>
 __device__ __forceinline__ void acc_to_a(u32 (&a)[MT][KS][4], const float (&c)[MT][2 * KS][4]) {

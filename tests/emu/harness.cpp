@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -83,7 +84,7 @@ void run_fwd(const AttentionFwdParams& p) {
               Tr::kThreads, std::size_t(Tr::kSmemBytes), p);
 }
 template <class K, bool kA>
-void run_bwd(const AttentionBwdParams& p, int splits) {
+void run_bwd(const AttentionBwdParams& p, int splits, bool fused_dq) {
   constexpr TileConfig c = K::c;
   const i64 rows = p.q_len * (p.q_heads / p.kv_heads);
   std::vector<float> delta(std::size_t(p.batch * p.q_heads * p.q_len));
@@ -95,11 +96,26 @@ void run_bwd(const AttentionBwdParams& p, int splits) {
     double acc = 0; for (int c = 0; c < p.d_v; ++c) acc += double(bf16_to_float(o[c])) * bf16_to_float(d[c]);
     std::printf("host D[0] from buffers = %g (o0 %g d0 %g) ots %ld\n", acc, bf16_to_float(o[0]), bf16_to_float(d[0]), long(p.o_token_stride));
   }
+  if constexpr (c.dq_fused) {
+    if (fused_dq) {
+      using Tr = typename K::DkdvRegsFusedDq;
+      const i64 tiles = p.batch * p.kv_heads * dq_row_tiles(rows);
+      std::vector<float> accum(std::size_t(tiles * kDqTileRows * Tr::kDqk), NAN);  // block 0 stores: no zero fill
+      std::vector<unsigned> count(std::size_t(tiles), 0u);
+      emu::launch(&flash_bwd_dkdv_regs_kernel<Tr, kA>,
+                  EmuDim3{unsigned(grid_blocks(ceil_div(p.kv_len, Tr::kBlockN), p.kv_heads, p.batch)), 1, 1},
+                  Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cd, accum.data(), count.data());
+      emu::launch(&flash_bwd_dq_convert_kernel<Tr::kDqk, kA>, EmuDim3{unsigned(tiles), 1, 1}, 256,
+                  sizeof(float) * kDqTileRows * Tr::kDqk, p, static_cast<const float*>(accum.data()),
+                  static_cast<const unsigned*>(count.data()));
+      return;
+    }
+  }
   if constexpr (c.dkdv_regs) {
     using Tr = typename K::DkdvRegs;
     emu::launch(&flash_bwd_dkdv_regs_kernel<Tr, kA>,
                 EmuDim3{unsigned(grid_blocks(ceil_div(p.kv_len, Tr::kBlockN), p.kv_heads, p.batch)), 1, 1}, Tr::kThreads,
-                std::size_t(Tr::kSmemBytes), p, cd);
+                std::size_t(Tr::kSmemBytes), p, cd, static_cast<float*>(nullptr), static_cast<unsigned*>(nullptr));
   } else {
     using Tr = typename K::DkdvSmem;
     const i64 kb = ceil_div(p.kv_len, Tr::kBlockN);
@@ -118,11 +134,11 @@ void run_bwd(const AttentionBwdParams& p, int splits) {
 }
 
 template <bool kA>
-void dispatch(const Case& c, AttentionBwdParams& p, bool bwd) {
+void dispatch(const Case& c, AttentionBwdParams& p, bool bwd, bool fused_dq = true) {
   auto go = [&](auto k) {
     using K = decltype(k);
     if (bwd)
-      run_bwd<K, kA>(p, c.splits);
+      run_bwd<K, kA>(p, c.splits, fused_dq);
     else
       run_fwd<K, kA>(p);
   };
@@ -159,10 +175,25 @@ bool run_case(const Case& c) {
   p.dv = dv.data() + dvv.col0, p.dv_token_stride = dvv.ts, p.dv_batch_stride = dvv.bs, p.dv_head_stride = dvv.hs;
   const bool aligned = !c.wide;
   if (aligned) dispatch<true>(c, p, false); else dispatch<false>(c, p, false);
+  // 192/128: the separate dQ kernel first (its dq kept), then the fused dQ into poisoned outputs; dK and dV
+  // must be the same bits both ways.
+  const bool both = tile_config(int(c.dqk), int(c.dv), c.v_in_k).dq_fused;
+  std::vector<bf16> dq_sep, dk_sep, dv_sep;
+  if (both) {
+    if (aligned) dispatch<true>(c, p, true, false); else dispatch<false>(c, p, true, false);
+    dq_sep = dq, dk_sep = dk, dv_sep = dv;
+    const bf16 nan = float_to_bf16(kNan);
+    std::fill(dq.begin(), dq.end(), nan), std::fill(dk.begin(), dk.end(), nan), std::fill(dv.begin(), dv.end(), nan);
+  }
   if (aligned) dispatch<true>(c, p, true); else dispatch<false>(c, p, true);
+  long dkdv_bits_differ = 0;
+  if (both)
+    for (std::size_t i = 0; i < dk.size(); ++i) dkdv_bits_differ += std::memcmp(&dk[i], &dk_sep[i], sizeof(bf16)) != 0;
+  if (both)
+    for (std::size_t i = 0; i < dv.size(); ++i) dkdv_bits_differ += std::memcmp(&dv[i], &dv_sep[i], sizeof(bf16)) != 0;
 
   // float64 reference (from the bf16 inputs; o for D from the GPU's rounded o like FlashAttention? no: exact)
-  Err eo, else_, edq, edk, edv;
+  Err eo, else_, edq, edk, edv, edq_sep;
   long bad_empty = 0;
   std::vector<double> rdk(std::size_t(c.batch * c.kv_heads * c.kv_len * c.dqk), 0.0), rdv(std::size_t(c.batch * c.kv_heads * c.kv_len * c.dv), 0.0);
   for (i64 b = 0; b < c.batch; ++b)
@@ -206,6 +237,7 @@ bool run_case(const Case& c) {
           double acc = 0;
           for (i64 j = 0; j < vis; ++j) acc += dp[j] * get(k, kv, j, b, g, d);
           edq.add(bf16_to_float(dq[qv.idx(i, b, h, d)]), acc * p.scale);
+          if (both) edq_sep.add(bf16_to_float(dq_sep[qv.idx(i, b, h, d)]), acc * p.scale);
         }
         for (i64 j = 0; j < vis; ++j) {
           for (i64 d = 0; d < c.dqk; ++d) rdk[std::size_t(((b * c.kv_heads + g) * c.kv_len + j) * c.dqk + d)] += p.scale * dp[j] * get(q, qv, i, b, h, d);
@@ -222,10 +254,15 @@ bool run_case(const Case& c) {
   const long out_o = count_outside_written(o, ov), out_dq = count_outside_written(dq, qv), out_dk = count_outside_written(dk, kv),
              out_dv = count_outside_written(dv, dvv);
   const double tol = 1e-2;
+  const long out_sep = both ? count_outside_written(dq_sep, qv) : 0;
   const bool ok = eo.rel() <= tol && edq.rel() <= tol && edk.rel() <= tol && edv.rel() <= tol && (else_.den == 0 || else_.rel() <= 1e-5) &&
-                  bad_empty == 0 && out_o + out_dq + out_dk + out_dv == 0;
+                  bad_empty == 0 && out_o + out_dq + out_dk + out_dv + out_sep == 0 && (!both || edq_sep.rel() <= tol) &&
+                  dkdv_bits_differ == 0;
   std::printf("%-34s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e | bad_empty %ld outside %ld %ld %ld %ld | %s\n", c.name, eo.rel(),
               else_.den ? else_.rel() : 0.0, edq.rel(), edk.rel(), edv.rel(), bad_empty, out_o, out_dq, out_dk, out_dv, ok ? "OK" : "FAIL");
+  if (both)
+    std::printf("%-34s separate dQ kernel: dq %.2e outside %ld; dK/dV elements whose bits differ from the fused run: %ld\n", "",
+                edq_sep.rel(), out_sep, dkdv_bits_differ);
   std::fflush(stdout);
   return ok;
 }
@@ -235,6 +272,8 @@ int main(int argc, char** argv) {
       {"mha_192_128_dense", 1, 96, 96, 2, 2, 192, 128, 0, false, false, 1},
       {"mha_192_128_wide_offset", 1, 64, 160, 2, 2, 192, 128, 96, true, false, 1},
       {"mha_192_128_multi_tile", 1, 200, 200, 1, 1, 192, 128, 0, false, false, 1},
+      // 3 key blocks x 3 row tiles, the last key block's first rows inside a row tile (fused dQ's counters).
+      {"mha_192_128_three_key_blocks", 1, 130, 260, 1, 1, 192, 128, 180, false, false, 1},
       {"gqa_192_128_negative_offset", 2, 40, 45, 4, 2, 192, 128, -3, false, false, 1},
       // 17 kv heads x batch 2 = 34 (head, batch) pairs: three groups of the grid order, the last partial.
       {"mha_192_128_head_groups", 2, 24, 24, 17, 17, 192, 128, 0, false, false, 1},

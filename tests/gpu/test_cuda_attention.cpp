@@ -38,6 +38,8 @@ const Case kCases[] = {
     {"mqa_576_512_separate_v_dense", 2, 50, 80, 4, 1, 576, 512, 30, Layout::dense, false},
     {"gqa_192_128_dense_multi_tile", 1, 200, 230, 4, 2, 192, 128, 30, Layout::dense, false},
     {"mha_192_128_dense_negative_offset", 2, 70, 70, 2, 2, 192, 128, -5, Layout::dense, false},
+    // 9 key blocks x 18 row tiles per head: the fused dQ's key blocks run concurrently and wait on each other.
+    {"mha_192_128_dense_long", 1, 1100, 1100, 3, 3, 192, 128, 0, Layout::dense, false},
     // Small dims, odd lengths (tiles cut short), GQA, negative offset, a single query, tile-config edges.
     {"tiny_mha", 1, 5, 5, 2, 2, 8, 8, 0, Layout::dense, false},
     {"mha_multi_tile", 2, 130, 130, 3, 3, 40, 24, 0, Layout::dense, false},
@@ -276,6 +278,7 @@ TEST_P(CudaAttention, BitwiseDeterministicOnRerun) {
 
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttention, ::testing::ValuesIn(params()), param_name);
 
+
 TEST(CudaAttentionChecks, RejectsUnsupportedInputs) {
   LAGA_REQUIRE_GPU();
   Backends be;
@@ -460,6 +463,53 @@ TEST(CudaScratch, FusedBackwardUsesItsOwnSlots) {
   EXPECT_EQ(cuda_scratch_info(gpu).held_bytes, 0u);
   EXPECT_EQ(cuda_scratch_peak_bytes(gpu), 0u);
 }
+
+// The tensor-core 192/128 backward with dQ added up inside the dK/dV kernel (the default) and with the separate
+// dQ kernel, on the same inputs: dK and dV the same bits, dQ within the float64 tolerance both ways, and the
+// fused dQ tiles in their own scratch slot only when used.
+class CudaAttentionFusedDq : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaAttentionFusedDq, SameDkDvBitsAndDqWithinTolerance) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  Problem pr(GetParam(), AttentionKernel::fused, DType::bf16, be, rng);
+  pr.forward();
+  cuda_set_flash_fused_dq(*be.gpu, false);
+  cuda_reset_scratch_peak(*be.gpu, /*release=*/true);
+  pr.backward(rng);
+  pr.check_backward();
+  EXPECT_EQ(slot_peak(*be.gpu, "dq_accum"), 0u) << "the separate dQ kernel used the fused dQ tiles";
+  auto raw = [&](const Mirror& m) {
+    std::vector<unsigned char> b(m.dev.bytes());
+    be.gpu->copy_to_host(b.data(), m.dev);
+    return b;
+  };
+  const auto dq_sep = pr.dq.download(*be.gpu);
+  const auto dk_sep = raw(pr.dk), dv_sep = raw(pr.dv);
+  cuda_set_flash_fused_dq(*be.gpu, true);
+  for (Mirror* m : {&pr.dq, &pr.dk, &pr.dv}) m->poison(*be.gpu);
+  be.gpu->attention_backward(pr.params(true));
+  pr.check_backward();
+  EXPECT_EQ(raw(pr.dk), dk_sep) << "dK differs between the fused and the separate dQ";
+  EXPECT_EQ(raw(pr.dv), dv_sep) << "dV differs between the fused and the separate dQ";
+  EXPECT_GT(slot_peak(*be.gpu, "dq_accum"), 0u);
+  const auto dq_fused = pr.dq.download(*be.gpu);
+  double num = 0, den = 0;
+  const auto mask = pr.dqv.mask();
+  for (std::size_t i = 0; i < mask.size(); ++i)
+    if (mask[i]) num += (dq_fused[i] - dq_sep[i]) * (dq_fused[i] - dq_sep[i]), den += dq_sep[i] * dq_sep[i];
+  std::printf("GPUCHECK fused_dq %s dq_fused_vs_separate_rel=%.3e\n", GetParam().name, std::sqrt(num / std::max(den, 1e-300)));
+}
+
+std::vector<Case> cases_192_128() {
+  std::vector<Case> out;
+  for (const auto& c : kCases)
+    if (c.d_qk == 192 && c.d_v == 128) out.push_back(c);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionFusedDq, ::testing::ValuesIn(cases_192_128()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 }  // namespace
 }  // namespace laga::gpu_test

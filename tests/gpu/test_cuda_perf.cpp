@@ -127,6 +127,14 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
   print(name, fwd, fwd_flops);
   std::snprintf(name, sizeof(name), "%s_%s_bwd", s.name, tag);
   print(name, bwd, bwd_flops);
+  // 192/128 tensor cores: the same backward with the separate dQ kernel, in the same process, for comparison.
+  if (kernel == AttentionKernel::fused && s.dqk == 192 && s.dv == 128 && cuda_flash_fused_dq(be)) {
+    cuda_set_flash_fused_dq(be, false);
+    const double sep = median_ms(be, [&] { be.attention_backward(p); }, reps);
+    cuda_set_flash_fused_dq(be, true);
+    std::snprintf(name, sizeof(name), "%s_%s_bwd_separate_dq", s.name, tag);
+    print(name, sep, bwd_flops);
+  }
 }
 
 // S = 4096, 16 heads (version 1's table; MQA with a separate V tensor).

@@ -3,6 +3,7 @@
 // strict alignment and bounds checks on every shared access of ldmatrix and cp.async.
 #pragma once
 
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -33,6 +34,9 @@ struct float2 {
   float x, y;
 };
 inline float2 make_float2(float a, float b) { return {a, b}; }
+struct float4 {
+  float x, y, z, w;
+};
 
 #define EMU_CHECK(cond, ...)                                                 \
   do {                                                                       \
@@ -337,9 +341,41 @@ inline void emu_wgmma_ss_tb(float (&d)[N / 8][4], std::uint64_t desc_a, std::uin
     }
 }
 inline void wgmma_m64n128k16_ss_tb(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<128>(d, a, b, acc); }
+// Both operands MN-major: A element (row m, k) is at (k, m) of its tile.
+inline void wgmma_m64n32k16_ss_tt(float (&d)[4][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate) {
+  const int t = int(threadIdx.x) % 128, w = t / 32, lane = t % 32;
+  for (int n = 0; n < 4; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * w + lane / 4 + 8 * (e >> 1), col = 8 * n + 2 * (lane % 4) + (e & 1);
+      double acc = 0;
+      for (int k = 0; k < 16; ++k) acc += double(wgmma_elem_mn(desc_a, k, row)) * double(wgmma_elem_mn(desc_b, k, col));
+      d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
+    }
+}
 inline void wgmma_m64n192k16_ss_tb(float (&d)[24][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<192>(d, a, b, acc); }
 }  // namespace laga::cuda::flash
 namespace laga::cuda::flash {
 inline float lo_bf16(u32 v) { return lo_f(v); }
 inline float hi_bf16(u32 v) { return hi_f(v); }
+}  // namespace laga::cuda::flash
+
+// ---------------------------------------------------------------- ordered accumulation in global memory
+// Blocks run one after another in grid order, so a block that would wait for a counter not yet reached would
+// wait forever on the GPU too (its predecessors launch first): that is a failure here.
+namespace laga::cuda::flash {
+inline void st_global_v4(float* p, float a, float b, float c, float d) {
+  EMU_CHECK(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, "st.global.v4 misaligned");
+  p[0] = a, p[1] = b, p[2] = c, p[3] = d;
+}
+inline void red_add_v4(float* p, float a, float b, float c, float d) {
+  EMU_CHECK(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, "red.global.v4 misaligned");
+  p[0] += a, p[1] += b, p[2] += c, p[3] += d;
+}
+inline void wait_counter(const unsigned* counter, unsigned value) {
+  const unsigned v = std::atomic_ref<unsigned>(*const_cast<unsigned*>(counter)).load(std::memory_order_acquire);
+  EMU_CHECK(v == value, "block %u waits for counter %u, which is at %u and cannot advance", blockIdx.x, value, v);
+}
+inline void release_counter(unsigned* counter) {
+  std::atomic_ref<unsigned>(*counter).fetch_add(1, std::memory_order_release);
+}
 }  // namespace laga::cuda::flash
