@@ -69,6 +69,15 @@ __device__ __forceinline__ TileWork tile_work(i64 tiles, i64 kv_heads, i64 batch
   return {within / size, pair % kv_heads, pair / kv_heads};
 }
 
+// Row r of a kv head's problem is query r / group of query head g * group + r % group. Divided in 32 bits
+// (rows < 2^31, checked at launch), and not at all for MHA: the address of every prefetched row is formed in
+// the kernels' loops, where a 64-bit division costs a ~70-instruction subroutine.
+struct RowMap {
+  u32 group;
+  __device__ __forceinline__ i64 query(i64 row) const { return group == 1 ? row : i64(u32(row) / group); }
+  __device__ __forceinline__ i64 head(i64 row) const { return group == 1 ? 0 : i64(u32(row) % group); }
+};
+
 // Keys visible to query i: 0 .. i + q_offset, clamped to [0, kv_len].
 __device__ __forceinline__ i64 visible_keys(i64 i, i64 q_offset, i64 kv_len) {
   return imin(imax(i + q_offset + 1, 0), kv_len);
@@ -101,12 +110,13 @@ __device__ __forceinline__ void load_tile(bf16* s, const RowSrc& src) {
 
 // Per-row fp32 values (lse, D) of rows row0.. into shared memory; `pad` for rows past the end.
 template <int kRows, int kThreads>
-__device__ __forceinline__ void load_row_values(float* s, const float* src, float pad, i64 row0, i64 rows, i64 group,
+__device__ __forceinline__ void load_row_values(float* s, const float* src, float pad, i64 row0, i64 rows, RowMap rm,
                                                 i64 g, i64 b, const AttentionFwdParams& p) {
+  const i64 group = rm.group;
   for (int r = threadIdx.x; r < kRows; r += kThreads) {
     const i64 row = row0 + r;
     if (row < rows)
-      cp_async4(s + r, src + (b * p.q_heads + g * group + row % group) * p.q_len + row / group);
+      cp_async4(s + r, src + (b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row));
     else
       s[r] = pad;
   }
@@ -192,12 +202,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   auto srow = [&](int mt) { return Tr::kSWgmma ? 64 * mt + 16 * warp : wms * Tr::kRowsS + 16 * mt; };
   auto orow = [&](int mt) { return Tr::kPInRegs ? srow(mt) : wmo * Tr::kRowsO + 16 * mt; };
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
+  const RowMap rm{u32(group)};
   const TileWork w = tile_work(ceil_div(rows, kBM), p.kv_heads, p.batch);
   const i64 row0 = (ceil_div(rows, kBM) - 1 - w.tile) * kBM;  // the longest rows first
   const i64 g = w.g, b = w.b;
   const i64 row_last = imin(row0 + kBM, rows) - 1;
-  const i64 n_full = visible_keys(row0 / group, p.q_offset, p.kv_len);  // keys every row of the tile sees
-  const i64 n_end = visible_keys(row_last / group, p.q_offset, p.kv_len);
+  const i64 n_full = visible_keys(rm.query(row0), p.q_offset, p.kv_len);  // keys every row of the tile sees
+  const i64 n_end = visible_keys(rm.query(row_last), p.q_offset, p.kv_len);
   const int n_tiles = int(ceil_div(n_end, kBN));
 
   const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
@@ -206,7 +217,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   auto q_row = [&](int r) -> const bf16* {
     const i64 row = row0 + r;
     if (row >= rows) return nullptr;
-    return q + (g * group + row % group) * p.q_head_stride + (row / group) * p.q_token_stride;
+    return q + (g * group + rm.head(row)) * p.q_head_stride + rm.query(row) * p.q_token_stride;
   };
   load_tile<kBM, kDqk, kThreads, kAligned, decltype(q_row), Tr::kSWgmma>(s_q, q_row);
   auto load_k = [&](int t, bf16* dst) {
@@ -263,7 +274,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const i64 row = imin(row0 + srow(mt) + gid + 8 * h, row_last);
-          const i64 vis = visible_keys(row / group, p.q_offset, p.kv_len) - n0 - wns * Tr::kColsS;
+          const i64 vis = visible_keys(rm.query(row), p.q_offset, p.kv_len) - n0 - wns * Tr::kColsS;
 #pragma unroll
           for (int nt = 0; nt < Tr::kNTS; ++nt)
 #pragma unroll
@@ -401,7 +412,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
 #pragma unroll
       for (int w = 0; w < Tr::kWarpsNS; ++w) l += s_sum[w * kBM + lr];
       const float inv = l > 0.f ? 1.f / l : 0.f;
-      bf16* out = o + (g * group + row % group) * p.o_head_stride + (row / group) * p.o_token_stride + wno * Tr::kColsO;
+      bf16* out = o + (g * group + rm.head(row)) * p.o_head_stride + rm.query(row) * p.o_token_stride + wno * Tr::kColsO;
 #pragma unroll
       for (int nt = 0; nt < Tr::kNTO; ++nt)
         store2<kAligned>(out + nt * 8 + 2 * tig, acc_o[mt][nt][2 * h] * inv, acc_o[mt][nt][2 * h + 1] * inv);
@@ -412,7 +423,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
     if (row >= rows) continue;
     float l = 0.f;
     for (int w = 0; w < Tr::kWarpsNS; ++w) l += s_sum[w * kBM + lr];
-    lse[(b * p.q_heads + g * group + row % group) * p.q_len + row / group] =
+    lse[(b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row)] =
         l > 0.f ? s_m[lr] * float(p.scale) + logf(l) : -INFINITY;
   }
 }
@@ -520,6 +531,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const TileWork w = tile_work(ceil_div(p.kv_len, kBN), p.kv_heads, p.batch);
   const i64 key0 = w.tile * kBN, g = w.g, b = w.b;  // the first keys are seen by the most rows
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
+  const RowMap rm{u32(group)};
   const i64 r_first = imin(imax(key0 - p.q_offset, 0), p.q_len) * group;  // first row that sees key0
   // Steps walk the 64-row tiles (aligned to row 0, the tiles of dq_accum) from the last one down to the one
   // holding r_first: the diagonal, masked, tile comes last.
@@ -546,17 +558,17 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     auto q_row = [&](int r) -> const bf16* {
       const i64 row = r0 + r;
       if (row >= rows) return nullptr;
-      return q + (g * group + row % group) * p.q_head_stride + (row / group) * p.q_token_stride;
+      return q + (g * group + rm.head(row)) * p.q_head_stride + rm.query(row) * p.q_token_stride;
     };
     load_tile<kBM, kDqk, kThreads, kAligned, decltype(q_row), kSlab>(s_q(st), q_row);
     auto do_row = [&](int r) -> const bf16* {
       const i64 row = r0 + r;
       if (row >= rows) return nullptr;
-      return dout + (g * group + row % group) * p.dout_head_stride + (row / group) * p.dout_token_stride;
+      return dout + (g * group + rm.head(row)) * p.dout_head_stride + rm.query(row) * p.dout_token_stride;
     };
     load_tile<kBM, kDv, kThreads, kAligned, decltype(do_row), kSlab>(s_do(st), do_row);
-    load_row_values<kBM, kThreads>(s_lse(st), static_cast<const float*>(p.lse), INFINITY, r0, rows, group, g, b, p);
-    load_row_values<kBM, kThreads>(s_dd(st), delta, 0.f, r0, rows, group, g, b, p);
+    load_row_values<kBM, kThreads>(s_lse(st), static_cast<const float*>(p.lse), INFINITY, r0, rows, rm, g, b, p);
+    load_row_values<kBM, kThreads>(s_dd(st), delta, 0.f, r0, rows, rm, g, b, p);
   };
   if (n_tiles > 0) load_rows(0, 0);
   cp_async_commit();
@@ -576,22 +588,27 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     // Every thread's dQ adds of the previous step were issued before this barrier.
     if constexpr (Tr::kFuseDq)
       if (tid == 0 && t > 0) release_counter(dq_count + tile_base + r0 / kBM + 1);
-    if (t + 1 < n_tiles) load_rows(t + 1, st ^ 1);
-    cp_async_commit();
     const bf16* sq = s_q(st);
     const bf16* sdo = s_do(st);
     const float* slse = s_lse(st);
     const float* sdd = s_dd(st);
 
-    // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e), zero where the row does not see the key.
+    // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e), zero where the row does not see the key. With wgmma the
+    // next step's rows are requested while S^T runs (their addresses are work off the tensor core's path).
     float pt[kMT][kNTQ][4], ds[kMT][kNTQ][4];
     zero(pt);
     zero(ds);
-    if constexpr (Tr::kWgmma)
-      warpgroup_mma_nt<kMT, kBM, kDqk, kBN>(pt, s_k, 64 * (warp / 4), sq);
-    else
+    if constexpr (Tr::kWgmma) {
+      warpgroup_mma_nt_async<kMT, kBM, kDqk, kBN>(pt, s_k, 64 * (warp / 4), sq);
+      if (t + 1 < n_tiles) load_rows(t + 1, st ^ 1);
+      cp_async_commit();
+      warpgroup_wait<0>(pt);
+    } else {
+      if (t + 1 < n_tiles) load_rows(t + 1, st ^ 1);
+      cp_async_commit();
       warp_mma<kMT, kNTQ, kDqk / 16, false, false, kDqk, kDqk>(pt, s_k, wk0, sq, 0, lane);
-    const bool masked = key0 + kBN - 1 > r0 / group + p.q_offset;
+    }
+    const bool masked = key0 + kBN - 1 > rm.query(r0) + p.q_offset;
 #pragma unroll
     for (int nt = 0; nt < kNTQ; ++nt)
 #pragma unroll
@@ -599,7 +616,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         const int c = nt * 8 + 2 * tig + e;
         const float lse2 = slse[c] * kLog2e;
         // Keys this row sees, relative to the warp's first key.
-        const i64 vis = masked ? (r0 + c) / group + p.q_offset + 1 - key0 - wk0 : i64(kBN);
+        const i64 vis = masked ? rm.query(r0 + c) + p.q_offset + 1 - key0 - wk0 : i64(kBN);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -634,23 +651,35 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         if (tid == 0) wait_counter(dq_count + tile_base + r0 / kBM, unsigned(w.tile));
       __syncthreads();  // each warpgroup's P^T and dS^T rows are in (written by its four warps)
       if constexpr (Tr::kFuseDq) {
-        // dQ^T (d_qk x 32 rows per warpgroup) = K^T dS^T first, so that its adds overlap dV and dK.
-        float acc_dq[kDqk / 64][4][4];
-        warpgroup_mma_tt_async<kDqk / 64, kBN / 16, kBN>(acc_dq, s_k, s_dst + 32 * (warp / 4));
-        warpgroup_mma_ss_tb_async<kMT, kDv, kBM / 16, kBN, kBM>(acc_dv, s_pt, 64 * (warp / 4), sdo);
-        warpgroup_mma_ss_tb_async<kMT, kDqk, kBM / 16, kBN, kBM>(acc_dk, s_dst, 64 * (warp / 4), sq);
-        warpgroup_wait<2>(acc_dq);
+        // dQ^T (d_qk x 32 rows per warpgroup) = K^T dS^T, one 64-column slab of d at a time (16 accumulators
+        // live, not 48: the kernel is at 255 registers), interleaved with dV and dK so that the tensor pipe has
+        // queued work while a slab's adds are issued. wgmma groups complete in order.
+        static_assert(kDqk == 192, "three dQ^T slabs interleaved with dV and dK");
         float* dst = dq_accum + (tile_base + r0 / kBM) * (kBM * kDqk) + tid * 4;
-#pragma unroll
-        for (int mt = 0; mt < kDqk / 64; ++mt)
+        float acc_dq[4][4];
+        auto add_slab = [&](int mt) {
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt) {
-            const float* c = acc_dq[mt][nt];
+            const float* c = acc_dq[nt];
             if (w.tile == 0)
               st_global_v4(dst + (mt * 4 + nt) * kThreads * 4, c[0], c[1], c[2], c[3]);
             else
               red_add_v4(dst + (mt * 4 + nt) * kThreads * 4, c[0], c[1], c[2], c[3]);
           }
+        };
+        const bf16* s_dst_wg = s_dst + 32 * (warp / 4);
+        warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq, s_k, 0, s_dst_wg);
+        warpgroup_mma_ss_tb_async<kMT, kDv, kBM / 16, kBN, kBM>(acc_dv, s_pt, 64 * (warp / 4), sdo);
+        warpgroup_wait<1>(acc_dq);  // slab 0 done; dV in flight
+        add_slab(0);
+        warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq, s_k, 1, s_dst_wg);
+        warpgroup_wait<1>(acc_dv);  // dV done; slab 1 in flight
+        warpgroup_mma_ss_tb_async<kMT, kDqk, kBM / 16, kBN, kBM>(acc_dk, s_dst, 64 * (warp / 4), sq);
+        warpgroup_wait<1>(acc_dq);  // slab 1 done; dK in flight
+        add_slab(1);
+        warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq, s_k, 2, s_dst_wg);
+        warpgroup_wait<0>(acc_dq);  // dK and slab 2 done
+        add_slab(2);
       } else {
         warpgroup_mma_ss_tb_async<kMT, kDv, kBM / 16, kBN, kBM>(acc_dv, s_pt, 64 * (warp / 4), sdo);
         warpgroup_mma_ss_tb_async<kMT, kDqk, kBM / 16, kBN, kBM>(acc_dk, s_dst, 64 * (warp / 4), sq);
@@ -712,6 +741,7 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
   constexpr int kRows = kDqTileRows, kThreads = 256;
   float* s = reinterpret_cast<float*>(dynamic_smem());
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group, row_tiles = dq_row_tiles(rows);
+  const RowMap rm{u32(group)};
   const i64 tile = blockIdx.x, pair = tile / row_tiles, row0 = (tile % row_tiles) * kRows;
   const i64 g = pair % p.kv_heads, b = pair / p.kv_heads;
   const bool added = dq_count[tile] > 0;
@@ -728,7 +758,7 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
     if (row >= rows) continue;
     const float lo = added ? scale * s[dq_accum_offset(r, d)] : 0.f;
     const float hi = added ? scale * s[dq_accum_offset(r, d + 1)] : 0.f;
-    store2<kAligned>(dq + (g * group + row % group) * p.dq_head_stride + (row / group) * p.dq_token_stride + d, lo, hi);
+    store2<kAligned>(dq + (g * group + rm.head(row)) * p.dq_head_stride + rm.query(row) * p.dq_token_stride + d, lo, hi);
   }
 }
 
@@ -798,6 +828,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const int split = int(w.tile % splits);
   const i64 key0 = (w.tile / splits) * kBN, g = w.g, b = w.b;
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
+  const RowMap rm{u32(group)};
   const RowRange range = split_rows(key0, p.q_offset, p.q_len, group, splits, split, kBM);
   const int n_tiles = int(ceil_div(range.end - range.begin, kBM));
 
@@ -810,18 +841,18 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     load_tile<kBM, kDqk, kThreads, kAligned>(s_q, [&](int r) -> const bf16* {
       const i64 row = r0 + r;
       if (row >= rows) return nullptr;
-      return q + (g * group + row % group) * p.q_head_stride + (row / group) * p.q_token_stride;
+      return q + (g * group + rm.head(row)) * p.q_head_stride + rm.query(row) * p.q_token_stride;
     });
-    load_row_values<kBM, kThreads>(s_lse, static_cast<const float*>(p.lse), INFINITY, r0, rows, group, g, b, p);
+    load_row_values<kBM, kThreads>(s_lse, static_cast<const float*>(p.lse), INFINITY, r0, rows, rm, g, b, p);
   };
   auto load_do = [&](int t) {
     const i64 r0 = range.begin + i64(t) * kBM;
     load_tile<kBM, kDv, kThreads, kAligned>(s_do, [&](int r) -> const bf16* {
       const i64 row = r0 + r;
       if (row >= rows) return nullptr;
-      return dout + (g * group + row % group) * p.dout_head_stride + (row / group) * p.dout_token_stride;
+      return dout + (g * group + rm.head(row)) * p.dout_head_stride + rm.query(row) * p.dout_token_stride;
     });
-    load_row_values<kBM, kThreads>(s_dd, delta, 0.f, r0, rows, group, g, b, p);
+    load_row_values<kBM, kThreads>(s_dd, delta, 0.f, r0, rows, rm, g, b, p);
   };
   load_tile<kBN, kDqk, kThreads, kAligned>(s_k, [&](int r) -> const bf16* {
     return key0 + r < p.kv_len ? k + (key0 + r) * p.k_token_stride : nullptr;
@@ -848,14 +879,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     float pt[Tr::kMTS][Tr::kNTS][4];
     zero(pt);
     warp_mma<Tr::kMTS, Tr::kNTS, kDqk / 16, false, false, kDqk, kDqk>(pt, s_k, wk0, s_q, wr0, lane);
-    const bool masked = key0 + kBN - 1 > r0 / group + p.q_offset;
+    const bool masked = key0 + kBN - 1 > rm.query(r0) + p.q_offset;
 #pragma unroll
     for (int nt = 0; nt < Tr::kNTS; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int c = wr0 + nt * 8 + 2 * tig + e;
         const float lse2 = s_lse[c] * kLog2e;
-        const i64 vis = masked ? (r0 + c) / group + p.q_offset + 1 - key0 - wk0 : i64(kBN);
+        const i64 vis = masked ? rm.query(r0 + c) + p.q_offset + 1 - key0 - wk0 : i64(kBN);
 #pragma unroll
         for (int mt = 0; mt < Tr::kMTS; ++mt)
 #pragma unroll
@@ -1016,12 +1047,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const int wms = warp / Tr::kWarpsNS, wns = warp % Tr::kWarpsNS;
   const int wmq = warp / Tr::kWarpsNQ, wnq = warp % Tr::kWarpsNQ;
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
+  const RowMap rm{u32(group)};
   const TileWork w = tile_work(ceil_div(rows, kBM), p.kv_heads, p.batch);
   const i64 row0 = (ceil_div(rows, kBM) - 1 - w.tile) * kBM;  // the longest rows first
   const i64 g = w.g, b = w.b;
   const i64 row_last = imin(row0 + kBM, rows) - 1;
-  const i64 n_full = visible_keys(row0 / group, p.q_offset, p.kv_len);
-  const i64 n_end = visible_keys(row_last / group, p.q_offset, p.kv_len);
+  const i64 n_full = visible_keys(rm.query(row0), p.q_offset, p.kv_len);
+  const i64 n_end = visible_keys(rm.query(row_last), p.q_offset, p.kv_len);
   const int n_tiles = int(ceil_div(n_end, kBN));
 
   const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
@@ -1032,17 +1064,17 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   auto q_row = [&](int r) -> const bf16* {
     const i64 row = row0 + r;
     if (row >= rows) return nullptr;
-    return q + (g * group + row % group) * p.q_head_stride + (row / group) * p.q_token_stride;
+    return q + (g * group + rm.head(row)) * p.q_head_stride + rm.query(row) * p.q_token_stride;
   };
   load_tile<kBM, kDqk, kThreads, kAligned, decltype(q_row), kSlab>(s_q, q_row);
   auto do_row = [&](int r) -> const bf16* {
     const i64 row = row0 + r;
     if (row >= rows) return nullptr;
-    return dout + (g * group + row % group) * p.dout_head_stride + (row / group) * p.dout_token_stride;
+    return dout + (g * group + rm.head(row)) * p.dout_head_stride + rm.query(row) * p.dout_token_stride;
   };
   load_tile<kBM, kDv, kThreads, kAligned, decltype(do_row), kSlab>(s_do, do_row);
-  load_row_values<kBM, kThreads>(s_lse, static_cast<const float*>(p.lse), INFINITY, row0, rows, group, g, b, p);
-  load_row_values<kBM, kThreads>(s_dd, delta, 0.f, row0, rows, group, g, b, p);
+  load_row_values<kBM, kThreads>(s_lse, static_cast<const float*>(p.lse), INFINITY, row0, rows, rm, g, b, p);
+  load_row_values<kBM, kThreads>(s_dd, delta, 0.f, row0, rows, rm, g, b, p);
   auto load_kv = [&](int t, bf16* dst) {
     const i64 n0 = i64(t) * kBN;
     auto k_row = [&](int r) -> const bf16* { return n0 + r < p.kv_len ? k + (n0 + r) * p.k_token_stride : nullptr; };
@@ -1089,7 +1121,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       for (int h = 0; h < 2; ++h) {
         const int lr = wr0 + mt * 16 + gid + 8 * h;
         const float lse2 = s_lse[lr] * kLog2e;
-        const i64 vis = masked ? visible_keys(imin(row0 + lr, row_last) / group, p.q_offset, p.kv_len) - n0 - wc0
+        const i64 vis = masked ? visible_keys(rm.query(imin(row0 + lr, row_last)), p.q_offset, p.kv_len) - n0 - wc0
                                : i64(kBN);
 #pragma unroll
         for (int nt = 0; nt < Tr::kNTS; ++nt)
@@ -1140,7 +1172,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     for (int h = 0; h < 2; ++h) {
       const i64 row = row0 + wmq * Tr::kRowsQ + mt * 16 + gid + 8 * h;
       if (row >= rows) continue;
-      bf16* out = dq + (g * group + row % group) * p.dq_head_stride + (row / group) * p.dq_token_stride +
+      bf16* out = dq + (g * group + rm.head(row)) * p.dq_head_stride + rm.query(row) * p.dq_token_stride +
                   wnq * Tr::kColsQ;
 #pragma unroll
       for (int nt = 0; nt < Tr::kNTQ; ++nt)

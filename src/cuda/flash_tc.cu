@@ -50,8 +50,12 @@ bool bwd_aligned(const AttentionBwdParams& p) {
          strides8(p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
 }
 
-// One block per (tile, kv head, batch entry), tile slowest (flash::tile_work).
+// One block per (tile, kv head, batch entry), tile slowest (flash::tile_work). The kernels map rows to
+// (query, head) in 32 bits (flash::RowMap).
 dim3 flash_grid(i64 tiles, const AttentionFwdParams& p) {
+  const i64 rows = p.q_len * (p.q_heads / p.kv_heads);
+  LAGA_REQUIRE(rows <= INT32_MAX, "attention: q_len ", p.q_len, " x ", p.q_heads / p.kv_heads,
+               " query heads per kv head = ", rows, " rows; the kernels take at most 2^31 - 1");
   const i64 n = flash::grid_blocks(tiles, p.kv_heads, p.batch);
   LAGA_REQUIRE(n <= INT32_MAX, "attention: ", n, " blocks exceed the grid limit (", tiles, " tiles x ", p.kv_heads,
                " kv heads x batch ", p.batch, ")");

@@ -195,6 +195,12 @@ __device__ __forceinline__ void reg_fence_all(float (&acc)[MT][NT][4]) {
     for (int i = 0; i < NT * 4; ++i) reg_fence(acc[mt][i / 4][i % 4]);
 }
 
+template <int NT>
+__device__ __forceinline__ void reg_fence_all(float (&acc)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT * 4; ++i) reg_fence(acc[i / 4][i % 4]);
+}
+
 template <int N>
 __device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 8][4], std::uint64_t da, std::uint64_t db, int accumulate) {
   static_assert(N == 128 || N == 192, "wgmma SS transposed-B shapes in use: n128, n192");
@@ -206,6 +212,11 @@ __device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 8][4], std::uint64_t 
 // Waits until at most kPending wgmma groups of this warpgroup are in flight; acc (of a finished group) is ready.
 template <int kPending, int MT, int NT>
 __device__ __forceinline__ void warpgroup_wait(float (&acc)[MT][NT][4]) {
+  wgmma_wait<kPending>();
+  reg_fence_all(acc);
+}
+template <int kPending, int NT>
+__device__ __forceinline__ void warpgroup_wait(float (&acc)[NT][4]) {
   wgmma_wait<kPending>();
   reg_fence_all(acc);
 }
@@ -279,22 +290,19 @@ __device__ __forceinline__ void warpgroup_mma_ss_tb_async(float (&acc)[MT][N / 8
   wgmma_commit();
 }
 
-// acc[MT][4][4] = A B, A (64 MT x 16 KS) and B (16 KS x 32) both read transposed: A^T the tile [kRows][64 MT]
-// (m tile mt = slab mt), B^T the tile [kRows][64] whose columns start at s_b (which may point 32 columns into
-// the slab). As dQ^T = K^T dS^T over the keys of a block. Issued and committed as one group.
-template <int MT, int KS, int kRows>
-__device__ __forceinline__ void warpgroup_mma_tt_async(float (&acc)[MT][4][4], const bf16* s_a, const bf16* s_b) {
-  const u32 a0 = smem_u32(s_a), b0 = smem_u32(s_b);
+// A B, A (64 MT x 16 KS) and B (16 KS x 32) both read transposed: A^T the tile [kRows][64 MT] (m tile mt = slab
+// mt), B^T the tile [kRows][64] whose columns start at s_b (which may point 32 columns into the slab). As
+// dQ^T = K^T dS^T over the keys of a block.
+// acc[4][4] = A B for the m tile (64-column slab) mt of A^T only: one group per slab keeps 16 accumulators live.
+template <int KS, int kRows>
+__device__ __forceinline__ void warpgroup_mma_tt_async(float (&acc)[4][4], const bf16* s_a, int mt, const bf16* s_b) {
+  const u32 a0 = smem_u32(s_a) + u32(mt * kRows * 128), b0 = smem_u32(s_b);
   reg_fence_all(acc);
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < KS; ++ks) {
-    const std::uint64_t db = wgmma_desc_sw128_mn(b0 + u32(ks * 16 * 128), u32(kRows * 128));
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-      wgmma_m64n32k16_ss_tt(acc[mt], wgmma_desc_sw128_mn(a0 + u32(mt * kRows * 128 + ks * 16 * 128), u32(kRows * 128)),
-                            db, ks > 0 ? 1 : 0);
-  }
+  for (int ks = 0; ks < KS; ++ks)
+    wgmma_m64n32k16_ss_tt(acc, wgmma_desc_sw128_mn(a0 + u32(ks * 16 * 128), u32(kRows * 128)),
+                          wgmma_desc_sw128_mn(b0 + u32(ks * 16 * 128), u32(kRows * 128)), ks > 0 ? 1 : 0);
   wgmma_commit();
 }
 
