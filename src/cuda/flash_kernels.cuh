@@ -40,7 +40,7 @@ constexpr std::size_t kSmemBudget = 227 * 1024;  // Hopper's opt-in shared memor
 
 // How a kernel stages the K/V (or Q/dO) tiles it walks.
 enum class Pipe {
-  split,   // one K and one V buffer: V_t loads during S_t, K_{t+1} during the second GEMM (FlashAttention-2)
+  split,   // one K and one V buffer: V_t loads during S_t, K_{t+1} during the softmax and the second GEMM
   paired,  // two stages, each a whole tile (K and V): tile t+1 loads during tile t
 };
 
@@ -268,6 +268,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
     else
       warp_mma<Tr::kMTS, Tr::kNTS, kDqk / 16, false, false, kDqk, kDqk>(s, s_q, wms * Tr::kRowsS, s_k,
                                                                           wns * Tr::kColsS, lane);
+    if constexpr (!kPaired) {
+      // K_t is done with once every warp has its S: K_{t+1} loads during the softmax and P V (V_t, requested
+      // first, is waited for alone before P V).
+      __syncthreads();
+      if (t + 1 < n_tiles) load_k(t + 1, s_k);
+      cp_async_commit();
+    }
     if (n0 + kBN > n_full) {
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTS; ++mt)
@@ -344,11 +351,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
       u32 pa[Tr::kMTS][kBN / 16][4];
       acc_to_a(pa, s);
       if constexpr (!kPaired) {
-        cp_async_wait<0>();
+        cp_async_wait<1>();  // V_t (K_{t+1} may still be in flight)
         if constexpr (Tr::kOWgmma) fence_proxy_async();
-        __syncthreads();  // V_t is in; every warp is done with K_t
-        if (t + 1 < n_tiles) load_k(t + 1, s_k);
-        cp_async_commit();
+        __syncthreads();  // V_t is in
       }
       if constexpr (Tr::kOWgmma)
         warpgroup_mma_rs_tb<Tr::kMTO, kDv, kBN / 16, kBN>(acc_o, pa, s_v);
@@ -366,12 +371,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
                 pack_bf16(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]);
           if (wns == 0 && tig == 0) s_corr[lr] = corr[mt][h];
         }
-      if constexpr (!kPaired) cp_async_wait<0>();
-      __syncthreads();  // P and the corrections are in (and V_t; every warp is done with K_t)
-      if constexpr (!kPaired) {
-        if (t + 1 < n_tiles) load_k(t + 1, s_k);
-        cp_async_commit();
-      }
+      if constexpr (!kPaired) cp_async_wait<1>();
+      __syncthreads();  // P and the corrections are in (and V_t)
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTO; ++mt)
 #pragma unroll
