@@ -17,7 +17,8 @@ def summary_row(d):
     r = d["runs"][0]
     return {"model": d["options"]["model"], "seq": d["options"]["seq"], "batch": d["options"]["batch"],
             "variant": r["variant"], "form": r["form"], "layout": r["layout"], "kernel": r["kernel"],
-            "dtype": r["dtype"], "sp": d["options"]["sp"], "communicator": d["machine"]["communicator"],
+            "dtype": r["dtype"], "kv_grad_reduce_in_fp32": r.get("kv_grad_reduce_in_fp32", False),
+            "sp": d["options"]["sp"], "communicator": d["machine"]["communicator"],
             "device": d["machine"].get("device_name", d["machine"]["device"]), "commit": d["machine"]["commit"],
             "checks": [{"reference": c["reference"], "tolerance": c["tolerance"],
                         "tensors": {t["tensor"]: t["rel_error"] for t in c["tensors"]},
@@ -40,7 +41,8 @@ def main(argv):
         summary.append(s)
         cells = {c["reference"]: f"{max(c['tensors'].values()):.2e} {'ok' if c['ok'] else 'FAIL'} "
                                  f"(tol {c['tolerance']:.0e})" for c in s["checks"]}
-        rows.append((f"{s['variant']} / {s['layout']} / {s['kernel']}", f"P={s['sp']}", s["dtype"], s["communicator"])
+        kv = " (K/V grads fp32)" if s["kv_grad_reduce_in_fp32"] else ""
+        rows.append((f"{s['variant']} / {s['layout']}{kv} / {s['kernel']}", f"P={s['sp']}", s["dtype"], s["communicator"])
                     + tuple(cells.get(k, "-") for k in REFS))
     header = ("variant / layout / kernel", "P", "dtype", "communicator") + tuple("vs " + k for k in REFS)
     w = [max(len(str(x[i])) for x in [header] + rows) for i in range(len(header))]

@@ -16,7 +16,8 @@
 #        its saved bytes against `laga plan --dtype bfloat16 --json` (must be EQUAL), time by phase, device
 #        memory (cudaMemGetInfo);
 #     4. `mpirun -np 2|4|8 laga run --device cuda --check` (the ranks share the GPU: MPI with host staging),
-#        laga, explicit and absorbed, both layouts, bf16 (and float32 at np 4).
+#        laga, explicit and absorbed, both layouts, bf16 (and float32 at np 4);
+#     5. step 4's all_gather bf16 runs with --kv-grad-reduce-in-fp32 (not in the default steps).
 #   A summary goes to stdout and $OUT/summary.txt; logs and JSON documents to $OUT/results.tar.gz.
 #
 # The build: cmake -B build-nccl -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build-nccl laga laga_gpu_tests
@@ -188,6 +189,28 @@ elif [ -n "$MPIRUN" ]; then
   grep -h -m1 -E 'error|Error|failure' "$work"/mpi_*.log | sort -u | head -5 | tee -a "$SUMMARY"
 else
   say "== 4. skipped: no usable mpirun"
+fi
+
+# ---- 5. the same with the K/V gradients reduced in float32 (all_gather, bf16)
+say ""
+if [[ $steps != *5* ]]; then
+  :
+elif [ -n "$MPIRUN" ]; then
+  say "== 5. mpirun -np 2|4|8 laga run --device cuda --check --kv-grad-reduce-in-fp32 (all_gather, bf16)"
+  kv=()
+  for np in 2 4 8; do
+    for form in laga explicit absorbed; do
+      tag=mpi_np${np}_kvfp32_${form}_all_gather
+      timeout 90 "$MPIRUN" -np "$np" --bind-to none "$LAGA" run --device cuda --dtype bfloat16 --model small \
+        --seq 256 --batch 2 --form "$form" --layout all_gather --kv-grad-reduce-in-fp32 --check \
+        --json "$work/$tag.json" >"$work/$tag.log" 2>&1 || echo "  exit $? for $tag" | tee -a "$SUMMARY"
+      kv+=("$work/$tag.json")
+    done
+  done
+  check_table "${kv[@]}" | tee -a "$SUMMARY"
+  grep -h -m1 -E 'error|Error|failure' "$work"/mpi_*kvfp32*.log | sort -u | head -5 | tee -a "$SUMMARY"
+else
+  say "== 5. skipped: no usable mpirun"
 fi
 
 tar -czf "$out/results.tar.gz" -C "$work" .

@@ -4,7 +4,8 @@
 #      - the GPU test suite (every kernel against the CPU in float64, the block per form x layout x kernel,
 #        LAGA bit-identical to explicit at P = 1)                           scripts/gpu_check.sh run
 #      - the communicator tests and mpirun -np 2|4|8 --check on the one GPU (host staging; LAGA vs explicit
-#        at the same P, 1e-3 in bf16)                                       scripts/gpu_run_check.sh run, steps 1 4
+#        at the same P, 1e-3 in bf16), all_gather again with the K/V
+#        gradients reduced in float32                                       scripts/gpu_run_check.sh run, steps 1 4 5
 #      - every form x layout through NCCL at P = 1 with --check             scripts/gpu_multi.sh, part 1, P = 1
 #   B. measurements, one at a time, each started only if the time left allows it:
 #      - phantom rank 7 of 8, DeepSeek-V3, S = 16384: every variant's saved bytes against the plan, device
@@ -43,12 +44,12 @@ part() {
 
 echo "== A. correctness (side by side)"
 part tests 60 bash scripts/gpu_check.sh run "$dist" '*:-*DISABLED*' &
-part mpirun 60 bash scripts/gpu_run_check.sh run "$dist" 14 &
+part mpirun 60 bash scripts/gpu_run_check.sh run "$dist" 145 &
 part nccl_p1 60 bash scripts/gpu_multi.sh "$dist" 1 1 &
 wait
 grep -E '^\[  FAILED  \]|^\[  PASSED  \]|^\[  SKIPPED \] [0-9]' "$out/tests.txt" 2>/dev/null | sort -u | head -20
 grep -A12 -E '== worst' "$out/tests.txt" 2>/dev/null | head -40
-sed -n '/== 1\./,$p' "$out/mpirun.txt" 2>/dev/null | grep -vE '^\s*$' | head -60
+sed -n '/== 1\./,$p' "$out/mpirun.txt" 2>/dev/null | grep -vE '^\s*$' | head -90
 grep -vE '^\s*$' "$out/nccl_p1.txt" 2>/dev/null | tail -22
 
 echo; echo "== B. measurements (one at a time)"

@@ -52,6 +52,15 @@ struct BlockOptions {
   Recompute recompute = Recompute::None;
   AbsorbedAttention absorbed_attention = AbsorbedAttention::Mqa;
   DType dtype = DType::f32;
+  // all_gather, P > 1, bfloat16: the explicit form widens its per-rank partial K/V gradients to float32
+  // before the reduce-scatter (twice its backward K/V traffic) and runs the up-projection's backward on the
+  // float32 sums. Off (the default), it reduce-scatters them in bfloat16 as TransformerEngine's all_gather
+  // context parallelism does, which rounds the summed K/V gradient once to bfloat16: LAGA, which sums its
+  // latent gradient in float32 and never forms that sum, then differs from explicit by ~1e-3..3e-3 relative
+  // in the gradients downstream of K/V. On, both sum in float32 (the way Megatron's --grad-reduce-in-fp32
+  // treats the data-parallel gradients). No effect elsewhere (a2a sends no K/V gradient sums; float32 and
+  // float64 runs sum in their own dtype).
+  bool kv_grad_reduce_fp32 = false;
 };
 
 // One strategy as reports and tests enumerate them: a form plus the options only some forms take.
@@ -69,7 +78,9 @@ struct Variant {
 };
 // `base` with the variant's form, recompute and absorbed attention.
 inline BlockOptions with_variant(BlockOptions base, const Variant& v) {
-  return v.options(base.layout, base.kernel, base.dtype);
+  BlockOptions o = v.options(base.layout, base.kernel, base.dtype);
+  o.kv_grad_reduce_fp32 = base.kv_grad_reduce_fp32;
+  return o;
 }
 // The variant a set of options runs (the absorbed attention choice only matters for the absorbed form).
 inline Variant variant_of(const BlockOptions& o) {

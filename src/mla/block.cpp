@@ -83,18 +83,31 @@ struct BlockImpl {
   // differ by ~1e-3 relative, the paper's whole margin).
   Tensor latent_grad(std::int64_t rows, const std::string& name) { return zeros_of(accum_dtype(dt), {rows, dl}, name); }
 
-  void gemm(OpPhase ph, GemmArgs g) {
-    g.dtype = dt;
+  void gemm(OpPhase ph, GemmArgs g, std::optional<DType> dtype = std::nullopt) {
+    g.dtype = dtype.value_or(dt);
+    if (g.c_dtype == g.dtype) g.c_dtype.reset();
     stats->flops[int(ph)] += 2.0 * double(g.m) * double(g.n) * double(g.k) * double(g.batch);
     Timer timer{*this, ph};
     be.gemm(g);
   }
-  void copy(OpPhase ph, CopyArgs c) {
-    c.dtype = dt;
-    if (c.dst_dtype == dt) c.dst_dtype.reset();
+  // src in `dtype` (default: the block's), dst in c.dst_dtype (default: the same).
+  void copy(OpPhase ph, CopyArgs c, std::optional<DType> dtype = std::nullopt) {
+    c.dtype = dtype.value_or(dt);
+    if (c.dst_dtype == c.dtype) c.dst_dtype.reset();
     Timer timer{*this, ph};
     be.copy(c);
   }
+  // [rows, cols] of `src` (row stride ld, the block's dtype) as a new tensor in `dtype`.
+  Tensor converted(OpPhase ph, const void* src, std::int64_t rows, std::int64_t cols, std::int64_t ld, DType dtype,
+                   const std::string& name) {
+    Tensor t(be.allocator(), dtype, {rows, cols}, name);
+    copy(ph, CopyArgs{.rows = rows, .cols = cols, .src = src, .src_ld = ld, .dst = t.data(), .dst_ld = cols,
+                      .dst_dtype = dtype});
+    return t;
+  }
+  // Explicit's partial K/V gradients summed over the ranks in float32 (BlockOptions::kv_grad_reduce_fp32):
+  // only where there is such a sum (all_gather, P > 1) and only for a low-precision storage dtype.
+  bool kv_grads_fp32() const { return opts.kv_grad_reduce_fp32 && !a2a() && P > 1 && accum_dtype(dt) != dt; }
 
   // y[rows, n] (+)= x[rows, k] W[k, n]
   void linear(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x, std::int64_t ldx,
@@ -309,6 +322,36 @@ struct BlockImpl {
               g.w_uk.at(first * dn), nh * dn);
   }
 
+  // The same for float32 dK/dV of all heads (explicit's sums under kv_grad_reduce_fp32): float32 GEMMs on
+  // float32 copies of the up-projection weights and of the latent, so that the summed gradient is never
+  // rounded to the storage dtype (LAGA never forms it: it applies the up-projection to each rank's partial
+  // and sums the latent gradients in float32). The weights' copies cost 4 * d_kv * n_h * (d_nope + d_v) bytes.
+  void up_project_backward_fp32(const Tensor& dk, const Tensor& dvv, const Tensor& latent, std::int64_t rows,
+                                const MlaWeights& w, MlaGrads& g, Tensor& dlatent) {
+    const DType f = accum_dtype(dt);
+    constexpr OpPhase ph = OpPhase::up_projections;
+    Tensor dk_nope(be.allocator(), f, {rows, nh * dn}, "d_k_nope.f32");
+    copy(ph, CopyArgs{.batch = nh, .rows = rows, .cols = dn, .src = dk.data(), .src_ld = nh * dqk, .src_batch_stride = dqk,
+                      .dst = dk_nope.data(), .dst_ld = nh * dn, .dst_batch_stride = dn},
+         f);
+    const Tensor w_uv = converted(ph, w.w_uv.data(), rkv, nh * dv, nh * dv, f, "w_uv.f32");
+    const Tensor w_uk = converted(ph, w.w_uk.data(), rkv, nh * dn, nh * dn, f, "w_uk.f32");
+    const Tensor lat = converted(ph, latent.data(), rows, dl, dl, f, "latent.f32");
+    // d c_kv = dv W_UV^T + dk_nope W_UK^T;  d k_pe = sum over heads of dk's rope part
+    gemm(ph, GemmArgs{.trans_b = Trans::yes, .m = rows, .n = rkv, .k = nh * dv, .a = dvv.data(), .lda = nh * dv,
+                      .b = w_uv.data(), .ldb = nh * dv, .c = dlatent.data(), .ldc = dl, .beta = 1.0}, f);
+    gemm(ph, GemmArgs{.trans_b = Trans::yes, .m = rows, .n = rkv, .k = nh * dn, .a = dk_nope.data(), .lda = nh * dn,
+                      .b = w_uk.data(), .ldb = nh * dn, .c = dlatent.data(), .ldc = dl, .beta = 1.0}, f);
+    copy(ph, CopyArgs{.batch = nh, .rows = rows, .cols = dr, .src = dk.at(dn), .src_ld = nh * dqk, .src_batch_stride = dqk,
+                      .dst = dlatent.at(rkv), .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate},
+         f);
+    // dW_UV += c_kv^T dv;  dW_UK += c_kv^T dk_nope (the gradients are float32 already)
+    gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = nh * dv, .k = rows, .a = lat.data(), .lda = dl,
+                      .b = dvv.data(), .ldb = nh * dv, .c = g.w_uv.data(), .ldc = nh * dv, .beta = 1.0}, f);
+    gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = nh * dn, .k = rows, .a = lat.data(), .lda = dl,
+                      .b = dk_nope.data(), .ldb = nh * dn, .c = g.w_uk.data(), .ldc = nh * dn, .beta = 1.0}, f);
+  }
+
   // ---------------------------------------------------------------- forward
   Tensor forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     const void* xp = x.data();
@@ -499,12 +542,19 @@ struct BlockImpl {
         k_att = v_att = do_att = Tensor();
         release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
         dq_att = ag.dq;
+        if (kv_grads_fp32()) {  // the partials widened to float32 before they are summed
+          ag.dk = converted(OpPhase::communication, ag.dk.data(), Tk, nh * dqk, nh * dqk, accum_dtype(dt), "d_k_att.f32");
+          ag.dv = converted(OpPhase::communication, ag.dv.data(), Tk, nh * dv, nh * dv, accum_dtype(dt), "d_v_att.f32");
+        }
         Tensor dk_loc = a2a() ? gather_heads(ag.dk, dqk, "k") : reduce_scatter(ag.dk, nh * dqk, "k");
         ag.dk = Tensor();
         Tensor dv_loc = a2a() ? gather_heads(ag.dv, dv, "v") : reduce_scatter(ag.dv, nh * dv, "v");
         ag.dv = Tensor();
         dlatent = latent_grad(T, "d_latent");
-        up_project_backward(dk_loc, dv_loc, ctx.get("latent"), T, 0, nh, w, g, dlatent);
+        if (dk_loc.dtype() != dt)
+          up_project_backward_fp32(dk_loc, dv_loc, ctx.get("latent"), T, w, g, dlatent);
+        else
+          up_project_backward(dk_loc, dv_loc, ctx.get("latent"), T, 0, nh, w, g, dlatent);
         release(ctx, {"latent"});
         break;
       }

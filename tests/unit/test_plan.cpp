@@ -175,5 +175,51 @@ TEST(PlanByHand, DeviceFitCountsBf16WeightsAndFloat32Gradients) {
   EXPECT_EQ(fit.activation_peak, 60 * p.saved_bytes + std::max(p.peak_forward, p.peak_backward));
 }
 
+// kv_grad_reduce_fp32: explicit all_gather at P > 1 in bf16 reduce-scatters its K/V gradients in float32 (twice
+// the bytes); the plan's block run (meta backend) counts exactly what the closed form says, and nothing else
+// moves: not the forward, not a2a, not P = 1, not LAGA, not a float32 run.
+TEST(PlanByHand, KvGradientsReducedInFloat32) {
+  const MlaConfig cfg = preset("deepseek-v3");
+  auto traffic = [&](Form f, Layout l, int P, DType dt, bool fp32) {
+    const BlockOptions o{.form = f, .layout = l, .dtype = dt, .kv_grad_reduce_fp32 = fp32};
+    return expected_traffic(cfg, o, BlockShape{.batch = 1, .seq = 2048, .ranks = P, .rank = 0});
+  };
+  auto bytes = [](const std::vector<CollectiveRecord>& rs, Phase ph, const std::string& tensor) {
+    std::size_t b = 0;
+    for (const auto& r : rs)
+      if (r.phase == ph && (tensor.empty() || r.tensor == tensor)) b += r.bytes_sent;
+    return b;
+  };
+  const auto off = traffic(Form::Explicit, Layout::AllGather, 4, DType::bf16, false);
+  const auto on = traffic(Form::Explicit, Layout::AllGather, 4, DType::bf16, true);
+  EXPECT_EQ(bytes(on, Phase::backward, "k"), 2 * bytes(off, Phase::backward, "k"));
+  EXPECT_EQ(bytes(on, Phase::backward, "v"), 2 * bytes(off, Phase::backward, "v"));
+  EXPECT_EQ(bytes(on, Phase::forward, ""), bytes(off, Phase::forward, ""));
+  EXPECT_EQ(bytes(traffic(Form::Explicit, Layout::A2A, 4, DType::bf16, true), Phase::backward, ""),
+            bytes(traffic(Form::Explicit, Layout::A2A, 4, DType::bf16, false), Phase::backward, ""));
+  EXPECT_EQ(bytes(traffic(Form::Laga, Layout::AllGather, 4, DType::bf16, true), Phase::backward, ""),
+            bytes(traffic(Form::Laga, Layout::AllGather, 4, DType::bf16, false), Phase::backward, ""));
+  EXPECT_EQ(bytes(traffic(Form::Explicit, Layout::AllGather, 4, DType::f32, true), Phase::backward, ""),
+            bytes(traffic(Form::Explicit, Layout::AllGather, 4, DType::f32, false), Phase::backward, ""));
+  // The block itself (meta backend) sends what the closed form says, at a size where P = 4 splits evenly.
+  const MlaConfig tiny = preset("tiny");
+  for (int P : {1, 4}) {
+    SCOPED_TRACE("P = " + std::to_string(P));
+    const BlockOptions o{.form = Form::Explicit, .layout = Layout::AllGather, .dtype = DType::bf16,
+                         .kv_grad_reduce_fp32 = true};
+    const BlockShape sh{.batch = 2, .seq = 16, .ranks = P, .rank = P - 1};
+    const RankPlan plan = plan_rank(tiny, o, sh);
+    std::string why;
+    EXPECT_TRUE(same_records(plan.traffic, expected_traffic(tiny, o, sh), &why)) << why;
+    // The float32 copies are transient: the saved tensors are those of the default.
+    BlockOptions d = o;
+    d.kv_grad_reduce_fp32 = false;
+    const RankPlan plain = plan_rank(tiny, d, sh);
+    EXPECT_EQ(plan.saved_bytes, plain.saved_bytes);
+    if (P > 1) EXPECT_GT(plan.peak_backward, plain.peak_backward);
+    else EXPECT_EQ(plan.peak_backward, plain.peak_backward);
+  }
+}
+
 }  // namespace
 }  // namespace laga

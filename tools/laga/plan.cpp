@@ -23,6 +23,7 @@ struct PlanOptions {
   int layers = 1;
   std::string gpu_mem;
   bool json = false;
+  bool kv_grad_reduce_fp32 = false;
   std::string out;
 };
 
@@ -47,7 +48,8 @@ nlohmann::json to_json(const RankPlan& p, const DeviceFit& fit) {
 
 int run_plan(const PlanOptions& o) {
   const MlaConfig cfg = resolve_model(o.model);
-  const BlockOptions base{.layout = parse_layout(o.layout), .kernel = parse_kernel(o.kernel), .dtype = parse_dtype(o.dtype)};
+  const BlockOptions base{.layout = parse_layout(o.layout), .kernel = parse_kernel(o.kernel), .dtype = parse_dtype(o.dtype),
+                          .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32};
   LAGA_REQUIRE(o.layers >= 1, "layers = ", o.layers, ": must be >= 1");
   LAGA_REQUIRE(o.batch >= 1, "batch = ", o.batch, ": must be >= 1");
   const double gpu_mem = o.gpu_mem.empty() ? 0.0 : parse_bytes(o.gpu_mem);
@@ -142,6 +144,9 @@ std::function<int()> add_plan(CLI::App& app, CLI::App*& sub) {
   sub->add_option("--layers", o->layers, "Attention layers on the device (DeepSeek-V3 has 61)")->capture_default_str();
   sub->add_option("--gpu-mem", o->gpu_mem, "Device memory for the fit column, e.g. 141GB or 80GiB");
   sub->add_flag("--json", o->json, "Print JSON instead of tables");
+  sub->add_flag("--kv-grad-reduce-in-fp32", o->kv_grad_reduce_fp32,
+                "all_gather: explicit reduce-scatters its K/V gradients in float32 (default: in the dtype, as "
+                "TransformerEngine does)");
   sub->add_option("--out", o->out, "Also write the JSON document to FILE");
   return [o] { return run_plan(*o); };
 }

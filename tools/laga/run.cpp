@@ -53,6 +53,7 @@ struct RunOptions {
   int warmup = 0;  // untimed passes before the measured one
   bool check = false;
   bool verbose = false;
+  bool kv_grad_reduce_fp32 = false;
   std::string save_dir, load_dir, json_path;
   double tolerance = 0;  // 0: the dtype's default (default_tolerance)
 };
@@ -223,7 +224,8 @@ json options_json(const BlockOptions& opts) {
           {"kernel", kernel_name(opts.kernel)},
           {"recompute", recompute_name(opts.recompute)},
           {"absorbed_attention", absorbed_attention_name(opts.absorbed_attention)},
-          {"dtype", dtype_name(opts.dtype)}};
+          {"dtype", dtype_name(opts.dtype)},
+          {"kv_grad_reduce_in_fp32", opts.kv_grad_reduce_fp32}};
 }
 
 // Device memory as cudaMemGetInfo sees it around one run (absent on the cpu).
@@ -356,7 +358,7 @@ void check_options(const RunOptions& o, Prepared& p, int ranks, int rank) {
   p.opts = BlockOptions{.form = parse_form(o.form), .layout = parse_layout(o.layout), .kernel = parse_kernel(o.kernel),
                         .recompute = parse_recompute(o.recompute),
                         .absorbed_attention = parse_absorbed_attention(o.absorbed_attention),
-                        .dtype = parse_dtype(dtype_text(o))};
+                        .dtype = parse_dtype(dtype_text(o)), .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32};
   p.sh = BlockShape{.batch = o.batch, .seq = o.seq, .ranks = ranks, .rank = rank};
   validate(p.cfg, p.opts, p.sh);
   if (p.device == DeviceKind::cpu) {
@@ -474,11 +476,12 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm, Communicat
   const bool cuda = p.device == DeviceKind::cuda;
 
   if (lead) {
-    std::printf("laga run: model '%s', S=%ld, batch %ld, form %s, layout %s, kernel %s%s%s, %s, P=%d (%s%s)\n",
+    std::printf("laga run: model '%s', S=%ld, batch %ld, form %s, layout %s, kernel %s%s%s, %s%s, P=%d (%s%s)\n",
                 cfg.name.c_str(), long(o.seq), long(o.batch), form_name(opts.form), layout_name(opts.layout),
                 kernel_name(opts.kernel), opts.recompute == Recompute::KV ? ", recompute kv" : "",
                 opts.form == Form::Absorbed ? (std::string(", attention ") + absorbed_attention_name(opts.absorbed_attention)).c_str() : "",
-                dtype_name(opts.dtype), P, comm.name(), cuda ? ", cuda" : "");
+                dtype_name(opts.dtype), opts.kv_grad_reduce_fp32 ? " (K/V gradients reduced in float32)" : "", P,
+                comm.name(), cuda ? ", cuda" : "");
     if (cuda) std::printf("device: %s (%d visible)\n", cuda_device_name(p.gpu).c_str(), cuda_device_count());
     std::vector<std::string> header{"rank", "saved", "peak fwd", "peak bwd", "sent", "received", "GFLOP", "fwd ms", "bwd ms"};
     if (cuda) header.insert(header.end(), {"gpu", "dev used before", "dev peak", "scratch peak"});
@@ -550,7 +553,13 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm, Communicat
   json check_doc = json::array();
   if (o.check) {
     if (lead) {
-      const double tol = o.tolerance > 0 ? o.tolerance : default_tolerance(opts.dtype, opts.form);
+      const double tol_same_p = o.tolerance > 0 ? o.tolerance : default_tolerance(opts.dtype, opts.form);
+      // bf16 at P > 1: the paper's bar (1e-3) is LAGA against explicit at the same P (DESIGN.md section 5).
+      // Against the single-rank result every form is held to bf16's own precision: at P > 1 the per-rank
+      // partial K/V gradients (all_gather) are bf16 outputs of the attention backward, in every implementation
+      // (TransformerEngine's too), so even explicit sits ~4e-3 from its single-rank self there.
+      const double tol = o.tolerance > 0 || opts.dtype != DType::bf16 || P == 1 ? tol_same_p
+                                                                                 : cpu_reference_tolerance(opts.dtype);
       // The reference runs on rank 0 alone, with the full input, on the same device and dtype.
       std::unique_ptr<Backend> ref_be = cuda ? make_cuda_backend(p.gpu) : make_cpu_backend();
       BlockShape full{.batch = o.batch, .seq = o.seq, .ranks = 1, .rank = 0};
@@ -569,10 +578,16 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm, Communicat
       check_doc.push_back({{"reference", "explicit P=1, same device"}, {"tolerance", tol}, {"tensors", rows}});
       if (same_p) {
         std::printf("\ncheck against explicit at the same P=%d (same device, dtype and communicator; tolerance %.0e):\n",
-                    P, tol);
+                    P, tol_same_p);
         json rows_p;
-        if (!print_comparison(global, explicit_same_p, tol, rows_p)) failed = 1;
-        check_doc.push_back({{"reference", "explicit same P"}, {"tolerance", tol}, {"tensors", rows_p}});
+        if (!print_comparison(global, explicit_same_p, tol_same_p, rows_p)) {
+          failed = 1;
+          if (opts.layout == Layout::AllGather && !opts.kv_grad_reduce_fp32)
+            std::printf("note: in all_gather, explicit reduce-scatters its K/V gradients in bfloat16 (as "
+                        "TransformerEngine does), rounding their sum once, and LAGA never forms that sum; "
+                        "--kv-grad-reduce-in-fp32 sums them in float32 (docs/gpu-run.md)\n");
+        }
+        check_doc.push_back({{"reference", "explicit same P"}, {"tolerance", tol_same_p}, {"tensors", rows_p}});
       }
       if (cuda) {
         // And the precision of the dtype itself: the CPU's float64 result of the same problem (the inputs
@@ -704,6 +719,7 @@ std::vector<BlockOptions> phantom_variants(const RunOptions& o, DType dtype) {
         f.layout = l;
         f.kernel = k;
         f.dtype = dtype;
+        f.kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32;
         out.push_back(f);
       }
   return out;
@@ -907,9 +923,14 @@ std::function<int()> add_run(CLI::App& app, CLI::App*& sub, int* argc, char*** a
                                          "launches load kernels and pick GEMM algorithms")->capture_default_str();
   sub->add_flag("--check", o->check, "Compare with the single-rank explicit result on the same device and dtype "
                                      "(and, on cuda, with the CPU float64 result); exit 1 above tolerance");
-  sub->add_option("--tolerance", o->tolerance, "Relative error bound of --check against the same-device result "
-                                               "(default 1e-5 float32, 1e-10 float64, 1e-3 bfloat16; absorbed in bfloat16 3e-2: it "
-                                               "rounds at other points)");
+  sub->add_option("--tolerance", o->tolerance, "Relative error bound of --check against the same-device results "
+                                               "(default 1e-5 float32, 1e-10 float64; bfloat16: 1e-3 against explicit at the "
+                                               "same P, and at P = 1, 3e-2 against the single-rank result at P > 1 and for "
+                                               "absorbed, which rounds at other points)");
+  sub->add_flag("--kv-grad-reduce-in-fp32", o->kv_grad_reduce_fp32,
+                "all_gather, bfloat16, P > 1: explicit widens its partial K/V gradients to float32 before the "
+                "reduce-scatter (twice that traffic) and up-projects the float32 sums; default: reduce-scatter in "
+                "bfloat16, as TransformerEngine does");
   sub->add_flag("--verbose", o->verbose, "List the saved tensors and the FLOPs and time by phase");
   sub->add_option("--save", o->save_dir, "Write inputs, weights, output and gradients as .npy files to DIR");
   sub->add_option("--load", o->load_dir, "Read x.npy, weights (and dy.npy if present) from DIR");
