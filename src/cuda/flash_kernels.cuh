@@ -342,12 +342,19 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
       }
 
     if constexpr (Tr::kPInRegs) {
+      // The output rescale only where a row's maximum moved: corr is exactly 1 otherwise (exp2 of 0), so
+      // skipping it when no row of the warp moved changes no bit and saves 4 kNTO kMTO multiplies a thread.
+      bool moved = false;
 #pragma unroll
-      for (int mt = 0; mt < Tr::kMTO; ++mt)
+      for (int mt = 0; mt < Tr::kMTS; ++mt) moved = moved || corr[mt][0] != 1.f || corr[mt][1] != 1.f;
+      if (warp_any(moved)) {
 #pragma unroll
-        for (int nt = 0; nt < Tr::kNTO; ++nt)
+        for (int mt = 0; mt < Tr::kMTO; ++mt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] *= corr[mt][e >> 1];
+          for (int nt = 0; nt < Tr::kNTO; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] *= corr[mt][e >> 1];
+      }
       u32 pa[Tr::kMTS][kBN / 16][4];
       acc_to_a(pa, s);
       if constexpr (!kPaired) {

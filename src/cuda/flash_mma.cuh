@@ -334,5 +334,7 @@ __device__ __forceinline__ void copy8_unaligned(void* dst, const bf16* src) {
 }
 
 __device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+// Whether p holds on any lane of the (full) warp.
+__device__ __forceinline__ bool warp_any(bool p) { return __any_sync(0xffffffffu, p); }
 
 }  // namespace laga::cuda::flash

@@ -207,6 +207,15 @@ inline void copy8_unaligned(void* dst, const bf16* src) {
   emu::check_smem(dst, 16, 16);
   std::memcpy(dst, src, 16);
 }
+inline bool warp_any(bool p) {
+  emu::Warp& w = *emu::tl_warp;
+  w.fslot[emu::tl_lane] = p ? 1.f : 0.f;
+  w.bar.arrive_and_wait();
+  bool any = false;
+  for (int l = 0; l < 32; ++l) any = any || w.fslot[l] != 0.f;
+  w.bar.arrive_and_wait();
+  return any;
+}
 inline float shfl_xor(float v, int mask) {
   emu::Warp& w = *emu::tl_warp;
   w.fslot[emu::tl_lane] = v;
