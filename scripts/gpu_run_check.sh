@@ -16,7 +16,7 @@
 #        its saved bytes against `laga plan --dtype bfloat16 --json` (must be EQUAL), time by phase, device
 #        memory (cudaMemGetInfo);
 #     4. `mpirun -np 2|4|8 laga run --device cuda --check` (the ranks share the GPU: MPI with host staging),
-#        laga, explicit and absorbed, both layouts, bf16 (and float32 at np 4);
+#        laga, explicit and absorbed, both layouts, fused and eager, bf16 (and float32 at np 4, fused);
 #     5. step 4's all_gather bf16 runs with --kv-grad-reduce-in-fp32 (not in the default steps).
 #   A summary goes to stdout and $OUT/summary.txt; logs and JSON documents to $OUT/results.tar.gz.
 #
@@ -171,16 +171,18 @@ elif [ -n "$MPIRUN" ]; then
   mp=()
   for np in 2 4 8; do
     for dtype in bfloat16 float32; do
-      for form in laga explicit absorbed; do
-        for layout in a2a all_gather; do
-          # float32 (the plumbing at float precision): np 4, laga a2a and explicit all_gather.
-          [ "$dtype" = float32 ] && { [ "$np" != 4 ] || [ "$form/$layout" = laga/all_gather ] ||
-                                      [ "$form/$layout" = explicit/a2a ] || [ "$form" = absorbed ]; } && continue
-          tag=mpi_np${np}_${dtype}_${form}_${layout}
-          timeout 90 "$MPIRUN" -np "$np" --bind-to none "$LAGA" run --device cuda --dtype "$dtype" --model small \
-            --seq 256 --batch 2 --form "$form" --layout "$layout" --check --json "$work/$tag.json" >"$work/$tag.log" 2>&1 ||
-            echo "  exit $? for $tag" | tee -a "$SUMMARY"
-          mp+=("$work/$tag.json")
+      for kernel in fused eager; do
+        for form in laga explicit absorbed; do
+          for layout in a2a all_gather; do
+            # float32 (the plumbing at float precision): np 4, fused, laga a2a and explicit all_gather.
+            [ "$dtype" = float32 ] && { [ "$np" != 4 ] || [ "$kernel" = eager ] || [ "$form/$layout" = laga/all_gather ] ||
+                                        [ "$form/$layout" = explicit/a2a ] || [ "$form" = absorbed ]; } && continue
+            tag=mpi_np${np}_${dtype}_${kernel}_${form}_${layout}
+            timeout 90 "$MPIRUN" -np "$np" --bind-to none "$LAGA" run --device cuda --dtype "$dtype" --model small \
+              --seq 256 --batch 2 --form "$form" --layout "$layout" --kernel "$kernel" --check \
+              --json "$work/$tag.json" >"$work/$tag.log" 2>&1 || echo "  exit $? for $tag" | tee -a "$SUMMARY"
+            mp+=("$work/$tag.json")
+          done
         done
       done
     done
@@ -199,12 +201,14 @@ elif [ -n "$MPIRUN" ]; then
   say "== 5. mpirun -np 2|4|8 laga run --device cuda --check --kv-grad-reduce-in-fp32 (all_gather, bf16)"
   kv=()
   for np in 2 4 8; do
-    for form in laga explicit absorbed; do
-      tag=mpi_np${np}_kvfp32_${form}_all_gather
-      timeout 90 "$MPIRUN" -np "$np" --bind-to none "$LAGA" run --device cuda --dtype bfloat16 --model small \
-        --seq 256 --batch 2 --form "$form" --layout all_gather --kv-grad-reduce-in-fp32 --check \
-        --json "$work/$tag.json" >"$work/$tag.log" 2>&1 || echo "  exit $? for $tag" | tee -a "$SUMMARY"
-      kv+=("$work/$tag.json")
+    for kernel in fused eager; do
+      for form in laga explicit absorbed; do
+        tag=mpi_np${np}_kvfp32_${kernel}_${form}_all_gather
+        timeout 90 "$MPIRUN" -np "$np" --bind-to none "$LAGA" run --device cuda --dtype bfloat16 --model small \
+          --seq 256 --batch 2 --form "$form" --layout all_gather --kernel "$kernel" --kv-grad-reduce-in-fp32 --check \
+          --json "$work/$tag.json" >"$work/$tag.log" 2>&1 || echo "  exit $? for $tag" | tee -a "$SUMMARY"
+        kv+=("$work/$tag.json")
+      done
     done
   done
   check_table "${kv[@]}" | tee -a "$SUMMARY"
