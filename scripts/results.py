@@ -105,9 +105,10 @@ def accum_bytes(dtype_bytes):
     return 8 if dtype_bytes == 8 else 4
 
 
-def closed_form_bytes(model, layout, form, seq, sp, batch, dtype_bytes, grad_bytes=None):
+def closed_form_bytes(model, layout, form, seq, sp, batch, dtype_bytes, grad_bytes=None, kv_grad_fp32=False):
     """Bytes one rank sends, forward + backward, as CountingCommunicator counts them. grad_bytes: the size of
-    the latent gradient's values (default: the accumulation dtype's, as the block sends it)."""
+    the latent gradient's values (default: the accumulation dtype's, as the block sends it). kv_grad_fp32:
+    --kv-grad-reduce-in-fp32 (explicit's all_gather K/V gradients in the accumulation dtype)."""
     nh = model["num_attention_heads"]
     dqk = model["qk_nope_head_dim"] + model["qk_rope_head_dim"]
     dv = model["v_head_dim"]
@@ -124,7 +125,8 @@ def closed_form_bytes(model, layout, form, seq, sp, batch, dtype_bytes, grad_byt
             return 2 * T * per_tok * (P - 1) // P * dtype_bytes
         return 2 * T * (nh * dqk + nh * dv) * (P - 1) // P * dtype_bytes + latent
     if form == "explicit":
-        return 2 * (P - 1) * T * (nh * dqk + nh * dv) * dtype_bytes
+        kv_grad = accum_bytes(dtype_bytes) if kv_grad_fp32 else dtype_bytes
+        return (P - 1) * T * (nh * dqk + nh * dv) * (dtype_bytes + kv_grad)
     return latent
 
 
@@ -470,7 +472,8 @@ def claims(docs, gpu_checks=()):
         eb = DTYPE_BYTES[doc["config"]["dtype"]]
         for p in doc["points"]:
             total += 1
-            exact += closed_form_bytes(doc["config"]["model"], p["layout"], p["form"], p["seq"], p["sp"], p["batch"], eb) \
+            exact += closed_form_bytes(doc["config"]["model"], p["layout"], p["form"], p["seq"], p["sp"], p["batch"], eb,
+                                       kv_grad_fp32=doc["config"].get("kv_grad_reduce_in_fp32", False)) \
                 == p["traffic"]["bytes_sent"]
     tr = {}
     for stem, doc, ex, la in pairs(docs, "laga", layout="a2a"):

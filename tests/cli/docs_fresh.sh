@@ -32,6 +32,22 @@ else
   fail "scripts/plan_table.py failed"
 fi
 
+# results.py's closed form with --kv-grad-reduce-in-fp32 (no committed document uses it) against laga plan.
+for kv in "" --kv-grad-reduce-in-fp32; do
+  "$LAGA" plan --model deepseek-v3 --seq 16384 --sp 8 --layout all_gather $kv --json >"$TMP/plan_kv.json" ||
+    fail "laga plan $kv --json exited non-zero"
+  python3 - "$ROOT/scripts" "$TMP/plan_kv.json" "$kv" <<'PY' || fail "results.py closed form $kv != laga plan"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import results
+d = json.load(open(sys.argv[2]))
+for form, name in (("explicit", "explicit"), ("laga", "laga")):
+    plan = d["points"][0]["variants"][name]["bytes_sent"]
+    cf = results.closed_form_bytes(d["model"], "all_gather", form, 16384, 8, 1, 2, kv_grad_fp32=bool(sys.argv[3]))
+    assert plan == cf, (form, plan, cf)
+PY
+done
+
 # check_table.py and multi_gpu_table.py on documents of thread ranks (the GPU scripts feed them NCCL runs).
 for form in explicit laga; do
   "$LAGA" run --model tiny --seq 64 --sp 2 --form "$form" --check --json "$TMP/$form.json" >/dev/null 2>&1 ||

@@ -59,6 +59,7 @@ struct BenchOptions {
   int repeat = 5, warmup = 1;
   bool check = false;
   bool gemm_check = false;
+  bool kv_grad_reduce_fp32 = false;
   std::uint64_t seed = 1;
   std::string out;
   int node_size = 8;
@@ -282,7 +283,8 @@ struct Bench {
   }
 
   BlockOptions options(const Point& p) const {
-    return with_variant({.layout = p.layout, .kernel = p.kernel, .dtype = dtype}, kAllVariants[p.variant]);
+    return with_variant({.layout = p.layout, .kernel = p.kernel, .dtype = dtype, .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32},
+                        kAllVariants[p.variant]);
   }
 
   // One rank alone: P = 1, or rank P-1 of P as a phantom.
@@ -653,6 +655,7 @@ std::string canonical_command(const BenchOptions& o, const std::string& dtype) {
   if (o.phantom) c << " --phantom";
   if (o.check) c << " --check";
   if (o.gemm_check) c << " --gemm-check";
+  if (o.kv_grad_reduce_fp32) c << " --kv-grad-reduce-in-fp32";
   if (o.device == "cuda") c << " --gpu " << o.gpu;
   return c.str();
 }
@@ -764,7 +767,8 @@ int run_bench(BenchOptions o) {
                                      : "P = 1 alone; P > 1 as threads of this process with in-process collectives"},
                  {"cpu_threads_per_rank", b.device == Device::cpu ? json(b.default_blas_threads) : json(nullptr)},
                  {"check", o.check},
-                 {"gemm_check", o.gemm_check}};
+                 {"gemm_check", o.gemm_check},
+                 {"kv_grad_reduce_in_fp32", o.kv_grad_reduce_fp32}};
   if (b.device == Device::cuda) config["gpu"] = o.gpu;
   for (Layout l : layouts) config["layouts"].push_back(layout_name(l));
   for (AttentionKernel k : kernels) config["kernels"].push_back(kernel_name(k));
@@ -888,6 +892,8 @@ std::function<int()> add_bench(CLI::App& app, CLI::App*& sub) {
   sub->add_flag("--gemm-check", o->gemm_check, "Also time every GEMM of the block (in extra instrumented repeats "
                                                "after the timed ones) against the same GEMM alone; adds \"gemms\" "
                                                "to each point");
+  sub->add_flag("--kv-grad-reduce-in-fp32", o->kv_grad_reduce_fp32,
+                "all_gather: explicit reduce-scatters its K/V gradients in float32 (as `laga run`)");
   sub->add_option("--seed", o->seed, "Seed of the deterministic weights and inputs")->capture_default_str();
   sub->add_option("--out", o->out, "The JSON document (rewritten after every point; complete: true at the end)");
   sub->add_option("--node-size", o->node_size, "Model: GPUs a node")->capture_default_str();
