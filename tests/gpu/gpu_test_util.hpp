@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "laga/backend.hpp"
+#include "laga/config.hpp"
 #include "laga/cuda.hpp"
 #include "laga/problem.hpp"
 #include "laga/tensor.hpp"
@@ -39,6 +40,26 @@ inline const char* dtype_tag(DType t) { return t == DType::bf16 ? "bf16" : t == 
 
 // Relative Frobenius error allowed for one op against float64: bf16 storage (fp32 accumulation) and f32.
 inline double op_tolerance(DType t) { return t == DType::bf16 ? 1e-2 : 1e-5; }
+
+// A device tensor's bytes, for bitwise comparisons.
+inline std::vector<std::uint8_t> raw_bytes(Backend& be, const Tensor& t) {
+  std::vector<std::uint8_t> out(t.bytes());
+  be.copy_to_host(out.data(), t);
+  return out;
+}
+
+// DeepSeek-V3's head dims (192/128 per head, latent 576/512) on a small model: exercises the tensor-core
+// attention kernels at the real MLA dims inside the block.
+inline MlaConfig mla_dims() {
+  MlaConfig c = preset("deepseek-v3");
+  c.name = "mla_dims";
+  c.hidden_size = 256;
+  c.num_attention_heads = 4;
+  c.q_lora_rank = 96;
+  c.rope_scaling = std::nullopt;
+  validate(c);
+  return c;
+}
 
 // One random generator per test, seeded from the test's name: reruns draw the same data, tests differ.
 inline std::mt19937_64 rng_for_test() {

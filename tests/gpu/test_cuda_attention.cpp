@@ -261,11 +261,7 @@ TEST_P(CudaAttention, BitwiseDeterministicOnRerun) {
   Problem pr(GetParam().c, GetParam().kernel, GetParam().dtype, be, rng);
   pr.forward();
   pr.backward(rng);
-  auto raw = [&](const Mirror& m) {
-    std::vector<unsigned char> b(m.dev.bytes());
-    be.gpu->copy_to_host(b.data(), m.dev);
-    return b;
-  };
+  auto raw = [&](const Mirror& m) { return raw_bytes(*be.gpu, m.dev); };
   const auto o1 = raw(pr.o), dq1 = raw(pr.dq), dk1 = raw(pr.dk), dv1 = raw(pr.dv);
   AttentionBwdParams p = pr.params(true);
   be.gpu->attention_forward(p);
@@ -480,11 +476,7 @@ TEST_P(CudaAttentionFusedDq, SameDkDvBitsAndDqWithinTolerance) {
   pr.backward(rng);
   pr.check_backward();
   EXPECT_EQ(slot_peak(*be.gpu, "dq_accum"), 0u) << "the separate dQ kernel used the fused dQ tiles";
-  auto raw = [&](const Mirror& m) {
-    std::vector<unsigned char> b(m.dev.bytes());
-    be.gpu->copy_to_host(b.data(), m.dev);
-    return b;
-  };
+  auto raw = [&](const Mirror& m) { return raw_bytes(*be.gpu, m.dev); };
   const auto dq_sep = pr.dq.download(*be.gpu);
   const auto dk_sep = raw(pr.dk), dv_sep = raw(pr.dv);
   cuda_set_flash_fused_dq(*be.gpu, true);

@@ -24,19 +24,6 @@ constexpr std::uint64_t kSeed = 11;
 // up to 2^-9 per store, compounding over ~30 ops), at most 1.1e-2 measured.
 double block_tolerance(DType t) { return t == DType::bf16 ? 3e-2 : 1e-5; }
 
-// DeepSeek-V3's head dims (192/128 per head, latent 576/512) on a small model: exercises the fused kernels at
-// the real MLA dims inside the block.
-MlaConfig mla_dims() {
-  MlaConfig c = preset("deepseek-v3");
-  c.name = "mla_dims";
-  c.hidden_size = 256;
-  c.num_attention_heads = 4;
-  c.q_lora_rank = 96;
-  c.rope_scaling = std::nullopt;
-  validate(c);
-  return c;
-}
-
 MlaConfig config_by_name(const std::string& name) { return name == "mla_dims" ? mla_dims() : preset(name); }
 std::int64_t seq_for(const std::string& name) { return name == "tiny" ? 16 : 32; }
 

@@ -27,6 +27,8 @@ namespace laga {
 namespace {
 
 using gpu_test::dtype_tag;
+using gpu_test::mla_dims;
+using gpu_test::raw_bytes;
 
 enum class GpuCommKind { nccl, host_staging };
 const char* kind_tag(GpuCommKind k) { return k == GpuCommKind::nccl ? "nccl" : "host_staging"; }
@@ -40,12 +42,6 @@ struct P1Comm {
     comm = kind == GpuCommKind::nccl ? make_nccl_communicator(*host, gpu) : make_host_staging_communicator(*host, gpu);
   }
 };
-
-std::vector<std::uint8_t> raw(Backend& be, const Tensor& t) {
-  std::vector<std::uint8_t> out(t.bytes());
-  be.copy_to_host(out.data(), t);
-  return out;
-}
 
 struct CollectiveParam {
   GpuCommKind kind;
@@ -72,7 +68,7 @@ TEST_P(GpuCommP1, EveryCollectiveReturnsTheRankData) {
   const std::int64_t n = 3 * 1024 + 7;  // not a multiple of any vector width
   Tensor src(gpu->allocator(), dt, {n}, "src", MemoryKind::external);
   fill_deterministic(*gpu, src, 7, 1, 0, 1.0);
-  const std::vector<std::uint8_t> want = raw(*gpu, src);
+  const std::vector<std::uint8_t> want = raw_bytes(*gpu, src);
   auto fresh = [&](const char* name) {
     Tensor t(gpu->allocator(), dt, {n}, name, MemoryKind::external);
     gpu->fill(t, -5.0);
@@ -95,11 +91,11 @@ TEST_P(GpuCommP1, EveryCollectiveReturnsTheRankData) {
   c.comm->barrier();
   gpu->synchronize();
 
-  EXPECT_EQ(raw(*gpu, ag), want) << "all_gather";
-  EXPECT_EQ(raw(*gpu, rs), want) << "reduce_scatter";
-  EXPECT_EQ(raw(*gpu, a2a), want) << "all_to_all";
-  EXPECT_EQ(raw(*gpu, ar), want) << "all_reduce";
-  EXPECT_EQ(raw(*gpu, in_place), want) << "in-place all_gather then all_to_all";
+  EXPECT_EQ(raw_bytes(*gpu, ag), want) << "all_gather";
+  EXPECT_EQ(raw_bytes(*gpu, rs), want) << "reduce_scatter";
+  EXPECT_EQ(raw_bytes(*gpu, a2a), want) << "all_to_all";
+  EXPECT_EQ(raw_bytes(*gpu, ar), want) << "all_reduce";
+  EXPECT_EQ(raw_bytes(*gpu, in_place), want) << "in-place all_gather then all_to_all";
   // Count 0 is a no-op.
   c.comm->all_gather(src.data(), ag.data(), 0, dt);
   c.comm->all_reduce(ar.data(), 0, dt);
@@ -137,6 +133,32 @@ TEST_P(GpuCommP1, BlockBitIdenticalToSingleRank) {
     }
 }
 
+// Rank 0's result of the block run by P thread ranks, each with its own CUDA backend, through host staging.
+GlobalResult run_staged(const MlaConfig& cfg, const BlockOptions& opts, int P, std::int64_t B, std::int64_t S,
+                        std::uint64_t seed) {
+  auto hosts = make_thread_group(P);
+  std::vector<std::unique_ptr<Backend>> gpus;
+  for (int r = 0; r < P; ++r) gpus.push_back(make_cuda_backend(0));
+  std::vector<GlobalResult> results(P);
+  std::vector<std::exception_ptr> errors(P);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = make_host_staging_communicator(*hosts[r], *gpus[r]);
+        const RankRun run = run_rank(cfg, opts, BlockShape{.batch = B, .seq = S, .ranks = P, .rank = r}, *gpus[r],
+                                     *comm, seed);
+        results[r] = gather_result(*gpus[r], *hosts[r], run);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return results[0];
+}
+
 // P ranks sharing one GPU as threads of this process: each rank its own CUDA backend, host staging over
 // the in-process thread group (what MPI ranks on one GPU do, without mpirun). Every form and layout
 // reproduces the single-rank explicit result on the same GPU.
@@ -169,27 +191,7 @@ TEST_P(HostStagingThreads, MatchesSingleRankExplicit) {
       const std::string what = std::string(form_name(v.form)) + (v.recompute == Recompute::KV ? "+kv" : "") + " " +
                                layout_name(layout) + " P=" + std::to_string(P) + " " + dtype_tag(dt);
       SCOPED_TRACE(what);
-      auto hosts = make_thread_group(P);
-      std::vector<std::unique_ptr<Backend>> gpus;
-      for (int r = 0; r < P; ++r) gpus.push_back(make_cuda_backend(0));
-      std::vector<GlobalResult> results(P);
-      std::vector<std::exception_ptr> errors(P);
-      std::vector<std::thread> threads;
-      for (int r = 0; r < P; ++r)
-        threads.emplace_back([&, r] {
-          try {
-            auto comm = make_host_staging_communicator(*hosts[r], *gpus[r]);
-            const BlockShape shape{.batch = B, .seq = S, .ranks = P, .rank = r};
-            const RankRun run = run_rank(cfg, opts, shape, *gpus[r], *comm, 5);
-            results[r] = gather_result(*gpus[r], *hosts[r], run);
-          } catch (...) {
-            errors[r] = std::current_exception();
-          }
-        });
-      for (auto& t : threads) t.join();
-      for (auto& e : errors)
-        if (e) std::rethrow_exception(e);
-      for (const auto& c : compare(results[0], ref)) {
+      for (const auto& c : compare(run_staged(cfg, opts, P, B, S, 5), ref)) {
         std::printf("GPUCHECK HostStagingThreads/%s %s rel_error=%.3e tol=%.0e\n", what.c_str(), c.tensor.c_str(),
                     c.rel_error, tol);
         EXPECT_LE(c.rel_error, tol) << c.tensor;
@@ -204,32 +206,6 @@ INSTANTIATE_TEST_SUITE_P(SharedGpu, HostStagingThreads,
                            return "P" + std::to_string(info.param.ranks) + "_" + dtype_tag(info.param.dtype);
                          });
 
-// Rank 0's result of the block run by P thread ranks, each with its own CUDA backend, through host staging.
-GlobalResult run_staged(const MlaConfig& cfg, const BlockOptions& opts, int P, std::int64_t B, std::int64_t S,
-                        std::uint64_t seed) {
-  auto hosts = make_thread_group(P);
-  std::vector<std::unique_ptr<Backend>> gpus;
-  for (int r = 0; r < P; ++r) gpus.push_back(make_cuda_backend(0));
-  std::vector<GlobalResult> results(P);
-  std::vector<std::exception_ptr> errors(P);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < P; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        auto comm = make_host_staging_communicator(*hosts[r], *gpus[r]);
-        const RankRun run = run_rank(cfg, opts, BlockShape{.batch = B, .seq = S, .ranks = P, .rank = r}, *gpus[r],
-                                     *comm, seed);
-        results[r] = gather_result(*gpus[r], *hosts[r], run);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  return results[0];
-}
-
 // The paper's bar at DeepSeek-V3's head dims (192/128 per head, latent 576: the tensor-core kernels, the fused
 // dQ at P > 1 with query offsets in all_gather), bf16: LAGA against explicit at the same P within 1e-3, output
 // and every gradient, both layouts and kernels; in all_gather with the K/V gradients reduced in float32
@@ -240,13 +216,7 @@ class LagaVsExplicitSameP : public ::testing::TestWithParam<int> {};
 TEST_P(LagaVsExplicitSameP, WithinOneInAThousandInBf16) {
   LAGA_REQUIRE_GPU();
   const int P = GetParam();
-  MlaConfig cfg = preset("deepseek-v3");
-  cfg.name = "mla_dims";
-  cfg.hidden_size = 256;
-  cfg.num_attention_heads = 4;
-  cfg.q_lora_rank = 96;
-  cfg.rope_scaling = std::nullopt;
-  validate(cfg);
+  const MlaConfig cfg = mla_dims();
   const std::int64_t B = 2, S = 128;
   for (AttentionKernel kernel : kAllKernels)
     for (Layout layout : kAllLayouts)
