@@ -63,6 +63,12 @@ struct BlockOptions {
   bool kv_grad_reduce_fp32 = false;
 };
 
+// Whether explicit's K/V gradients are summed over `ranks` ranks in float32 under these options: only where
+// there is such a sum (all_gather, P > 1) and only for a storage dtype below its accumulation dtype.
+inline bool kv_grads_reduced_in_fp32(const BlockOptions& o, int ranks) {
+  return o.kv_grad_reduce_fp32 && o.layout == Layout::AllGather && ranks > 1 && accum_dtype(o.dtype) != o.dtype;
+}
+
 // One strategy as reports and tests enumerate them: a form plus the options only some forms take.
 struct Variant {
   Form form = Form::Explicit;

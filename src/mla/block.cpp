@@ -105,9 +105,6 @@ struct BlockImpl {
                       .dst_dtype = dtype});
     return t;
   }
-  // Explicit's partial K/V gradients summed over the ranks in float32 (BlockOptions::kv_grad_reduce_fp32):
-  // only where there is such a sum (all_gather, P > 1) and only for a low-precision storage dtype.
-  bool kv_grads_fp32() const { return opts.kv_grad_reduce_fp32 && !a2a() && P > 1 && accum_dtype(dt) != dt; }
 
   // y[rows, n] (+)= x[rows, k] W[k, n]
   void linear(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x, std::int64_t ldx,
@@ -116,17 +113,21 @@ struct BlockImpl {
                       .beta = beta});
   }
   // dx[rows, k] (+)= dy[rows, n] W[k, n]^T
+  // (operands in `dtype`, default the block's)
   void linear_dx(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* dy, std::int64_t lddy,
                  const void* w, std::int64_t ldw, void* dx, std::int64_t lddx, double beta = 0.0,
-                 std::optional<DType> dx_dtype = std::nullopt) {
+                 std::optional<DType> dx_dtype = std::nullopt, std::optional<DType> dtype = std::nullopt) {
     gemm(ph, GemmArgs{.trans_b = Trans::yes, .m = rows, .n = k, .k = n, .a = dy, .lda = lddy, .b = w, .ldb = ldw,
-                      .c = dx, .ldc = lddx, .beta = beta, .c_dtype = dx_dtype});
+                      .c = dx, .ldc = lddx, .beta = beta, .c_dtype = dx_dtype},
+         dtype);
   }
   // dW[k, n] += x[rows, k]^T dy[rows, n]
   void linear_dw(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x, std::int64_t ldx,
-                 const void* dy, std::int64_t lddy, void* dw, std::int64_t lddw) {
+                 const void* dy, std::int64_t lddy, void* dw, std::int64_t lddw,
+                 std::optional<DType> dtype = std::nullopt) {
     gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = k, .n = n, .k = rows, .a = x, .lda = ldx, .b = dy, .ldb = lddy,
-                      .c = dw, .ldc = lddw, .beta = 1.0, .c_dtype = accum_dtype(dt)});
+                      .c = dw, .ldc = lddw, .beta = 1.0, .c_dtype = accum_dtype(dt)},
+         dtype);
   }
 
   // ---------------------------------------------------------------- collectives
@@ -300,56 +301,40 @@ struct BlockImpl {
   // The transpose: accumulates into dlatent [rows, dl] and the weight gradients of those heads.
   void up_project_backward(const Tensor& dk, const Tensor& dvv, const Tensor& latent, std::int64_t rows,
                            std::int64_t first, std::int64_t heads, const MlaWeights& w, MlaGrads& g, Tensor& dlatent) {
+    // dK/dV in the block's dtype, or in float32 (explicit's sums under kv_grad_reduce_fp32): then the GEMMs run
+    // in float32 on float32 copies of the weights' slices and of the latent, so that the summed gradient is
+    // never rounded to the storage dtype (LAGA never forms it: it applies the up-projection to each rank's
+    // partial and sums the latent gradients in float32). The copies cost 4 * r_kv * heads * (d_nope + d_v) bytes.
+    const DType op = dk.dtype();
+    constexpr OpPhase ph = OpPhase::up_projections;
     // dk's nope columns, made contiguous, so that each weight's products are one GEMM over all heads (one
     // rounding of the sum in low precision, one launch) instead of a GEMM per head.
-    Tensor dk_nope = empty({rows, heads * dn}, "d_k_nope");
-    copy(OpPhase::up_projections, CopyArgs{.batch = heads, .rows = rows, .cols = dn, .src = dk.data(),
-                                           .src_ld = heads * dqk, .src_batch_stride = dqk, .dst = dk_nope.data(),
-                                           .dst_ld = heads * dn, .dst_batch_stride = dn});
+    Tensor dk_nope(be.allocator(), op, {rows, heads * dn}, "d_k_nope");
+    copy(ph, CopyArgs{.batch = heads, .rows = rows, .cols = dn, .src = dk.data(), .src_ld = heads * dqk,
+                      .src_batch_stride = dqk, .dst = dk_nope.data(), .dst_ld = heads * dn, .dst_batch_stride = dn},
+         op);
+    const void *w_uv = w.w_uv.at(first * dv), *w_uk = w.w_uk.at(first * dn), *lat = latent.data();
+    std::int64_t ld_uv = nh * dv, ld_uk = nh * dn;
+    Tensor w_uv_op, w_uk_op, lat_op;
+    if (op != dt) {
+      w_uv_op = converted(ph, w_uv, rkv, heads * dv, ld_uv, op, "w_uv.f32");
+      w_uk_op = converted(ph, w_uk, rkv, heads * dn, ld_uk, op, "w_uk.f32");
+      lat_op = converted(ph, lat, rows, dl, dl, op, "latent.f32");
+      w_uv = w_uv_op.data(), w_uk = w_uk_op.data(), lat = lat_op.data();
+      ld_uv = heads * dv, ld_uk = heads * dn;
+    }
     // d c_kv = dv W_UV[heads]^T + dk_nope W_UK[heads]^T
-    linear_dx(OpPhase::up_projections, rows, rkv, heads * dv, dvv.data(), heads * dv, w.w_uv.at(first * dv), nh * dv,
-              dlatent.data(), dl, 1.0, dlatent.dtype());
-    linear_dx(OpPhase::up_projections, rows, rkv, heads * dn, dk_nope.data(), heads * dn, w.w_uk.at(first * dn), nh * dn,
-              dlatent.data(), dl, 1.0, dlatent.dtype());
+    linear_dx(ph, rows, rkv, heads * dv, dvv.data(), heads * dv, w_uv, ld_uv, dlatent.data(), dl, 1.0, dlatent.dtype(),
+              op);
+    linear_dx(ph, rows, rkv, heads * dn, dk_nope.data(), heads * dn, w_uk, ld_uk, dlatent.data(), dl, 1.0,
+              dlatent.dtype(), op);
     // d k_pe = sum over heads of the rope part of dk
-    copy(OpPhase::up_projections, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = dk.at(dn),
-                                           .src_ld = heads * dqk, .src_batch_stride = dqk, .dst = dlatent.at(rkv),
-                                           .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate,
-                                           .dst_dtype = dlatent.dtype()});
-    linear_dw(OpPhase::up_projections, rows, rkv, heads * dv, latent.data(), dl, dvv.data(), heads * dv,
-              g.w_uv.at(first * dv), nh * dv);
-    linear_dw(OpPhase::up_projections, rows, rkv, heads * dn, latent.data(), dl, dk_nope.data(), heads * dn,
-              g.w_uk.at(first * dn), nh * dn);
-  }
-
-  // The same for float32 dK/dV of all heads (explicit's sums under kv_grad_reduce_fp32): float32 GEMMs on
-  // float32 copies of the up-projection weights and of the latent, so that the summed gradient is never
-  // rounded to the storage dtype (LAGA never forms it: it applies the up-projection to each rank's partial
-  // and sums the latent gradients in float32). The weights' copies cost 4 * d_kv * n_h * (d_nope + d_v) bytes.
-  void up_project_backward_fp32(const Tensor& dk, const Tensor& dvv, const Tensor& latent, std::int64_t rows,
-                                const MlaWeights& w, MlaGrads& g, Tensor& dlatent) {
-    const DType f = accum_dtype(dt);
-    constexpr OpPhase ph = OpPhase::up_projections;
-    Tensor dk_nope(be.allocator(), f, {rows, nh * dn}, "d_k_nope.f32");
-    copy(ph, CopyArgs{.batch = nh, .rows = rows, .cols = dn, .src = dk.data(), .src_ld = nh * dqk, .src_batch_stride = dqk,
-                      .dst = dk_nope.data(), .dst_ld = nh * dn, .dst_batch_stride = dn},
-         f);
-    const Tensor w_uv = converted(ph, w.w_uv.data(), rkv, nh * dv, nh * dv, f, "w_uv.f32");
-    const Tensor w_uk = converted(ph, w.w_uk.data(), rkv, nh * dn, nh * dn, f, "w_uk.f32");
-    const Tensor lat = converted(ph, latent.data(), rows, dl, dl, f, "latent.f32");
-    // d c_kv = dv W_UV^T + dk_nope W_UK^T;  d k_pe = sum over heads of dk's rope part
-    gemm(ph, GemmArgs{.trans_b = Trans::yes, .m = rows, .n = rkv, .k = nh * dv, .a = dvv.data(), .lda = nh * dv,
-                      .b = w_uv.data(), .ldb = nh * dv, .c = dlatent.data(), .ldc = dl, .beta = 1.0}, f);
-    gemm(ph, GemmArgs{.trans_b = Trans::yes, .m = rows, .n = rkv, .k = nh * dn, .a = dk_nope.data(), .lda = nh * dn,
-                      .b = w_uk.data(), .ldb = nh * dn, .c = dlatent.data(), .ldc = dl, .beta = 1.0}, f);
-    copy(ph, CopyArgs{.batch = nh, .rows = rows, .cols = dr, .src = dk.at(dn), .src_ld = nh * dqk, .src_batch_stride = dqk,
-                      .dst = dlatent.at(rkv), .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate},
-         f);
-    // dW_UV += c_kv^T dv;  dW_UK += c_kv^T dk_nope (the gradients are float32 already)
-    gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = nh * dv, .k = rows, .a = lat.data(), .lda = dl,
-                      .b = dvv.data(), .ldb = nh * dv, .c = g.w_uv.data(), .ldc = nh * dv, .beta = 1.0}, f);
-    gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = nh * dn, .k = rows, .a = lat.data(), .lda = dl,
-                      .b = dk_nope.data(), .ldb = nh * dn, .c = g.w_uk.data(), .ldc = nh * dn, .beta = 1.0}, f);
+    copy(ph, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = dk.at(dn), .src_ld = heads * dqk,
+                      .src_batch_stride = dqk, .dst = dlatent.at(rkv), .dst_ld = dl, .dst_batch_stride = 0,
+                      .mode = CopyMode::accumulate, .dst_dtype = dlatent.dtype()},
+         op);
+    linear_dw(ph, rows, rkv, heads * dv, lat, dl, dvv.data(), heads * dv, g.w_uv.at(first * dv), nh * dv, op);
+    linear_dw(ph, rows, rkv, heads * dn, lat, dl, dk_nope.data(), heads * dn, g.w_uk.at(first * dn), nh * dn, op);
   }
 
   // ---------------------------------------------------------------- forward
@@ -542,7 +527,7 @@ struct BlockImpl {
         k_att = v_att = do_att = Tensor();
         release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
         dq_att = ag.dq;
-        if (kv_grads_fp32()) {  // the partials widened to float32 before they are summed
+        if (kv_grads_reduced_in_fp32(opts, P)) {  // the partials widened to float32 before they are summed
           ag.dk = converted(OpPhase::communication, ag.dk.data(), Tk, nh * dqk, nh * dqk, accum_dtype(dt), "d_k_att.f32");
           ag.dv = converted(OpPhase::communication, ag.dv.data(), Tk, nh * dv, nh * dv, accum_dtype(dt), "d_v_att.f32");
         }
@@ -551,10 +536,7 @@ struct BlockImpl {
         Tensor dv_loc = a2a() ? gather_heads(ag.dv, dv, "v") : reduce_scatter(ag.dv, nh * dv, "v");
         ag.dv = Tensor();
         dlatent = latent_grad(T, "d_latent");
-        if (dk_loc.dtype() != dt)
-          up_project_backward_fp32(dk_loc, dv_loc, ctx.get("latent"), T, w, g, dlatent);
-        else
-          up_project_backward(dk_loc, dv_loc, ctx.get("latent"), T, 0, nh, w, g, dlatent);
+        up_project_backward(dk_loc, dv_loc, ctx.get("latent"), T, 0, nh, w, g, dlatent);
         release(ctx, {"latent"});
         break;
       }

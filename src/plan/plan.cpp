@@ -92,8 +92,7 @@ std::vector<CollectiveRecord> expected_traffic(const MlaConfig& cfg, const Block
       add(Phase::forward, CollectiveKind::all_gather, "k", T * nh * dqk);
       add(Phase::forward, CollectiveKind::all_gather, "v", T * nh * dv);
       // In the accumulation dtype with kv_grad_reduce_fp32 (bf16 at P > 1): twice the bytes.
-      const bool fp32 = opts.kv_grad_reduce_fp32 && P > 1 && accum_dtype(opts.dtype) != opts.dtype;
-      const std::size_t scale = fp32 ? dtype_size(accum_dtype(opts.dtype)) / es : 1;
+      const std::size_t scale = kv_grads_reduced_in_fp32(opts, P) ? dtype_size(accum_dtype(opts.dtype)) / es : 1;
       add(Phase::backward, CollectiveKind::reduce_scatter, "k", T * nh * dqk * scale);
       add(Phase::backward, CollectiveKind::reduce_scatter, "v", T * nh * dv * scale);
     }
