@@ -187,18 +187,15 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 8][4], const u32 (&a)
   else
     wgmma_m64n192k16_rs_tb(d, a, db, accumulate);
 }
-template <int MT, int NT>
-__device__ __forceinline__ void reg_fence_all(float (&acc)[MT][NT][4]) {
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int i = 0; i < NT * 4; ++i) reg_fence(acc[mt][i / 4][i % 4]);
-}
-
 template <int NT>
 __device__ __forceinline__ void reg_fence_all(float (&acc)[NT][4]) {
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) reg_fence(acc[i / 4][i % 4]);
+}
+template <int MT, int NT>
+__device__ __forceinline__ void reg_fence_all(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) reg_fence_all(acc[mt]);
 }
 
 template <int N>
@@ -210,13 +207,9 @@ __device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 8][4], std::uint64_t 
     wgmma_m64n192k16_ss_tb(d, da, db, accumulate);
 }
 // Waits until at most kPending wgmma groups of this warpgroup are in flight; acc (of a finished group) is ready.
-template <int kPending, int MT, int NT>
-__device__ __forceinline__ void warpgroup_wait(float (&acc)[MT][NT][4]) {
-  wgmma_wait<kPending>();
-  reg_fence_all(acc);
-}
-template <int kPending, int NT>
-__device__ __forceinline__ void warpgroup_wait(float (&acc)[NT][4]) {
+// acc: an accumulator array [MT][NT][4] or [NT][4].
+template <int kPending, class Acc>
+__device__ __forceinline__ void warpgroup_wait(Acc& acc) {
   wgmma_wait<kPending>();
   reg_fence_all(acc);
 }
