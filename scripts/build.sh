@@ -3,5 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+launchers=()
+# ccache (installed with the other packages) makes a rebuild of unchanged sources a cache hit.
+if command -v ccache >/dev/null; then
+  launchers=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${launchers[@]}" "$@"
 cmake --build build --parallel "$(nproc)"

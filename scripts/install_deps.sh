@@ -3,7 +3,7 @@
 set -euo pipefail
 # python3-matplotlib: the bench plots (scripts/plot_bench.py); tests/cli/bench.sh skips them without it.
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
-          nlohmann-json3-dev libcli11-dev libgtest-dev python3-matplotlib)
+          nlohmann-json3-dev libcli11-dev libgtest-dev python3-matplotlib ccache)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
