@@ -1,0 +1,46 @@
+// The documents laga writes, built by the library so that every front end (the CLI, the Python package)
+// gives the same one.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "laga/plan.hpp"
+
+namespace laga {
+
+// ---- the plan document (`laga plan --json`) ----
+
+// What to plan: one model at one base configuration, over a grid of sequence lengths and rank counts.
+// Every variant (kAllVariants) is planned at every point; the base's form, absorbed attention and
+// recompute are replaced by each variant's.
+struct PlanQuery {
+  MlaConfig cfg;
+  BlockOptions base;  // layout, kernel, dtype, kv_grad_reduce_fp32
+  std::int64_t batch = 1;
+  std::vector<std::int64_t> seqs{16384};
+  std::vector<std::int64_t> sps{8};
+  int layers = 1;              // attention layers on the device (the fit)
+  double gpu_mem_bytes = 0;    // > 0: recorded in the document as the device memory of the fit
+};
+
+// One (seq, sp) point: the busiest rank's plan of every variant, in kAllVariants order.
+struct PlanPoint {
+  std::int64_t seq = 0;
+  std::int64_t sp = 0;
+  int rank = 0;  // the last rank: under causal all_gather its queries see the most keys
+  std::vector<RankPlan> plans;
+};
+
+// Validates every point of every variant (InvalidArgument before any is planned), then plans them.
+std::vector<PlanPoint> plan_points(const PlanQuery&);
+
+// One rank's plan as the document holds it (saved tensors, peaks, traffic, FLOPs, the device fit).
+nlohmann::json plan_to_json(const RankPlan&, const DeviceFit&);
+
+// The whole document: the model, the base options, and every point with every variant.
+nlohmann::json plan_document(const PlanQuery&, const std::vector<PlanPoint>&);
+inline nlohmann::json plan_document(const PlanQuery& q) { return plan_document(q, plan_points(q)); }
+
+}  // namespace laga

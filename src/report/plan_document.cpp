@@ -1,0 +1,65 @@
+// The plan document: every variant's per-rank plan over a grid of (seq, sp), as JSON.
+#include "laga/errors.hpp"
+#include "laga/report.hpp"
+
+namespace laga {
+
+std::vector<PlanPoint> plan_points(const PlanQuery& q) {
+  LAGA_REQUIRE(q.layers >= 1, "layers = ", q.layers, ": must be >= 1");
+  LAGA_REQUIRE(q.batch >= 1, "batch = ", q.batch, ": must be >= 1");
+  for (auto S : q.seqs)
+    for (auto P : q.sps)
+      for (const Variant& v : kAllVariants)
+        validate(q.cfg, with_variant(q.base, v), BlockShape{.batch = q.batch, .seq = S, .ranks = int(P), .rank = 0});
+  std::vector<PlanPoint> points;
+  for (auto S : q.seqs)
+    for (auto P : q.sps) {
+      // The busiest rank: under causal all_gather the last rank's queries see the most keys; memory and
+      // traffic are the same on every rank.
+      PlanPoint pt{.seq = S, .sp = P, .rank = int(P) - 1, .plans = {}};
+      const BlockShape shape{.batch = q.batch, .seq = S, .ranks = int(P), .rank = pt.rank};
+      for (const Variant& v : kAllVariants) pt.plans.push_back(plan_rank(q.cfg, with_variant(q.base, v), shape));
+      points.push_back(std::move(pt));
+    }
+  return points;
+}
+
+nlohmann::json plan_to_json(const RankPlan& p, const DeviceFit& fit) {
+  nlohmann::json saved = nlohmann::json::array();
+  for (const auto& t : p.saved)
+    saved.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"bytes", t.bytes}});
+  nlohmann::json traffic = nlohmann::json::array();
+  for (const auto& c : p.traffic)
+    traffic.push_back({{"phase", phase_name(c.phase)}, {"collective", collective_name(c.kind)}, {"tensor", c.tensor},
+                       {"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}});
+  auto flops = [](const PassStats& s) {
+    nlohmann::json j;
+    for (int i = 0; i < kOpPhaseCount; ++i) j[op_phase_name(OpPhase(i))] = s.flops[i];
+    return j;
+  };
+  return {{"saved_bytes", p.saved_bytes}, {"peak_forward_bytes", p.peak_forward}, {"peak_backward_bytes", p.peak_backward},
+          {"bytes_sent", p.bytes_sent()}, {"bytes_received", p.bytes_received()}, {"saved", saved}, {"traffic", traffic},
+          {"flops_forward", flops(p.fwd)}, {"flops_backward", flops(p.bwd)},
+          {"device", {{"activation_peak_bytes", fit.activation_peak}, {"weights_and_grads_bytes", fit.weights_and_grads},
+                      {"total_bytes", fit.total()}}}};
+}
+
+nlohmann::json plan_document(const PlanQuery& q, const std::vector<PlanPoint>& points) {
+  nlohmann::json doc = {{"model", nlohmann::json::parse(config_to_json(q.cfg))},
+                        {"layout", layout_name(q.base.layout)},
+                        {"kernel", kernel_name(q.base.kernel)},
+                        {"dtype", dtype_name(q.base.dtype)},
+                        {"batch", q.batch},
+                        {"layers", q.layers},
+                        {"points", nlohmann::json::array()}};
+  if (q.gpu_mem_bytes > 0) doc["gpu_mem_bytes"] = q.gpu_mem_bytes;
+  for (const PlanPoint& pt : points) {
+    nlohmann::json point = {{"seq", pt.seq}, {"sp", pt.sp}, {"rank", pt.rank}, {"variants", nlohmann::json::object()}};
+    for (std::size_t i = 0; i < pt.plans.size(); ++i)
+      point["variants"][kAllVariants[i].label()] = plan_to_json(pt.plans[i], device_fit(pt.plans[i], q.layers));
+    doc["points"].push_back(std::move(point));
+  }
+  return doc;
+}
+
+}  // namespace laga
