@@ -3,7 +3,7 @@
 GPUPERF lines of tests/gpu/test_cuda_perf.cpp (DISABLED_AttentionBf16LongSequences).
 
 Times forward and forward+backward with CUDA events (median of --reps after --warmup), backward as the
-difference, and prints TFLOP/s with issue 5's convention: forward 2 (d_qk + d_v), backward 2 (3 d_qk + 2 d_v)
+difference, and prints TFLOP/s with the convention of src/cuda/NOTES.md: forward 2 (d_qk + d_v), backward 2 (3 d_qk + 2 d_v)
 per unmasked (query, key, head). Tries cuDNN first, then PyTorch's default choice, and says which ran.
 
     python3 scripts/bench_sdpa.py [--shapes h16_s8k,h128_s8k,...] [--reps 5]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything issue 5 asks of one GPU machine, in one script, each part with its own time limit:
+# Every check and measurement of one GPU machine, in one script, each part with its own time limit:
 #   1. the GPU test suite (every kernel against the CPU in float64, the block per form x layout x kernel,
 #      LAGA bit-identical to explicit at P = 1)                                  -> scripts/gpu_check.sh run
 #   2. the CLI end to end: P = 1 checks, phantom rank 7 of 8 at DeepSeek-V3 (saved bytes EQUAL to the plan),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 7 on one host with several GPUs: real NCCL, one rank per GPU (mpirun -np P, --comm nccl).
+# One host with several GPUs: real NCCL, one rank per GPU (mpirun -np P, --comm nccl).
 #   1. correctness: every form x layout (fused; eager for explicit and LAGA) at each P, model small,
 #      S = 256, batch 2, bf16, `--check` against the single-rank explicit result, LAGA and absorbed also
 #      against explicit at the same P (1e-3 for LAGA), and against the CPU's float64 result;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issues 5 and 7 that fit one short lease on one GPU (a few minutes), in order of need:
+# The GPU checks that fit a few minutes on one GPU, in order of need:
 #   A. correctness, three jobs side by side (their timings are not reported, so they may share the GPU):
 #      - the GPU test suite (every kernel against the CPU in float64, the block per form x layout x kernel,
 #        LAGA bit-identical to explicit at P = 1)                           scripts/gpu_check.sh run

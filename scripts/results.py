@@ -557,7 +557,7 @@ def claims(docs, gpu_checks=()):
                    f"explicit's at these points: explicit / LAGA {rng(comp_f, '{:.3f}')}x (phantom ranks, "
                    f"{sum(x > 1.005 for x in comp_f)} of {len(comp_f)} points more than 0.5% in LAGA's favour), so "
                    "the modeled gain is the collectives' where that ratio is ~1; real NCCL runs on several GPUs "
-                   "(issue 7) are needed to measure it")
+                   "are needed to measure it")
     elif gpu:
         fused_txt = (f"the fused kernel measured here runs attention at {rng(attn_tflops['fused'], '{:.0f}')} TFLOP/s "
                      f"(eager: {rng(attn_tflops.get('eager', []), '{:.0f}')}; H200 bf16 peak ~790), so its compute "

@@ -53,7 +53,8 @@ struct TimeModel {
 // 25 GB/s, H200 SXM datasheet "900 GB/s" bidirectional), 2 us a step; InfiniBand NDR 400 Gb/s = 50 GB/s
 // per direction, one NIC per GPU (DGX H100/H200: 8 ConnectX-7), 5 us a step. The latencies are assumptions
 // of the order of NCCL's small-message times; the collectives here move megabytes to gigabytes, where
-// they hardly matter. All are parameters (`laga bench --intra-gbs ... --inter-gbs ... --node-size ...`).
+// they hardly matter. All are parameters (`laga bench --nvlink-gbs --ib-gbs --nvlink-latency-us
+// --ib-latency-us --node-size`).
 TimeModel default_time_model();
 // Throws InvalidArgument unless node_size >= 1 and bandwidths > 0 and latencies >= 0 (finite).
 void validate(const TimeModel&);

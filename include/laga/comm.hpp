@@ -1,5 +1,7 @@
-// One communicator interface for the sequence-parallel group: MPI (CPU buffers), NCCL (GPU buffers,
-// later), a single rank, and phantom ranks; a counting wrapper records the bytes each collective moves.
+// One communicator interface for the sequence-parallel group: threads of one process and MPI (CPU
+// buffers; include/laga/mpi_comm.hpp), NCCL and MPI with host staging (GPU buffers;
+// include/laga/nccl_comm.hpp), a single rank, and phantom ranks; a counting wrapper records the bytes each
+// collective moves.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,7 @@
 // Are the block's GEMMs as fast inside the block as alone? A Backend decorator records every GEMM the block
 // issues and times each call with the inner backend's own marks; time_gemms_alone() then runs each distinct
 // GEMM again, alone, on buffers of the same sizes, and compares. Backend-agnostic: the same measurement on
-// the CPU (OpenBLAS) and on the GPU (cuBLASLt), where issue #5 asks the block to stay within 10% of alone.
+// the CPU (OpenBLAS) and on the GPU (cuBLASLt), where the block should stay within 10% of alone.
 #pragma once
 
 #include <compare>

@@ -56,7 +56,7 @@ TEST(CudaPerf, DISABLED_GemmBf16AndF32) {
 }
 
 // One causal attention problem at MLA's dims, timed forward and backward (median of `reps` after a warm-up).
-// FLOPs per unmasked (query, key, head), issue 5's convention: forward 2 (d_qk + d_v), backward
+// FLOPs per unmasked (query, key, head), the convention of src/cuda/NOTES.md: forward 2 (d_qk + d_v), backward
 // 2 (3 d_qk + 2 d_v) (the backward's recompute of Q K^T counted). v_in_k: absorbed MLA, V = K[..., :d_v].
 // Inputs are random rows uploaded once (at most 256 tokens) and repeated down the sequence by the backend's
 // broadcast copy, so that 32k-token problems need no host-side generation of gigabytes.
@@ -148,7 +148,7 @@ TEST(CudaPerf, DISABLED_AttentionBf16) {
       time_attention(*be, s, kernel, 3, rng);
 }
 
-// Issue 5's shapes: S = 8k..32k, h = 16..128; MQA as absorbed MLA runs it (V inside K). Eager only where its
+// The target shapes: S = 8k..32k, h = 16..128; MQA as absorbed MLA runs it (V inside K). Eager only where its
 // [h, S, S] probabilities fit (h 16, S 8k). One test per head-dim pair, so that a run can time one of them;
 // MQA means one kv head with V inside K (absorbed MLA).
 void time_long_sequences(i64 dqk, i64 dv, bool mqa, const char* prefix) {

@@ -444,7 +444,7 @@ json traffic_json(const RankRun& r) {
           {"collectives", records}};
 }
 
-// Within this of the rate alone, the block's GEMMs pass (issue #5): time-weighted ratio <= 1.10.
+// Within this of the rate alone, the block's GEMMs pass: time-weighted ratio <= 1.10.
 constexpr double kGemmTolerance = 0.10;
 
 // --gemm-check: each distinct GEMM of the instrumented repeats, its median time in the block against alone,

@@ -694,7 +694,7 @@ int run_mpi(const RunOptions& o, const MpiSession& mpi) {
 
 // ---------------------------------------------------------------- phantom ranks
 
-// The variants a phantom run covers: one, or with 'all' every variant (variants.hpp), layout, kernel.
+// The variants a phantom run covers: one, or with 'all' every variant (kAllVariants, block.hpp), layout, kernel.
 std::vector<BlockOptions> phantom_variants(const RunOptions& o, DType dtype) {
   std::vector<BlockOptions> forms;
   if (o.form == "all") {
