@@ -2,9 +2,6 @@
 // threads, or one rank of P alone -- a phantom rank -- on the CPU or a GPU), repeats each point, and writes one
 // JSON document (docs/bench.md) while printing a table as it goes. Collective time on links this machine does
 // not have is priced by the alpha-beta model of include/laga/bench.hpp and labelled "modeled" everywhere.
-#include <sys/utsname.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,12 +23,7 @@
 #include "laga/cuda.hpp"
 #include "laga/errors.hpp"
 #include "laga/gemm_probe.hpp"
-#include "laga/problem.hpp"
-#include "laga_build_commit.hpp"
-
-#ifndef LAGA_BUILD_TYPE
-#define LAGA_BUILD_TYPE ""
-#endif
+#include "laga/measure.hpp"
 
 namespace laga::cli {
 namespace {
@@ -39,14 +31,6 @@ namespace {
 using json = nlohmann::ordered_json;
 
 constexpr const char* kSchema = "laga-bench/1";
-
-// Short names of the variants for the command line (the JSON and tables carry both).
-struct VariantId {
-  const char* id;
-  std::size_t index;  // into kAllVariants
-};
-constexpr VariantId kVariantIds[] = {{"explicit", 0}, {"absorbed", 1}, {"absorbed-expanded", 2}, {"laga", 3},
-                                     {"laga-recompute", 4}};
 
 struct BenchOptions {
   std::string model = "small";
@@ -100,111 +84,7 @@ void apply_sweeps(BenchOptions& o) {
   }
 }
 
-std::vector<std::size_t> parse_variants(const std::vector<std::string>& forms) {
-  std::vector<std::size_t> out;
-  auto add = [&](std::size_t i) {
-    if (std::find(out.begin(), out.end(), i) == out.end()) out.push_back(i);
-  };
-  for (const std::string& f : forms) {
-    if (f == "all") {
-      for (const auto& v : kVariantIds) add(v.index);
-      continue;
-    }
-    bool found = false;
-    for (const auto& v : kVariantIds)
-      if (f == v.id) add(v.index), found = true;
-    std::string known;
-    for (const auto& v : kVariantIds) known += std::string(known.empty() ? "" : ", ") + v.id;
-    LAGA_REQUIRE(found, "form = '", f, "': expected all or a list of ", known);
-  }
-  std::sort(out.begin(), out.end());  // explicit first: the others compare with it
-  return out;
-}
-
-template <typename T, std::size_t N, typename Parse>
-std::vector<T> parse_all(const std::vector<std::string>& v, const std::array<T, N>& all, Parse parse) {
-  if (v.size() == 1 && v[0] == "all") return {all.begin(), all.end()};
-  std::vector<T> out;
-  for (const auto& s : v) out.push_back(parse(s));
-  return out;
-}
-
-const char* variant_id(std::size_t index) {
-  for (const auto& v : kVariantIds)
-    if (v.index == index) return v.id;
-  return "?";
-}
-
 // ---------------------------------------------------------------- provenance
-
-std::string run_capture(const std::string& cmd) {
-  std::string out;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[512];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    if (pclose(p) != 0) return "";
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-std::string read_file_field(const char* path, const std::string& key) {
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind(key, 0) == 0) {
-      auto c = line.find(':');
-      if (c == std::string::npos) continue;
-      std::string v = line.substr(c + 1);
-      v.erase(0, v.find_first_not_of(" \t"));
-      return v;
-    }
-  return "";
-}
-
-json machine_info() {
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  struct utsname u {};
-  uname(&u);
-  std::string cpu = read_file_field("/proc/cpuinfo", "model name");
-  if (cpu.empty()) cpu = read_file_field("/proc/cpuinfo", "Model");  // some ARM kernels
-  const std::string mem = read_file_field("/proc/meminfo", "MemTotal");  // "131072 kB"
-  double mem_bytes = 0;
-  if (!mem.empty()) mem_bytes = std::atof(mem.c_str()) * 1024.0;
-  json gpus = json::array();
-  const std::string smi = run_capture(
-      "nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader,nounits 2>/dev/null");
-  for (const std::string& line : split(smi, '\n')) {
-    auto f = split(line, ',');
-    if (f.size() < 4) continue;
-    for (auto& x : f) x.erase(0, x.find_first_not_of(' '));
-    gpus.push_back({{"index", std::atoi(f[0].c_str())}, {"name", f[1]},
-                    {"memory_bytes", std::atof(f[2].c_str()) * 1024.0 * 1024.0}, {"driver", f[3]}});
-  }
-  return {{"hostname", host},
-          {"os", std::string(u.sysname) + " " + u.release + " " + u.machine},
-          {"cpu_model", cpu.empty() ? "unknown" : cpu},
-          {"cpu_cores", std::thread::hardware_concurrency()},
-          {"memory_bytes", mem_bytes},
-          {"gpus", gpus},
-          {"cuda_devices", cuda_device_count()}};
-}
-
-json build_info() {
-  json b = {{"commit", LAGA_BUILD_COMMIT},
-            {"commit_from", std::string(LAGA_BUILD_COMMIT) == "unknown" ? "unknown" : "build"},
-            {"dirty", LAGA_BUILD_DIRTY < 0 ? json(nullptr) : json(LAGA_BUILD_DIRTY == 1)},
-            {"compiler", __VERSION__},
-            {"build_type", LAGA_BUILD_TYPE},
-#ifdef LAGA_HAVE_CUDA
-            {"cuda", true}
-#else
-            {"cuda", false}
-#endif
-  };
-  return b;
-}
 
 std::string utc_now() {
   std::time_t t = std::time(nullptr);
@@ -323,47 +203,41 @@ struct Bench {
     m.gemms = laga::time_gemms_alone(be, m.gemm_records, o.repeat, std::max(1, o.warmup));
   }
 
+  // One rank of a thread group: the warm-ups and timed repeats (each after a barrier, so the ranks start
+  // together), the gathered result with --check, and with --gemm-check the instrumented repeats (every
+  // rank repeats, for the collectives; rank P-1 through the probe).
+  void thread_rank(const BlockOptions& opts, int r, Communicator& comm, Measured& m, RankRun& last,
+                   GlobalResult& result) {
+    RankState& s = ranks[r];
+    for (int it = 0; it < o.warmup + o.repeat; ++it) {
+      comm.barrier();
+      RankRun run = run_rank(cfg, opts, s.shape, *s.be, comm, o.seed, &s.w, &s.x, &s.dy);
+      if (it >= o.warmup) m.repeats[r].push_back({run.fwd, run.bwd});
+      if (it + 1 == o.warmup + o.repeat) last = std::move(run);
+    }
+    if (o.check) result = gather_result(*s.be, comm, last);
+    if (!o.gemm_check) return;
+    std::optional<GemmProbeBackend> probe;
+    if (r == m.rank) probe.emplace(*s.be);
+    Backend& be = probe ? static_cast<Backend&>(*probe) : *s.be;
+    for (int it = 0; it < o.repeat; ++it) {
+      comm.barrier();
+      run_rank(cfg, opts, s.shape, be, comm, o.seed, &s.w, &s.x, &s.dy);
+    }
+    if (probe) m.gemm_records = probe->records();
+  }
+
   // P ranks as threads of this process (CPU): real in-process collectives.
   Measured measure_threads(const Point& p) {
     Measured m;
     m.rank = p.sp - 1;
     for (int r = 0; r < p.sp; ++r) prepare(state(r), BlockShape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = r});
-    auto comms = make_thread_group(p.sp);
     m.repeats.assign(p.sp, {});
     std::vector<RankRun> last(p.sp);
     std::vector<GlobalResult> results(p.sp);
     set_cpu_blas_threads(1);  // P ranks share the cores
-    std::vector<std::thread> threads;
     const BlockOptions opts = options(p);
-    for (int r = 0; r < p.sp; ++r)
-      threads.emplace_back([&, r] {
-        try {
-          RankState& s = ranks[r];
-          for (int it = 0; it < o.warmup + o.repeat; ++it) {
-            comms[r]->barrier();
-            RankRun run = run_rank(cfg, opts, s.shape, *s.be, *comms[r], o.seed, &s.w, &s.x, &s.dy);
-            if (it >= o.warmup) m.repeats[r].push_back({run.fwd, run.bwd});
-            if (it + 1 == o.warmup + o.repeat) last[r] = std::move(run);
-          }
-          if (o.check) results[r] = gather_result(*s.be, *comms[r], last[r]);
-          if (o.gemm_check) {  // every rank repeats (collectives), rank P-1 through the probe
-            std::optional<GemmProbeBackend> probe;
-            if (r == m.rank) probe.emplace(*s.be);
-            Backend& be = probe ? static_cast<Backend&>(*probe) : *s.be;
-            for (int it = 0; it < o.repeat; ++it) {
-              comms[r]->barrier();
-              run_rank(cfg, opts, s.shape, be, *comms[r], o.seed, &s.w, &s.x, &s.dy);
-            }
-            if (probe) m.gemm_records = probe->records();
-          }
-        } catch (const std::exception& e) {
-          // The other ranks may wait in a collective forever: end the process.
-          std::fprintf(stderr, "laga: failure on rank %d of %d (thread): %s\n", r, p.sp, e.what());
-          std::fflush(nullptr);
-          std::_Exit(dynamic_cast<const InvalidArgument*>(&e) ? kExitInvalidInput : kExitRuntimeError);
-        }
-      });
-    for (auto& t : threads) t.join();
+    run_thread_ranks(p.sp, [&](int r, Communicator& comm) { thread_rank(opts, r, comm, m, last[r], results[r]); });
     if (o.gemm_check) gemms_alone(m, *ranks[m.rank].be);  // with one BLAS thread, as the rank had in the block
     set_cpu_blas_threads(default_blas_threads);
     m.run = std::move(last[m.rank]);
@@ -417,17 +291,6 @@ json flops_json(const PassStats& s) {
   return j;
 }
 
-std::size_t sent_of(const RankRun& r) {
-  std::size_t b = 0;
-  for (const auto& c : r.traffic) b += c.bytes_sent;
-  return b;
-}
-std::size_t received_of(const RankRun& r) {
-  std::size_t b = 0;
-  for (const auto& c : r.traffic) b += c.bytes_received;
-  return b;
-}
-
 json traffic_json(const RankRun& r) {
   json records = json::array();
   json by_kind = json::object();
@@ -440,7 +303,7 @@ json traffic_json(const RankRun& r) {
     k["bytes_sent"] = k["bytes_sent"].get<std::size_t>() + c.bytes_sent;
     k["bytes_received"] = k["bytes_received"].get<std::size_t>() + c.bytes_received;
   }
-  return {{"bytes_sent", sent_of(r)}, {"bytes_received", received_of(r)}, {"by_collective", by_kind},
+  return {{"bytes_sent", bytes_sent(r.traffic)}, {"bytes_received", bytes_received(r.traffic)}, {"by_collective", by_kind},
           {"collectives", records}};
 }
 
@@ -512,13 +375,7 @@ struct PointResult {
   std::string gemms;  // --gemm-check's line
 };
 
-PointResult point_json(const Bench& b, const Point& p, const Measured& m, const GlobalResult* reference,
-                       const GlobalResult* explicit_p1) {
-  const RankRun& run = m.run;
-  const std::vector<Repeat>& reps = m.repeats.size() == 1 ? m.repeats[0] : m.repeats[m.rank];
-  const Variant& v = kAllVariants[p.variant];
-  PointResult pr;
-
+json memory_json(const Bench& b, const RankRun& run) {
   json saved = json::array();
   for (const auto& t : run.saved)
     saved.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"bytes", t.bytes}});
@@ -526,10 +383,18 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
                  {"peak_backward_bytes", run.bwd.peak_bytes}, {"saved", saved}};
   if (b.device == Device::cuda)  // outside the allocator's figures (cuda_scratch_info); cuda runs one rank, state 0
     memory["backend_scratch_peak_bytes"] = cuda_scratch_peak_bytes(*b.ranks.at(0).be);
+  return memory;
+}
 
-  std::vector<double> block, compute, comm_measured;
+std::vector<double> block_times(const std::vector<Repeat>& reps) {
+  std::vector<double> v;
+  for (const auto& r : reps) v.push_back(block_seconds(r));
+  return v;
+}
+
+json time_json(const Bench& b, const Measured& m, const std::vector<Repeat>& reps) {
+  std::vector<double> compute, comm_measured;
   for (const auto& r : reps) {
-    block.push_back(block_seconds(r));
     compute.push_back(compute_seconds(r));
     comm_measured.push_back(block_seconds(r) - compute_seconds(r));
   }
@@ -541,7 +406,7 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
                {"warmup", b.o.warmup},
                {"forward", pass_time_json(reps, true)},
                {"backward", pass_time_json(reps, false)},
-               {"block", summary_json(summarize(block))},
+               {"block", summary_json(summarize(block_times(reps)))},
                {"compute", summary_json(summarize(compute))},
                {"communication", summary_json(summarize(comm_measured))}};
   if (m.repeats.size() > 1) {  // every rank measured: the slowest rank of each repeat
@@ -553,8 +418,13 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
     }
     time["block_slowest_rank"] = summary_json(summarize(slowest));
   }
+  return time;
+}
 
-  // The modeled block time: measured compute of this rank + its collectives priced by the model.
+// The modeled block time: measured compute of this rank + its collectives priced by the model.
+json modeled_json(const Bench& b, const Point& p, const RankRun& run, const std::vector<Repeat>& reps, PointResult& pr) {
+  std::vector<double> compute;
+  for (const auto& r : reps) compute.push_back(compute_seconds(r));
   const double compute_median = summarize(compute).median;
   json placements = json::array();
   for (const Placement& pl : standard_placements(b.model, p.sp)) {
@@ -564,81 +434,90 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
                           {"collective_s", ns(c)}, {"block_s", ns(compute_median + c)}});
     (pl.name == "node" ? pr.modeled_node : pr.modeled_cross) = compute_median + c;
   }
-  json modeled = {{"label", "modeled"},
-                  {"what", "block time = measured compute (median, this rank, communication phase excluded) + "
-                           "collectives priced by the alpha-beta model; no overlap of compute and communication"},
-                  {"compute_s", ns(compute_median)},
-                  {"placements", placements}};
+  return {{"label", "modeled"},
+          {"what", "block time = measured compute (median, this rank, communication phase excluded) + "
+                   "collectives priced by the alpha-beta model; no overlap of compute and communication"},
+          {"compute_s", ns(compute_median)},
+          {"placements", placements}};
+}
 
-  json per_rank = json::array();
+json per_rank_json(const Point& p, const Measured& m) {
   auto rank_row = [&](const RankRun& r, int rank) {
     json j = {{"rank", rank}, {"saved_bytes", r.saved_bytes}, {"peak_forward_bytes", r.fwd.peak_bytes},
-              {"peak_backward_bytes", r.bwd.peak_bytes}, {"bytes_sent", sent_of(r)}, {"bytes_received", received_of(r)},
-              {"flops", r.fwd.total_flops() + r.bwd.total_flops()}};
-    if (m.repeats.size() > 1) {
-      std::vector<double> bl;
-      for (const auto& rep : m.repeats[rank]) bl.push_back(block_seconds(rep));
-      j["block_s"] = summary_json(summarize(bl));
-    }
+              {"peak_backward_bytes", r.bwd.peak_bytes}, {"bytes_sent", bytes_sent(r.traffic)},
+              {"bytes_received", bytes_received(r.traffic)}, {"flops", r.fwd.total_flops() + r.bwd.total_flops()}};
+    if (m.repeats.size() > 1) j["block_s"] = summary_json(summarize(block_times(m.repeats[rank])));
     return j;
   };
+  json per_rank = json::array();
   if (m.others.empty()) {
-    per_rank.push_back(rank_row(run, m.rank));
+    per_rank.push_back(rank_row(m.run, m.rank));
   } else {
-    for (int r = 0, k = 0; r < p.sp; ++r) per_rank.push_back(r == m.rank ? rank_row(run, r) : rank_row(m.others[k++], r));
+    for (int r = 0, k = 0; r < p.sp; ++r) per_rank.push_back(r == m.rank ? rank_row(m.run, r) : rank_row(m.others[k++], r));
   }
+  return per_rank;
+}
 
+// --check: the error against the single-rank explicit result, and at P = 1 whether the form equals explicit
+// bit for bit; `line` gets the table's cell.
+json check_json(const Point& p, const Measured& m, const GlobalResult* reference, const GlobalResult* explicit_p1,
+                std::string& line) {
+  const Variant& v = kAllVariants[p.variant];
+  json check = json::object();
+  if (reference) {
+    const auto errs = compare(m.result, *reference);
+    json e = json::object();
+    for (const auto& c : errs) e[c.tensor] = c.rel_error;
+    check["max_rel_error"] = max_error(errs);
+    check["rel_error"] = e;
+    line = fmt("%.1e", max_error(errs));
+  }
+  if (explicit_p1 && p.sp == 1 && v.form != Form::Explicit) {
+    const bool same = m.result.y == explicit_p1->y && m.result.dx == explicit_p1->dx &&
+                      m.result.grads == explicit_p1->grads;
+    check["bit_identical_to_explicit"] = same;
+    if (v.form == Form::Laga) line += same ? ", bitwise = explicit" : ", DIFFERS from explicit";
+  }
+  return check;
+}
+
+PointResult point_json(const Bench& b, const Point& p, const Measured& m, const GlobalResult* reference,
+                       const GlobalResult* explicit_p1) {
+  const RankRun& run = m.run;
+  const std::vector<Repeat>& reps = m.repeats.size() == 1 ? m.repeats[0] : m.repeats[m.rank];
+  const Variant& v = kAllVariants[p.variant];
+  PointResult pr;
   json doc = {{"seq", p.seq},
               {"sp", p.sp},
               {"batch", p.batch},
               {"layout", layout_name(p.layout)},
               {"kernel", kernel_name(p.kernel)},
               {"variant", v.label()},
-              {"variant_id", variant_id(p.variant)},
+              {"variant_id", variant_id(v)},
               {"form", form_name(v.form)},
               {"recompute", recompute_name(v.recompute)},
               {"absorbed_attention", v.form == Form::Absorbed ? json(absorbed_attention_name(v.absorbed)) : json(nullptr)},
               {"rank", m.rank},
               {"ranks_run", b.o.phantom && p.sp > 1 ? "phantom" : p.sp == 1 ? "single" : "threads"},
-              {"memory", memory},
+              {"memory", memory_json(b, run)},
               {"traffic", traffic_json(run)},
               {"flops", {{"forward", flops_json(run.fwd)}, {"backward", flops_json(run.bwd)},
                          {"total", run.fwd.total_flops() + run.bwd.total_flops()}}},
-              {"time", time},
-              {"modeled", modeled},
-              {"per_rank", per_rank}};
-
-  if (b.o.check && m.have_result) {
-    json check = json::object();
-    if (reference) {
-      const auto errs = compare(m.result, *reference);
-      json e = json::object();
-      for (const auto& c : errs) e[c.tensor] = c.rel_error;
-      check["max_rel_error"] = max_error(errs);
-      check["rel_error"] = e;
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.1e", max_error(errs));
-      pr.check = buf;
-    }
-    if (explicit_p1 && p.sp == 1 && v.form != Form::Explicit) {
-      const bool same = m.result.y == explicit_p1->y && m.result.dx == explicit_p1->dx &&
-                        m.result.grads == explicit_p1->grads;
-      check["bit_identical_to_explicit"] = same;
-      if (v.form == Form::Laga) pr.check += same ? ", bitwise = explicit" : ", DIFFERS from explicit";
-    }
-    doc["check"] = check;
-  }
+              {"time", time_json(b, m, reps)},
+              {"modeled", modeled_json(b, p, run, reps, pr)},
+              {"per_rank", per_rank_json(p, m)}};
+  if (b.o.check && m.have_result) doc["check"] = check_json(p, m, reference, explicit_p1, pr.check);
   if (b.o.gemm_check) doc["gemms"] = gemms_json(b, m, pr.gemms);
   pr.doc = std::move(doc);
   pr.saved = double(run.saved_bytes);
   pr.peak_bwd = double(run.bwd.peak_bytes);
-  pr.sent = double(sent_of(run));
+  pr.sent = double(bytes_sent(run.traffic));
   pr.gflop = (run.fwd.total_flops() + run.bwd.total_flops()) * 1e-9;
   std::vector<double> f, bw;
   for (const auto& r : reps) f.push_back(r.fwd.total_seconds()), bw.push_back(r.bwd.total_seconds());
   pr.fwd = summarize(f);
   pr.bwd = summarize(bw);
-  pr.block = summarize(block);
+  pr.block = summarize(block_times(reps));
   return pr;
 }
 
@@ -687,15 +566,21 @@ void write_atomically(const std::string& path, const json& doc) {
 
 std::string ms(const Summary& s) { return fmt("%.2f", s.median * 1e3); }
 
-int run_bench(BenchOptions o) {
-  apply_sweeps(o);
-  Bench b;
-  LAGA_REQUIRE(o.device == "cpu" || o.device == "cuda", "device = '", o.device, "': expected cpu or cuda");
-  b.device = o.device == "cuda" ? Device::cuda : Device::cpu;
-  const std::string dtype_text = o.dtype.empty() ? (b.device == Device::cuda ? "bfloat16" : "float32") : o.dtype;
+// The grid of a sweep, parsed.
+struct Grid {
+  std::vector<std::int64_t> seqs, batches;
+  std::vector<int> sps;
+  std::vector<Layout> layouts;
+  std::vector<AttentionKernel> kernels;
+  std::vector<std::size_t> variants;  // into kAllVariants
+};
+
+// The device, dtype, repeats, model and time model; throws InvalidArgument. Returns the dtype's name.
+std::string configure(const BenchOptions& o, Bench& b) {
+  b.device = parse_device(o.device);
+  const std::string dtype_text = o.dtype.empty() ? dtype_name(default_dtype(b.device)) : o.dtype;
   b.dtype = parse_dtype(dtype_text);
-  LAGA_REQUIRE(b.device != Device::cpu || b.dtype != DType::bf16,
-               "dtype = bfloat16: the cpu backend runs float32 or float64");
+  require_dtype_runs_on(b.dtype, b.device);
   LAGA_REQUIRE(o.repeat >= 1, "repeat = ", o.repeat, ": must be >= 1");
   LAGA_REQUIRE(o.warmup >= 0, "warmup = ", o.warmup, ": must be >= 0");
   b.cfg = resolve_model(o.model);
@@ -706,57 +591,56 @@ int run_bench(BenchOptions o) {
   b.model.intra.latency = o.nvlink_latency_us / 1e6;
   b.model.inter.latency = o.ib_latency_us / 1e6;
   validate(b.model);
+  return dtype_text;
+}
 
-  std::vector<std::int64_t> seqs, batches;
-  std::vector<int> sps;
-  for (const auto& s : o.seq) seqs.push_back(parse_count("seq", s));
-  for (const auto& s : o.batch) batches.push_back(parse_count("batch", s));
+Grid parse_grid(const BenchOptions& o) {
+  Grid g;
+  for (const auto& s : o.seq) g.seqs.push_back(parse_count("seq", s));
+  for (const auto& s : o.batch) g.batches.push_back(parse_count("batch", s));
   for (const auto& s : o.sp) {
     const std::int64_t v = parse_count("sp", s);
     LAGA_REQUIRE(v <= 4096, "sp = ", v, ": at most 4096");
-    sps.push_back(int(v));
+    g.sps.push_back(int(v));
   }
-  const std::vector<Layout> layouts = parse_all(o.layout, kAllLayouts, parse_layout);
-  const std::vector<AttentionKernel> kernels = parse_all(o.kernel, kAllKernels, parse_kernel);
-  const std::vector<std::size_t> variants = parse_variants(o.form);
+  g.layouts = parse_layouts(o.layout);
+  g.kernels = parse_kernels(o.kernel);
+  g.variants = parse_variant_ids(o.form);
+  return g;
+}
+
+// Every point of the grid, validated before anything runs.
+std::vector<Point> grid_points(const BenchOptions& o, const Bench& b, const Grid& g) {
   if (b.device == Device::cuda) {
     LAGA_REQUIRE(cuda_available(), "device = cuda: ", cuda_device_count() == 0 ? "no usable GPU (or laga was built without CUDA)" : "CUDA is not available");
-    for (int P : sps)
+    for (int P : g.sps)
       LAGA_REQUIRE(P == 1 || o.phantom, "sp = ", P, " on device cuda: bench runs P = 1 or one rank of P alone "
                    "(--phantom); real ranks on several GPUs run under mpirun with `laga run`");
   }
   LAGA_REQUIRE(!(o.check && o.phantom), "check with phantom: a phantom rank's collectives return stand-in data, "
                "so its result cannot be compared (drop --check or --phantom)");
-
-  // Every point, validated before anything runs.
   std::vector<Point> points;
-  for (auto S : seqs)
-    for (int P : sps)
-      for (auto B : batches)
-        for (Layout l : layouts)
-          for (AttentionKernel k : kernels)
-            for (std::size_t v : variants) {
+  for (auto S : g.seqs)
+    for (int P : g.sps)
+      for (auto B : g.batches)
+        for (Layout l : g.layouts)
+          for (AttentionKernel k : g.kernels)
+            for (std::size_t v : g.variants) {
               Point p{S, B, P, l, k, v};
               validate(b.cfg, b.options(p), BlockShape{.batch = B, .seq = S, .ranks = P, .rank = 0});
               points.push_back(p);
             }
-  if (!o.out.empty()) {
-    std::ofstream f(o.out, std::ios::app);
-    LAGA_REQUIRE(f.good(), "out = '", o.out, "': cannot open for writing");
-  }
+  return points;
+}
 
-  b.o = o;
-  b.default_blas_threads = set_cpu_blas_threads(1);
-  set_cpu_blas_threads(b.default_blas_threads);
-
-  const std::string command = canonical_command(o, dtype_text);
-  json config = {{"command", command},
+json config_json(const BenchOptions& o, const Bench& b, const Grid& g, const std::string& dtype_text) {
+  json config = {{"command", canonical_command(o, dtype_text)},
                  {"model", json::parse(config_to_json(b.cfg))},
                  {"device", device_name(b.device)},
                  {"dtype", dtype_name(b.dtype)},
-                 {"seq", seqs},
-                 {"sp", sps},
-                 {"batch", batches},
+                 {"seq", g.seqs},
+                 {"sp", g.sps},
+                 {"batch", g.batches},
                  {"layouts", json::array()},
                  {"kernels", json::array()},
                  {"variants", json::array()},
@@ -770,30 +654,40 @@ int run_bench(BenchOptions o) {
                  {"gemm_check", o.gemm_check},
                  {"kv_grad_reduce_in_fp32", o.kv_grad_reduce_fp32}};
   if (b.device == Device::cuda) config["gpu"] = o.gpu;
-  for (Layout l : layouts) config["layouts"].push_back(layout_name(l));
-  for (AttentionKernel k : kernels) config["kernels"].push_back(kernel_name(k));
-  for (std::size_t v : variants) config["variants"].push_back({{"id", variant_id(v)}, {"label", kAllVariants[v].label()}});
-  json doc = {{"schema", kSchema},
-              {"generated", utc_now()},
-              {"complete", false},
-              {"machine", machine_info()},
-              {"build", build_info()},
-              {"config", config},
-              {"time_model", {{"label", "modeled"},
-                              {"description", "alpha-beta model: a collective's time = steps x latency + bytes sent "
-                                              "by the rank / bandwidth (ring all-gather/reduce-scatter and pairwise "
-                                              "all-to-all: P-1 steps; all-reduce 2(P-1)); across nodes ring collectives "
-                                              "go at InfiniBand's pace, all-to-all splits its bytes between NVLink "
-                                              "(peers on the node) and InfiniBand, concurrently. docs/bench.md"},
-                              {"node_size", b.model.node_size},
-                              {"intra", link_json(b.model.intra)},
-                              {"inter", link_json(b.model.inter)},
-                              {"placements", {{{"name", "node"}, {"ranks_per_node", "min(P, node_size)"}},
-                                              {{"name", "cross-node"}, {"ranks_per_node", 1}}}}}},
-              {"points", json::array()}};
+  for (Layout l : g.layouts) config["layouts"].push_back(layout_name(l));
+  for (AttentionKernel k : g.kernels) config["kernels"].push_back(kernel_name(k));
+  for (std::size_t v : g.variants)
+    config["variants"].push_back({{"id", variant_id(kAllVariants[v])}, {"label", kAllVariants[v].label()}});
+  return config;
+}
 
+json bench_document(const Bench& b, json config) {
+  return {{"schema", kSchema},
+          {"generated", utc_now()},
+          {"complete", false},
+          {"machine", json(machine_inventory())},
+          {"build", json(build_report())},
+          {"config", std::move(config)},
+          {"time_model", {{"label", "modeled"},
+                          {"description", "alpha-beta model: a collective's time = steps x latency + bytes sent "
+                                          "by the rank / bandwidth (ring all-gather/reduce-scatter and pairwise "
+                                          "all-to-all: P-1 steps; all-reduce 2(P-1)); across nodes ring collectives "
+                                          "go at InfiniBand's pace, all-to-all splits its bytes between NVLink "
+                                          "(peers on the node) and InfiniBand, concurrently. docs/bench.md"},
+                          {"node_size", b.model.node_size},
+                          {"intra", link_json(b.model.intra)},
+                          {"inter", link_json(b.model.inter)},
+                          {"placements", {{{"name", "node"}, {"ranks_per_node", "min(P, node_size)"}},
+                                          {{"name", "cross-node"}, {"ranks_per_node", 1}}}}}},
+          {"points", json::array()}};
+}
+
+const char* kRowFormat = "%-9s %5s %6s %3s %3s %-10s %-5s %-19s %10s %10s %10s %8s %9s %9s %6s %9s %9s%s\n";
+
+void print_bench_header(const Bench& b, std::size_t points) {
+  const BenchOptions& o = b.o;
   std::printf("laga bench: model '%s', %s, %s, %zu points x (%d warm-up + %d timed), %s\n", b.cfg.name.c_str(),
-              device_name(b.device), dtype_name(b.dtype), points.size(), o.warmup, o.repeat,
+              device_name(b.device), dtype_name(b.dtype), points, o.warmup, o.repeat,
               o.phantom ? "phantom ranks (rank P-1 of P alone)" : "P > 1 as threads of this process");
   std::printf("modeled collectives: %d GPUs a node, %s %.0f GB/s + %.1f us a step within a node, %s %.0f GB/s "
               "+ %.1f us a step across nodes\n",
@@ -801,44 +695,88 @@ int run_bench(BenchOptions o) {
               b.model.inter.name.c_str(), b.model.inter.bandwidth * 1e-9, b.model.inter.latency * 1e6);
   std::printf("times: median over the timed repeats of rank P-1 (spread = IQR / median of fwd + bwd); "
               "'modeled' = measured compute + modeled collectives\n\n");
-  const char* rowfmt = "%-9s %5s %6s %3s %3s %-10s %-5s %-19s %10s %10s %10s %8s %9s %9s %6s %9s %9s%s\n";
-  std::printf(rowfmt, "point", "left", "S", "P", "B", "layout", "kern", "variant", "saved", "peak bwd", "sent", "GFLOP",
+  std::printf(kRowFormat, "point", "left", "S", "P", "B", "layout", "kern", "variant", "saved", "peak bwd", "sent", "GFLOP",
               "fwd ms", "bwd ms", "spread", "node ms*", "xnode ms*", o.check ? "  check" : "");
   std::fflush(stdout);
+}
+
+void print_point_row(const Bench& b, std::size_t i, std::size_t n, const Point& p, const PointResult& pr) {
+  char prog[32];
+  std::snprintf(prog, sizeof prog, "%zu/%zu", i + 1, n);
+  std::printf(kRowFormat, prog, std::to_string(n - i - 1).c_str(), std::to_string(p.seq).c_str(), std::to_string(p.sp).c_str(),
+              std::to_string(p.batch).c_str(), layout_name(p.layout), kernel_name(p.kernel), kAllVariants[p.variant].label(),
+              human_bytes(pr.saved).c_str(), human_bytes(pr.peak_bwd).c_str(), human_bytes(pr.sent).c_str(),
+              fmt("%.3f", pr.gflop).c_str(), ms(pr.fwd).c_str(), ms(pr.bwd).c_str(),
+              fmt("%.0f%%", 100 * pr.block.relative_iqr()).c_str(), fmt("%.2f", pr.modeled_node * 1e3).c_str(),
+              fmt("%.2f", pr.modeled_cross * 1e3).c_str(), b.o.check ? ("  " + pr.check).c_str() : "");
+  if (!pr.gemms.empty()) std::printf("%9s %s\n", "", pr.gemms.c_str());
+  std::fflush(stdout);
+}
+
+void print_bench_footer(const Bench& b) {
+  std::printf("\nsaved: activation bytes kept for backward; peak bwd: highest live activation bytes in backward; "
+              "sent: bytes the rank sent, fwd + bwd.\n"
+              "* MODELED, not measured: node ms* = measured compute + collectives priced for P ranks on nodes of %d "
+              "(%s within a node; P > %d fills several nodes); xnode ms* = the same with one rank a node (%s).\n",
+              b.model.node_size, b.model.intra.name.c_str(), b.model.node_size, b.model.inter.name.c_str());
+  if (b.o.gemm_check)
+    std::printf("gemms: each distinct GEMM's median time in the block (extra instrumented repeats after the timed "
+                "ones) / alone on the same backend; time-weighted = sum over calls in block / alone; within 10%% "
+                "when <= 1.10 (docs/bench.md).\n");
+  if (b.o.check)
+    std::printf("check: largest relative error of y, dx and every weight gradient (summed over ranks) against the "
+                "single-rank explicit result; at P = 1 whether LAGA is bit-identical to explicit.\n");
+}
+
+// --check's references, kept across points: the single-rank explicit result by (S, B, kernel), and
+// explicit's result at P = 1 by (S, B, layout, kernel), which LAGA's must equal bit for bit.
+struct References {
+  std::map<std::tuple<std::int64_t, std::int64_t, int>, GlobalResult> single_rank;
+  std::map<std::tuple<std::int64_t, std::int64_t, int, int>, GlobalResult> explicit_p1;
+
+  const GlobalResult* reference(Bench& b, const Point& p) {
+    auto key = std::make_tuple(p.seq, p.batch, int(p.kernel));
+    auto it = single_rank.find(key);
+    if (it == single_rank.end()) {
+      auto ref_be = b.new_backend();
+      it = single_rank.emplace(key, reference_result(b.cfg, b.dtype, p.kernel, p.batch, p.seq, *ref_be, b.o.seed)).first;
+    }
+    return &it->second;
+  }
+  // Records explicit's P = 1 result; returns the one this point compares with, if any.
+  const GlobalResult* explicit_result(const Point& p, const Measured& m) {
+    const auto group = std::make_tuple(p.seq, p.batch, int(p.layout), int(p.kernel));
+    if (p.sp == 1 && kAllVariants[p.variant].form == Form::Explicit && m.have_result) explicit_p1[group] = m.result;
+    const auto ex = explicit_p1.find(group);
+    return ex == explicit_p1.end() ? nullptr : &ex->second;
+  }
+};
+
+int run_bench(BenchOptions o) {
+  apply_sweeps(o);
+  Bench b;
+  const std::string dtype_text = configure(o, b);
+  const Grid grid = parse_grid(o);
+  const std::vector<Point> points = grid_points(o, b, grid);
+  if (!o.out.empty()) {
+    std::ofstream f(o.out, std::ios::app);
+    LAGA_REQUIRE(f.good(), "out = '", o.out, "': cannot open for writing");
+  }
+  b.o = o;
+  b.default_blas_threads = set_cpu_blas_threads(1);
+  set_cpu_blas_threads(b.default_blas_threads);
+  json doc = bench_document(b, config_json(o, b, grid, dtype_text));
+  print_bench_header(b, points.size());
 
   const auto t0 = std::chrono::steady_clock::now();
-  std::map<std::tuple<std::int64_t, std::int64_t, int>, GlobalResult> references;  // (S, B, kernel)
-  // Explicit's result at P = 1, by (S, B, layout, kernel): LAGA's must equal it bit for bit.
-  std::map<std::tuple<std::int64_t, std::int64_t, int, int>, GlobalResult> explicit_p1;
+  References refs;
   for (std::size_t i = 0; i < points.size(); ++i) {
     const Point& p = points[i];
-    const GlobalResult* reference = nullptr;
-    if (o.check) {
-      auto key = std::make_tuple(p.seq, p.batch, int(p.kernel));
-      auto it = references.find(key);
-      if (it == references.end()) {
-        auto ref_be = b.new_backend();
-        it = references.emplace(key, reference_result(b.cfg, b.dtype, p.kernel, p.batch, p.seq, *ref_be, o.seed)).first;
-      }
-      reference = &it->second;
-    }
-    Measured m = b.measure(p);
-    const Variant& v = kAllVariants[p.variant];
-    const auto group = std::make_tuple(p.seq, p.batch, int(p.layout), int(p.kernel));
-    if (o.check && p.sp == 1 && v.form == Form::Explicit && m.have_result) explicit_p1[group] = m.result;
-    const auto ex = explicit_p1.find(group);
-    PointResult pr = point_json(b, p, m, reference, ex == explicit_p1.end() ? nullptr : &ex->second);
-    doc["points"].push_back(std::move(pr.doc));
-    char prog[32];
-    std::snprintf(prog, sizeof prog, "%zu/%zu", i + 1, points.size());
-    std::printf(rowfmt, prog, std::to_string(points.size() - i - 1).c_str(), std::to_string(p.seq).c_str(), std::to_string(p.sp).c_str(),
-                std::to_string(p.batch).c_str(), layout_name(p.layout), kernel_name(p.kernel), v.label(),
-                human_bytes(pr.saved).c_str(), human_bytes(pr.peak_bwd).c_str(), human_bytes(pr.sent).c_str(),
-                fmt("%.3f", pr.gflop).c_str(), ms(pr.fwd).c_str(), ms(pr.bwd).c_str(),
-                fmt("%.0f%%", 100 * pr.block.relative_iqr()).c_str(), fmt("%.2f", pr.modeled_node * 1e3).c_str(),
-                fmt("%.2f", pr.modeled_cross * 1e3).c_str(), o.check ? ("  " + pr.check).c_str() : "");
-    if (!pr.gemms.empty()) std::printf("%9s %s\n", "", pr.gemms.c_str());
-    std::fflush(stdout);
+    const GlobalResult* reference = o.check ? refs.reference(b, p) : nullptr;
+    const Measured m = b.measure(p);
+    const PointResult pr = point_json(b, p, m, reference, refs.explicit_result(p, m));
+    doc["points"].push_back(pr.doc);
+    print_point_row(b, i, points.size(), p, pr);
     if (!o.out.empty()) write_atomically(o.out, doc);
   }
   doc["complete"] = true;
@@ -848,18 +786,7 @@ int run_bench(BenchOptions o) {
     std::printf("\nwrote %s (%zu points; schema docs/bench.md). Plots: python3 scripts/plot_bench.py %s\n",
                 o.out.c_str(), points.size(), o.out.c_str());
   }
-  std::printf("\nsaved: activation bytes kept for backward; peak bwd: highest live activation bytes in backward; "
-              "sent: bytes the rank sent, fwd + bwd.\n"
-              "* MODELED, not measured: node ms* = measured compute + collectives priced for P ranks on nodes of %d "
-              "(%s within a node; P > %d fills several nodes); xnode ms* = the same with one rank a node (%s).\n",
-              b.model.node_size, b.model.intra.name.c_str(), b.model.node_size, b.model.inter.name.c_str());
-  if (o.gemm_check)
-    std::printf("gemms: each distinct GEMM's median time in the block (extra instrumented repeats after the timed "
-                "ones) / alone on the same backend; time-weighted = sum over calls in block / alone; within 10%% "
-                "when <= 1.10 (docs/bench.md).\n");
-  if (o.check)
-    std::printf("check: largest relative error of y, dx and every weight gradient (summed over ranks) against the "
-                "single-rank explicit result; at P = 1 whether LAGA is bit-identical to explicit.\n");
+  print_bench_footer(b);
   std::printf("bench took %.1f s.\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return kExitOk;
 }

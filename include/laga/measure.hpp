@@ -1,0 +1,173 @@
+// Measurement: one rank's run measured, the check policy and its comparisons, the report of a rank's run
+// as JSON, the variants' command-line names, the device communicator, and ranks as threads of one
+// process. The CLI (`laga run`, `laga bench`) and the Python package are layers over these: they parse
+// options and print.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "laga/problem.hpp"
+
+namespace laga {
+
+// ---------------------------------------------------------------- names on the command line
+
+// "cpu" or "cuda". Throws InvalidArgument naming the value.
+Device parse_device(const std::string&);
+// The dtype a device runs unless told otherwise: float32 on the cpu, bfloat16 on cuda.
+DType default_dtype(Device);
+// Refuses a dtype the device's backend does not run (cpu: float32, float64; cuda: bfloat16, float32).
+void require_dtype_runs_on(DType, Device);
+// Refuses cuda when no GPU is usable or laga was built without CUDA.
+void require_cuda_usable();
+
+// Each variant's one command-line name: explicit, absorbed, absorbed-expanded, laga, laga-recompute
+// (Variant::label() is how tables and documents print it).
+const char* variant_id(const Variant&);
+// "all" or a list of variant names -> indices into kAllVariants, without repeats, explicit first (the
+// others compare with it). Throws InvalidArgument naming the value.
+std::vector<std::size_t> parse_variant_ids(const std::vector<std::string>&);
+// "all" (alone) or a list of names.
+std::vector<Layout> parse_layouts(const std::vector<std::string>&);
+std::vector<AttentionKernel> parse_kernels(const std::vector<std::string>&);
+
+// ---------------------------------------------------------------- one rank measured
+
+// Device memory as cudaMemGetInfo sees it around one run (have = false on the cpu).
+struct DeviceMemory {
+  bool have = false;
+  std::size_t used_before = 0;   // before the run's weights and inputs (context, workspaces, other ranks)
+  std::size_t peak_used = 0;     // high-water mark over the run
+  std::size_t scratch_peak = 0;  // the backend's kernel scratch (outside the allocator), high-water mark
+};
+
+struct Measurement {
+  RankRun run;
+  DeviceMemory memory;
+};
+
+// The problem's weights and inputs on this rank; null: the deterministic ones of the seed.
+struct ProblemInputs {
+  const MlaWeights* weights = nullptr;
+  const Tensor* x = nullptr;
+  const Tensor* dy = nullptr;
+};
+
+// `warmup` untimed passes (first launches: module loading, GEMM heuristics, the allocator's pool; the same
+// collectives on every rank, so every rank runs them), then the measured forward and backward; on cuda
+// the device memory around the measured pass (warm-ups and earlier scratch not counted).
+Measurement measure(const MlaConfig&, const BlockOptions&, const BlockShape&, Backend&, Communicator&,
+                    std::uint64_t seed, int warmup, const ProblemInputs& = {});
+
+// Bytes this rank sent / received over all its collectives.
+std::size_t bytes_sent(const std::vector<CollectiveRecord>&);
+std::size_t bytes_received(const std::vector<CollectiveRecord>&);
+
+// ---------------------------------------------------------------- the check policy (DESIGN.md section 5)
+
+// A GPU run against the CPU's float64 result: the precision of the dtype itself.
+double cpu_reference_tolerance(DType);
+// Against the single-rank explicit result on the same device and dtype. bf16: the bar for LAGA against
+// explicit; the absorbed form rounds at other points (q W_UK^T, the latent output before W_UV), so in bf16
+// it is held to the dtype's own precision instead (measured ~5e-3).
+double default_tolerance(DType, Form);
+
+// Which references a run of `opts` on `ranks` ranks is held to, and how closely. `tolerance` > 0
+// replaces the same-device defaults.
+struct CheckPolicy {
+  double single_rank = 0;          // explicit at P = 1, same device and dtype
+  bool same_p = false;             // bf16, P > 1, not explicit: also explicit at the same P (a collective)
+  double same_p_tolerance = 0;
+  bool cpu_float64 = false;        // cuda: also the CPU's float64 result of the same problem
+  double cpu_float64_tolerance = 0;
+};
+CheckPolicy check_policy(const BlockOptions&, int ranks, Device, double tolerance);
+
+// The references a run is compared with.
+enum class CheckReference { single_rank, same_p, cpu_float64 };
+// As the report writes it: "explicit P=1, same device", "explicit same P", "CPU float64".
+const char* check_reference_name(CheckReference);
+
+struct TensorCheck {
+  std::string tensor;
+  double rel_error = 0;
+  bool ok = false;  // rel_error <= tolerance (NaN fails)
+};
+struct CheckResult {
+  CheckReference reference = CheckReference::single_rank;
+  double tolerance = 0;
+  std::vector<TensorCheck> tensors;
+  bool ok() const;
+};
+CheckResult check_against(CheckReference, const GlobalResult& got, const GlobalResult& ref, double tolerance);
+
+// The explicit form's global result on the same ranks, device, dtype and communicator (the same-P
+// reference): a collective over `comm` (the block's) and `host` (host buffers, the gather).
+GlobalResult explicit_same_p(const MlaConfig&, const BlockOptions&, const BlockShape&, Backend&, Communicator& comm,
+                             Communicator& host, std::uint64_t seed, const ProblemInputs& = {});
+
+// A problem's weights and inputs held on one backend (this rank's shards), e.g. read from files.
+struct ProblemData {
+  MlaWeights weights;
+  Tensor x, dy;
+  ProblemInputs inputs() const { return {&weights, &x, &dy}; }
+};
+// Makes the problem's data for a shape at a dtype on a backend; empty: the deterministic data of the seed.
+using ProblemLoader = std::function<ProblemData(const BlockShape&, DType, Backend&)>;
+
+// The references of `policy` other than the same-P one, run on this process alone with the full input,
+// compared with `global`: the single-rank explicit result on the same device (cuda: GPU `gpu`), and on
+// cuda the CPU's float64 result.
+std::vector<CheckResult> check_single_process(const MlaConfig&, const BlockOptions&, std::int64_t batch,
+                                              std::int64_t seq, Device, int gpu, std::uint64_t seed,
+                                              const CheckPolicy&, const GlobalResult& global,
+                                              const ProblemLoader& load = {});
+
+// ---------------------------------------------------------------- the report of a rank's run (JSON)
+
+// One schema for a rank's run, written by `laga run --json` (every rank), the phantom sweep and the
+// Python package: rank, hostname, saved tensors, peaks, bytes, traffic (with seconds and bus bandwidth),
+// FLOPs and seconds by phase; on cuda the GPU and its memory around the run.
+nlohmann::json rank_report(const RankRun&, int rank, const DeviceMemory&, int gpu);
+// The block options a run used, with the variant's label.
+nlohmann::json options_report(const BlockOptions&);
+nlohmann::json check_report(const std::vector<CheckResult>&);
+// Every rank's report in rank order, through a communicator over host buffers (a collective).
+std::vector<nlohmann::json> gather_reports(Communicator& host, const nlohmann::json& mine);
+// Where a run ran: hostname, the build's commit and whether its tracked files differed, the communicator,
+// the device (cuda: its name, the device count, its memory).
+nlohmann::json machine_report(Device, int gpu, const std::string& communicator);
+std::string host_name();
+// This machine for a benchmark document: hostname, OS, CPU model and cores, memory, the GPUs nvidia-smi
+// lists, the CUDA devices visible.
+nlohmann::json machine_inventory();
+// The build: commit (stamped at build time) and whether tracked files differed, compiler, build type,
+// whether CUDA was built.
+nlohmann::json build_report();
+
+// ---------------------------------------------------------------- communicators and ranks
+
+// Which communicator GPU ranks use.
+enum class GpuComm { single, nccl, host_staging };
+const char* gpu_comm_name(GpuComm);
+// `--comm` (auto, nccl, host-staging) for P ranks on cuda, given whether every rank has a GPU of its own:
+// NCCL when every rank has its own GPU, MPI with host staging when ranks share one, a plain copy at
+// P = 1. Throws InvalidArgument.
+GpuComm choose_gpu_comm(const std::string& text, int ranks, bool every_rank_own_gpu);
+// The block's communicator on a CUDA backend; `host` serves host buffers (bootstraps NCCL, carries the
+// staged data).
+std::unique_ptr<Communicator> make_gpu_communicator(GpuComm, Communicator& host, Backend& cuda_backend);
+
+// Runs fn(rank, comm) on `ranks` threads of this process with in-process collectives and joins them.
+// A rank that throws may leave the others waiting in a collective forever, so a failure ends the
+// process: "laga: failure on rank r of P (thread): ..." on stderr, exit code 2 for InvalidArgument, 3
+// otherwise.
+void run_thread_ranks(int ranks, const std::function<void(int rank, Communicator& comm)>& fn);
+
+}  // namespace laga

@@ -1,0 +1,62 @@
+// The block's communicator on GPUs, and ranks as threads of one process.
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "laga/errors.hpp"
+#include "laga/measure.hpp"
+#include "laga/nccl_comm.hpp"
+
+namespace laga {
+
+const char* gpu_comm_name(GpuComm c) {
+  switch (c) {
+    case GpuComm::single: return "single";
+    case GpuComm::nccl: return "nccl";
+    case GpuComm::host_staging: return "host-staging";
+  }
+  return "?";
+}
+
+GpuComm choose_gpu_comm(const std::string& text, int ranks, bool every_rank_own_gpu) {
+  LAGA_REQUIRE(text == "auto" || text == "nccl" || text == "host-staging", "comm = '", text,
+               "': must be one of auto, nccl, host-staging");
+  if (text == "nccl") {
+    LAGA_REQUIRE(nccl_available(), "comm = nccl: laga was built without NCCL; use --comm host-staging");
+    LAGA_REQUIRE(every_rank_own_gpu, "comm = nccl: ranks share a GPU, and NCCL needs one rank per GPU; use "
+                                     "--comm host-staging (or auto), or give each rank its own GPU");
+    return GpuComm::nccl;
+  }
+  if (text == "host-staging") return GpuComm::host_staging;
+  if (ranks == 1) return GpuComm::single;
+  return every_rank_own_gpu && nccl_available() ? GpuComm::nccl : GpuComm::host_staging;
+}
+
+std::unique_ptr<Communicator> make_gpu_communicator(GpuComm kind, Communicator& host, Backend& cuda_backend) {
+  switch (kind) {
+    case GpuComm::nccl: return make_nccl_communicator(host, cuda_backend);
+    case GpuComm::host_staging: return make_host_staging_communicator(host, cuda_backend);
+    case GpuComm::single: break;
+  }
+  return make_single_rank_communicator(cuda_backend);
+}
+
+void run_thread_ranks(int ranks, const std::function<void(int rank, Communicator& comm)>& fn) {
+  auto comms = make_thread_group(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r, *comms[r]);
+      } catch (const std::exception& e) {
+        // The other threads may wait in a collective forever: end the process. (Not MPI_Abort: where MPI
+        // is initialised, it is for the main thread only.)
+        std::fprintf(stderr, "laga: failure on rank %d of %d (thread): %s\n", r, ranks, e.what());
+        std::fflush(nullptr);
+        std::_Exit(dynamic_cast<const InvalidArgument*>(&e) ? 2 : 3);
+      }
+    });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace laga

@@ -1,0 +1,206 @@
+// The report of a rank's run as JSON, and where it ran.
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "laga/cuda.hpp"
+#include "laga/measure.hpp"
+#include "laga_build_commit.hpp"
+
+#ifndef LAGA_BUILD_TYPE
+#define LAGA_BUILD_TYPE ""
+#endif
+
+namespace laga {
+
+using nlohmann::json;
+
+namespace {
+json phases_json(const std::array<double, kOpPhaseCount>& v) {
+  json j = json::object();
+  for (int i = 0; i < kOpPhaseCount; ++i) j[op_phase_name(OpPhase(i))] = v[i];
+  return j;
+}
+}  // namespace
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
+json rank_report(const RankRun& run, int rank, const DeviceMemory& mem, int gpu) {
+  json saved = json::array();
+  for (const auto& t : run.saved)
+    saved.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"bytes", t.bytes}});
+  json traffic = json::array();
+  for (const auto& c : run.traffic)
+    traffic.push_back({{"phase", phase_name(c.phase)}, {"collective", collective_name(c.kind)}, {"tensor", c.tensor},
+                       {"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received},
+                       {"seconds", c.seconds},
+                       {"bus_bytes_per_s", c.seconds > 0 ? double(c.bytes_sent) / c.seconds : 0.0}});
+  json j = {{"rank", rank},
+            {"hostname", host_name()},
+            {"saved_bytes", run.saved_bytes},
+            {"saved", saved},
+            {"peak_forward_bytes", run.fwd.peak_bytes},
+            {"peak_backward_bytes", run.bwd.peak_bytes},
+            {"bytes_sent", bytes_sent(run.traffic)},
+            {"bytes_received", bytes_received(run.traffic)},
+            {"traffic", traffic},
+            {"flops_forward", phases_json(run.fwd.flops)},
+            {"flops_backward", phases_json(run.bwd.flops)},
+            {"seconds_forward", phases_json(run.fwd.seconds)},
+            {"seconds_backward", phases_json(run.bwd.seconds)},
+            {"seconds_forward_total", run.fwd.total_seconds()},
+            {"seconds_backward_total", run.bwd.total_seconds()}};
+  if (mem.have) {
+    j["gpu"] = gpu;
+    j["device_used_before_bytes"] = mem.used_before;
+    j["device_peak_used_bytes"] = mem.peak_used;
+    j["backend_scratch_peak_bytes"] = mem.scratch_peak;
+  }
+  return j;
+}
+
+json options_report(const BlockOptions& opts) {
+  return {{"variant", variant_of(opts).label()},
+          {"form", form_name(opts.form)},
+          {"layout", layout_name(opts.layout)},
+          {"kernel", kernel_name(opts.kernel)},
+          {"recompute", recompute_name(opts.recompute)},
+          {"absorbed_attention", absorbed_attention_name(opts.absorbed_attention)},
+          {"dtype", dtype_name(opts.dtype)},
+          {"kv_grad_reduce_in_fp32", opts.kv_grad_reduce_fp32}};
+}
+
+json check_report(const std::vector<CheckResult>& checks) {
+  json out = json::array();
+  for (const CheckResult& c : checks) {
+    json rows = json::array();
+    for (const TensorCheck& t : c.tensors) rows.push_back({{"tensor", t.tensor}, {"rel_error", t.rel_error}, {"ok", t.ok}});
+    out.push_back({{"reference", check_reference_name(c.reference)}, {"tolerance", c.tolerance}, {"tensors", rows}});
+  }
+  return out;
+}
+
+std::vector<json> gather_reports(Communicator& host, const json& mine) {
+  const std::string text = mine.dump();
+  const int P = host.size();
+  if (P == 1) return {mine};
+  double len = double(text.size());
+  std::vector<double> lens(P);
+  host.all_gather(&len, lens.data(), 1, DType::f64);
+  std::size_t longest = 0;
+  for (double l : lens) longest = std::max(longest, std::size_t(l));
+  const std::size_t words = std::max<std::size_t>(1, (longest + sizeof(double) - 1) / sizeof(double));
+  std::vector<double> buf(words, 0.0), all(words * P);
+  std::memcpy(buf.data(), text.data(), text.size());
+  host.all_gather(buf.data(), all.data(), words, DType::f64);
+  std::vector<json> out;
+  for (int r = 0; r < P; ++r)
+    out.push_back(json::parse(std::string(reinterpret_cast<const char*>(all.data() + std::size_t(r) * words),
+                                          std::size_t(lens[r]))));
+  return out;
+}
+
+json machine_report(Device device, int gpu, const std::string& communicator) {
+  json j = {{"hostname", host_name()}, {"commit", LAGA_BUILD_COMMIT},
+            {"dirty", LAGA_BUILD_DIRTY < 0 ? json(nullptr) : json(LAGA_BUILD_DIRTY == 1)}, {"communicator", communicator},
+            {"device", device == Device::cuda ? "cuda" : "cpu"}};
+  if (device == Device::cuda) {
+    j["device_name"] = cuda_device_name(gpu);
+    j["device_count"] = cuda_device_count();
+    j["device_memory_bytes"] = cuda_mem_info(gpu).total_bytes;
+  } else {
+    j["device_name"] = "cpu";
+  }
+  return j;
+}
+
+namespace {
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream is(s);
+  while (std::getline(is, cur, sep)) out.push_back(cur);
+  return out;
+}
+
+std::string run_capture(const std::string& cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    if (pclose(p) != 0) return "";
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+std::string read_file_field(const char* path, const std::string& key) {
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(key, 0) == 0) {
+      auto c = line.find(':');
+      if (c == std::string::npos) continue;
+      std::string v = line.substr(c + 1);
+      v.erase(0, v.find_first_not_of(" \t"));
+      return v;
+    }
+  return "";
+}
+
+}  // namespace
+
+json machine_inventory() {
+  struct utsname u {};
+  uname(&u);
+  std::string cpu = read_file_field("/proc/cpuinfo", "model name");
+  if (cpu.empty()) cpu = read_file_field("/proc/cpuinfo", "Model");  // some ARM kernels
+  const std::string mem = read_file_field("/proc/meminfo", "MemTotal");  // "131072 kB"
+  double mem_bytes = 0;
+  if (!mem.empty()) mem_bytes = std::atof(mem.c_str()) * 1024.0;
+  json gpus = json::array();
+  const std::string smi = run_capture(
+      "nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader,nounits 2>/dev/null");
+  for (const std::string& line : split(smi, '\n')) {
+    auto f = split(line, ',');
+    if (f.size() < 4) continue;
+    for (auto& x : f) x.erase(0, x.find_first_not_of(' '));
+    gpus.push_back({{"index", std::atoi(f[0].c_str())}, {"name", f[1]},
+                    {"memory_bytes", std::atof(f[2].c_str()) * 1024.0 * 1024.0}, {"driver", f[3]}});
+  }
+  return {{"hostname", host_name()},
+          {"os", std::string(u.sysname) + " " + u.release + " " + u.machine},
+          {"cpu_model", cpu.empty() ? "unknown" : cpu},
+          {"cpu_cores", std::thread::hardware_concurrency()},
+          {"memory_bytes", mem_bytes},
+          {"gpus", gpus},
+          {"cuda_devices", cuda_device_count()}};
+}
+
+json build_report() {
+  json b = {{"commit", LAGA_BUILD_COMMIT},
+            {"commit_from", std::string(LAGA_BUILD_COMMIT) == "unknown" ? "unknown" : "build"},
+            {"dirty", LAGA_BUILD_DIRTY < 0 ? json(nullptr) : json(LAGA_BUILD_DIRTY == 1)},
+            {"compiler", __VERSION__},
+            {"build_type", LAGA_BUILD_TYPE},
+#ifdef LAGA_HAVE_CUDA
+            {"cuda", true}
+#else
+            {"cuda", false}
+#endif
+  };
+  return b;
+}
+
+}  // namespace laga
