@@ -112,6 +112,11 @@ struct BlockShape {
 // collective.
 void validate(const MlaConfig&, const BlockOptions&, const BlockShape&);
 
+// Refuses (InvalidArgument, naming the sizes) a problem whose tensors, in bytes, or a bound on what is live at
+// once (kLiveTensorBound tensors of the largest size), do not fit in 64 bits. Part of validate().
+inline constexpr std::int64_t kLiveTensorBound = 64;
+void validate_sizes(const MlaConfig&, const BlockOptions&, const BlockShape&);
+
 // Weights are [in, out] (x W), replicated over the SP group. Names match the .npy files.
 struct MlaWeights {
   Tensor w_dq;     // [d, r_q]; undefined when q_lora_rank is null

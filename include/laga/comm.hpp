@@ -45,6 +45,8 @@ std::unique_ptr<Communicator> make_phantom_communicator(Backend& backend, int ra
 
 // P ranks as threads of this process sharing host memory (the demo and in-process tests). Element i of
 // the result is rank i's communicator; each must be used from its own thread.
+// At most kMaxThreadRanks (each thread rank has its own BLAS calls and buffers; more ranks take mpirun).
+inline constexpr int kMaxThreadRanks = 64;
 std::vector<std::unique_ptr<Communicator>> make_thread_group(int size);
 
 enum class Phase { forward, backward };

@@ -36,7 +36,11 @@ struct MlaConfig {
   long q_up_input_dim() const { return q_lora_rank ? *q_lora_rank : hidden_size; }
 };
 
-// Throws InvalidArgument naming the field, the value and the rule.
+// The widest RoPE part validate() accepts (DeepSeek's is 64): its frequency table is built on every rank.
+inline constexpr long kMaxRopeHeadDim = 1L << 16;
+
+// Throws InvalidArgument naming the field, the value and the rule; also refuses a configuration whose widths
+// or weights (in float64 bytes, with their gradients) do not fit in 64 bits.
 void validate(const MlaConfig&);
 
 // Names accepted by preset(): deepseek-v3, deepseek-v2-lite, kimi-k2, tiny, small.

@@ -51,6 +51,17 @@ struct DeviceFit {
 };
 DeviceFit device_fit(const RankPlan&, int layers);
 
+// Bytes one rank of a real run holds at its peak, as planned: the weights (the plan's dtype) and their
+// gradients (accumulation dtype), the input x and dy and the outputs y and dx ([s, batch, d] each), and the
+// larger activation peak of forward and backward.
+std::size_t planned_run_bytes(const RankPlan&);
+// Refuses (InvalidArgument) a run that needs more than `available` bytes of `where` ("host memory", "GPU 0"):
+// `copies` ranks of `plan` in one process, plus `extra` bytes (a reference run's), naming the configuration,
+// the bytes needed and the limit. Called before anything is allocated.
+void require_fits(const RankPlan& plan, int copies, std::size_t extra, std::size_t available, const std::string& where);
+// Physical memory of this host (sysconf), 0 when unknown.
+std::size_t host_memory_bytes();
+
 // "141GB", "80GiB", "1.5e11", "512MB" -> bytes (GB = 1e9, GiB = 2^30). Throws InvalidArgument.
 double parse_bytes(const std::string& text);
 

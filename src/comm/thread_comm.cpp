@@ -85,7 +85,8 @@ class ThreadCommunicator final : public Communicator {
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_thread_group(int size) {
-  LAGA_REQUIRE(size >= 1, "thread group size = ", size, ": must be >= 1");
+  LAGA_REQUIRE(size >= 1 && size <= kMaxThreadRanks, "thread group size = ", size, ": must be in [1, ", kMaxThreadRanks,
+               "] (more ranks take one process each, under mpirun)");
   auto shared = std::make_shared<Shared>(size);
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < size; ++r) out.push_back(std::make_unique<ThreadCommunicator>(shared, r));

@@ -2,6 +2,7 @@
 #include "laga/config.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -12,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "laga/checked.hpp"
 #include "laga/errors.hpp"
 
 namespace laga {
@@ -127,6 +129,26 @@ std::optional<YarnScaling> parse_rope_scaling(const json& rs, const std::string&
   return y;
 }
 
+// "key = number" for the number quoted in a parser's message ("... parsing '1e400'"), found in the text
+// after the nearest preceding "key":. The number alone when no key precedes it.
+std::string key_of_number(const std::string& text, const std::string& message) {
+  const auto open = message.rfind("'", message.size() - 2), close = message.rfind("'");
+  if (open == std::string::npos || close <= open) return "a number";
+  const std::string number = message.substr(open + 1, close - open - 1);
+  for (std::size_t at = text.find(number); at != std::string::npos; at = text.find(number, at + 1)) {
+    std::size_t k = at;
+    while (k > 0 && std::isspace(static_cast<unsigned char>(text[k - 1]))) --k;
+    if (k == 0 || text[k - 1] != ':') continue;
+    --k;
+    while (k > 0 && std::isspace(static_cast<unsigned char>(text[k - 1]))) --k;
+    if (k < 2 || text[k - 1] != '"') continue;
+    const std::size_t start = text.rfind('"', k - 2);
+    if (start == std::string::npos) continue;
+    return text.substr(start + 1, k - 2 - start) + " = " + number;
+  }
+  return number;
+}
+
 std::string join(const std::vector<std::string>& v, const char* sep) {
   std::string out;
   for (std::size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
@@ -136,6 +158,35 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 }  // namespace
 
 // --- validation ---
+
+namespace {
+// Every width the block derives and every weight matrix, in bytes of the widest dtype (float64), weights and
+// their gradients together, must fit in 64 bits; nothing downstream computes them unchecked.
+void validate_config_sizes(const MlaConfig& c) {
+  const std::int64_t dqk = checked_add(c.qk_nope_head_dim, c.qk_rope_head_dim, "qk_nope_head_dim + qk_rope_head_dim");
+  const std::int64_t dl = checked_add(c.kv_lora_rank, c.qk_rope_head_dim, "kv_lora_rank + qk_rope_head_dim");
+  const std::int64_t nh = c.num_attention_heads, d = c.hidden_size, rq_in = c.q_up_input_dim();
+  const std::int64_t widths[] = {
+      checked_mul(nh, dqk, "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)"),
+      checked_mul(nh, c.v_head_dim, "num_attention_heads x v_head_dim"),
+      checked_mul(nh, dl, "num_attention_heads x (kv_lora_rank + qk_rope_head_dim)")};
+  for (std::int64_t w : widths) checked_mul(w, 8, "bytes of one token's per-head tensor");
+  std::int64_t weights = 0;
+  auto weight = [&](std::int64_t rows, std::int64_t cols, const char* name) {
+    const std::string what = std::string("bytes of ") + name;
+    weights = checked_add(weights, checked_product({rows, cols, 8}, what), "bytes of the weights");
+  };
+  if (c.q_lora_rank) weight(d, *c.q_lora_rank, "W_DQ [hidden_size, q_lora_rank]");
+  weight(rq_in, widths[0], c.q_lora_rank ? "W_UQ [q_lora_rank, num_attention_heads x qk_head_dim]"
+                                         : "W_Q [hidden_size, num_attention_heads x qk_head_dim]");
+  weight(d, dl, "W_DKV [hidden_size, kv_lora_rank + qk_rope_head_dim]");
+  weight(c.kv_lora_rank, checked_mul(nh, c.qk_nope_head_dim, "num_attention_heads x qk_nope_head_dim"),
+         "W_UK [kv_lora_rank, num_attention_heads x qk_nope_head_dim]");
+  weight(c.kv_lora_rank, widths[1], "W_UV [kv_lora_rank, num_attention_heads x v_head_dim]");
+  weight(widths[1], d, "W_O [num_attention_heads x v_head_dim, hidden_size]");
+  checked_mul(weights, 4, "bytes of the weights, their gradients and working copies");
+}
+}  // namespace
 
 void validate(const MlaConfig& c) {
   auto positive = [](long v, const char* field) {
@@ -149,9 +200,22 @@ void validate(const MlaConfig& c) {
   positive(c.kv_lora_rank, "kv_lora_rank");
   positive(c.qk_nope_head_dim, "qk_nope_head_dim");
   positive(c.qk_rope_head_dim, "qk_rope_head_dim");
+  // RoPE's frequency table has d_r / 2 entries, built on every rank before anything runs.
+  LAGA_REQUIRE(c.qk_rope_head_dim <= kMaxRopeHeadDim, "qk_rope_head_dim = ", c.qk_rope_head_dim, ": must be <= ",
+               kMaxRopeHeadDim);
   LAGA_REQUIRE(c.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim = ", c.qk_rope_head_dim,
                ": must be even (RoPE rotates pairs)");
   positive(c.v_head_dim, "v_head_dim");
+  try {
+    validate_config_sizes(c);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(detail::concat(e.what(), " (hidden_size = ", c.hidden_size, ", num_attention_heads = ",
+                                         c.num_attention_heads, ", q_lora_rank = ",
+                                         c.q_lora_rank ? std::to_string(*c.q_lora_rank) : "null", ", kv_lora_rank = ",
+                                         c.kv_lora_rank, ", qk_nope_head_dim = ", c.qk_nope_head_dim,
+                                         ", qk_rope_head_dim = ", c.qk_rope_head_dim, ", v_head_dim = ", c.v_head_dim,
+                                         ")"));
+  }
   // `!(x > 0)` also rejects NaN.
   LAGA_REQUIRE(c.rope_theta > 0 && std::isfinite(c.rope_theta), "rope_theta = ", c.rope_theta,
                ": must be a finite number > 0");
@@ -223,7 +287,10 @@ MlaConfig config_from_json(const std::string& json_text, const std::string& sour
   json j;
   try {
     j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::out_of_range& e) {  // a number beyond a double, like 1e400: name its key
+    throw InvalidArgument(detail::concat(where(source_name), ": ", key_of_number(json_text, e.what()),
+                                         ": out of the range of a 64-bit float (", e.what(), ")"));
+  } catch (const json::exception& e) {
     throw InvalidArgument(detail::concat(where(source_name), ": malformed JSON: ", e.what()));
   }
   LAGA_REQUIRE(j.is_object(), where(source_name), ": expected a JSON object at the top level, got ",
@@ -268,6 +335,12 @@ MlaConfig config_from_json(const std::string& json_text, const std::string& sour
 }
 
 MlaConfig load_config_file(const std::string& path) {
+  // Opening a FIFO or a device would block or never end: only regular files are read.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  LAGA_REQUIRE(ec || st.type() == std::filesystem::file_type::not_found ||
+                   st.type() == std::filesystem::file_type::regular,
+               "config file \"", path, "\": not a regular file (a FIFO, device or directory cannot be read)");
   std::ifstream in(path, std::ios::binary);
   LAGA_REQUIRE(in.good(), "cannot open config file \"", path, "\"");
   std::ostringstream ss;

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cctype>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 
@@ -217,7 +218,7 @@ void write_npy(const std::string& path, const std::vector<std::int64_t>& shape, 
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
   out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n * item_size(descr)));
   out.flush();
-  LAGA_REQUIRE(out.good(), "npy file \"", path, "\": write failed");
+LAGA_REQUIRE(out.good(), "npy file \"", path, "\": write failed");
 }
 
 void write_npy(const std::string& path, const std::vector<std::int64_t>& shape, const std::vector<float>& values) {
@@ -235,6 +236,12 @@ void write_npy(const std::string& path, const std::vector<std::int64_t>& shape, 
 }
 
 NpyArray read_npy(const std::string& path) {
+  // Opening a FIFO or a device would block or never end: only regular files are read.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  LAGA_REQUIRE(ec || st.type() == std::filesystem::file_type::not_found ||
+                   st.type() == std::filesystem::file_type::regular,
+               "npy file \"", path, "\": not a regular file (a FIFO, device or directory cannot be read)");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   LAGA_REQUIRE(in.good(), "npy file \"", path, "\": cannot open for reading");
   const std::streamoff file_size = in.tellg();

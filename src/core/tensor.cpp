@@ -116,7 +116,7 @@ std::string shape_string(const Shape& s) {
 
 std::int64_t shape_numel(const Shape& s) {
   std::int64_t n = 1;
-  for (auto d : s) n *= d;
+  for (auto d : s) LAGA_CHECK(!__builtin_mul_overflow(n, d, &n), "element count of shape ", shape_string(s), " overflows");
   return n;
 }
 
@@ -129,6 +129,9 @@ Tensor::Storage::~Storage() {
 Tensor::Tensor(Allocator& alloc, DType dtype, Shape shape, const std::string& name, MemoryKind kind)
     : dtype_(dtype), shape_(std::move(shape)) {
   for (auto d : shape_) LAGA_CHECK(d >= 0, "negative dimension in shape ", shape_string(shape_), " of '", name, "'");
+  std::int64_t total = 0;
+  LAGA_CHECK(!__builtin_mul_overflow(shape_numel(shape_), std::int64_t(dtype_size(dtype)), &total), "bytes of shape ",
+             shape_string(shape_), " of '", name, "' overflow");
   storage_ = std::make_shared<Storage>();
   storage_->alloc = &alloc;
   storage_->name = name;

@@ -10,6 +10,8 @@
 #include "laga/block.hpp"
 #include "laga/errors.hpp"
 
+#include <algorithm>
+
 namespace laga {
 
 struct BlockImpl {
@@ -211,10 +213,14 @@ struct BlockImpl {
     token = batch * heads * width;
   }
   // Unmasked (query, key) pairs of the causal attention on this rank.
+  // Query i (global position q_offset + i) sees min(S, q_offset + i + 1) keys: an arithmetic series while
+  // that is below S, then S each. Summed exactly in 128 bits (the same value as adding the terms one by one).
   double causal_pairs() const {
-    double pairs = 0;
-    for (std::int64_t i = 0; i < Sq; ++i) pairs += double(std::min<std::int64_t>(S, i + q_offset + 1));
-    return pairs * double(B) * double(H);
+    using i128 = __int128;
+    const i128 first = i128(q_offset) + 1;                                // keys seen by the first query
+    const i128 rising = std::clamp<i128>(i128(S) - first + 1, 0, i128(Sq));  // queries with first + i <= S
+    const i128 pairs = rising * first + rising * (rising - 1) / 2 + (i128(Sq) - rising) * i128(S);
+    return double(pairs) * double(B) * double(H);
   }
 
   struct Attn {

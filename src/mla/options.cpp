@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "laga/block.hpp"
+#include "laga/checked.hpp"
 #include "laga/errors.hpp"
 
 namespace laga {
@@ -80,6 +81,38 @@ void validate(const MlaConfig& cfg, const BlockOptions& opts, const BlockShape& 
                  " is not divisible by sp = ", shape.ranks, ": the a2a layout gives each rank n_h/P heads");
   LAGA_REQUIRE(opts.recompute == Recompute::None || opts.form == Form::Laga, "recompute = kv with form = ",
                form_name(opts.form), ": K/V recomputation is defined for the laga form only");
+  try {
+    validate_sizes(cfg, opts, shape);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(detail::concat(e.what(), " (seq = ", shape.seq, ", batch = ", shape.batch, ", sp = ",
+                                         shape.ranks, ", ", dtype_name(opts.dtype), ")"));
+  }
+}
+
+void validate_sizes(const MlaConfig& cfg, const BlockOptions& opts, const BlockShape& shape) {
+  // Every tensor the block allocates is at most [seq x batch rows, one of these widths] (the gathered or
+  // attention-layout tensors), or the eager kernel's probabilities [batch, heads, queries, seq]. Their bytes,
+  // in the wider of the dtype and its accumulation dtype, must fit in 64 bits, and so must a bound on the
+  // sum of everything live at once (the plan's totals, the allocator's counters, collective byte counts);
+  // then no index, stride or offset the block, the backends or the plan derive from them can overflow.
+  const std::int64_t es = std::int64_t(std::max(dtype_size(opts.dtype), dtype_size(accum_dtype(opts.dtype))));
+  const std::int64_t rows = checked_mul(shape.seq, shape.batch, "seq x batch (tokens of the gathered sequence)");
+  const std::int64_t nh = cfg.num_attention_heads;
+  const std::int64_t widest_head = std::max({cfg.qk_head_dim(), cfg.v_head_dim, cfg.latent_dim()});
+  const std::int64_t widths[] = {cfg.hidden_size, cfg.q_up_input_dim(), cfg.latent_dim(), nh * widest_head};
+  std::int64_t largest = 0;
+  for (std::int64_t w : widths)
+    largest = std::max(largest, checked_product({rows, w, es}, detail::concat(
+        "bytes of a [seq x batch, ", w, "] activation (seq = ", shape.seq, ", batch = ", shape.batch, ")")));
+  if (opts.kernel == AttentionKernel::eager) {
+    const std::int64_t heads = opts.layout == Layout::A2A ? nh / shape.ranks : nh;
+    const std::int64_t queries = opts.layout == Layout::A2A ? shape.seq : shape.local_seq();
+    largest = std::max(largest, checked_product({shape.batch, heads, queries, shape.seq, es}, detail::concat(
+        "bytes of the eager kernel's probabilities [batch, heads, queries, seq] = [", shape.batch, ", ", heads,
+        ", ", queries, ", ", shape.seq, "]")));
+  }
+  checked_mul(largest, kLiveTensorBound, detail::concat("bytes of ", kLiveTensorBound,
+                                                        " activations of the largest size (a bound on the block's peak)"));
 }
 
 std::vector<std::pair<std::string, Tensor*>> MlaWeights::named() {

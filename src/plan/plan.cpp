@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <string_view>
 
+#include <unistd.h>
+
+#include "laga/checked.hpp"
 #include "laga/errors.hpp"
 #include "laga/problem.hpp"
 
@@ -103,15 +107,53 @@ std::vector<CollectiveRecord> expected_traffic(const MlaConfig& cfg, const Block
 DeviceFit device_fit(const RankPlan& p, int layers) {
   LAGA_REQUIRE(layers >= 1, "layers = ", layers, ": must be >= 1");
   DeviceFit f;
-  f.activation_peak = std::size_t(layers - 1) * p.saved_bytes + std::max(p.peak_forward, p.peak_backward);
+  f.activation_peak = std::size_t(checked_add(
+      checked_mul(layers - 1, std::int64_t(p.saved_bytes), "layers x saved bytes"),
+      std::int64_t(std::max(p.peak_forward, p.peak_backward)), "the activation bytes of all layers"));
   std::size_t bytes = 0;
   auto meta = make_meta_backend();
   const MlaWeights w = allocate_weights(p.cfg, p.opts.dtype, meta->allocator());
   const MlaGrads g = allocate_grads(p.cfg, p.opts.dtype, meta->allocator());
   for (const auto& [name, t] : w.named()) bytes += t->bytes();
   for (const auto& [name, t] : g.named()) bytes += t->bytes();
-  f.weights_and_grads = bytes * std::size_t(layers);
+  f.weights_and_grads = std::size_t(checked_mul(std::int64_t(bytes), layers, "layers x weight and gradient bytes"));
+  checked_add(std::int64_t(f.activation_peak), std::int64_t(f.weights_and_grads), "the device bytes of all layers");
   return f;
+}
+
+std::size_t planned_run_bytes(const RankPlan& p) {
+  const DeviceFit fit = device_fit(p, 1);
+  const BlockShape& sh = p.shape;
+  const std::int64_t io = checked_product({4, sh.local_seq(), sh.batch, p.cfg.hidden_size,
+                                           std::int64_t(dtype_size(p.opts.dtype))}, "bytes of x, dy, y and dx");
+  return std::size_t(checked_add(std::int64_t(fit.total()), io, "bytes of one rank's run"));
+}
+
+namespace {
+std::string gib(double bytes) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.4g GiB", bytes / double(1ull << 30));
+  return buf;
+}
+}  // namespace
+
+void require_fits(const RankPlan& p, int copies, std::size_t extra, std::size_t available, const std::string& where) {
+  if (available == 0) return;  // unknown: nothing to compare with
+  const double one = double(planned_run_bytes(p));
+  const double need = one * copies + double(extra);
+  LAGA_REQUIRE(need <= double(available), "the run needs ", gib(need), " (",
+               copies > 1 ? detail::concat(copies, " ranks in this process x ", gib(one), " each") : gib(one),
+               extra ? detail::concat(" + ", gib(double(extra)), " for the reference") : std::string(),
+               ": weights, gradients, inputs, outputs and the activation peak as laga plan counts them) for ",
+               p.cfg.name, " (hidden_size = ", p.cfg.hidden_size, ", num_attention_heads = ", p.cfg.num_attention_heads,
+               ") at seq = ", p.shape.seq, ", batch = ", p.shape.batch, ", sp = ", p.shape.ranks, ", ",
+               dtype_name(p.opts.dtype), ": more than the ", gib(double(available)), " of ", where);
+}
+
+std::size_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return std::size_t(pages) * std::size_t(page);
 }
 
 double parse_bytes(const std::string& text) {

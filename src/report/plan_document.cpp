@@ -1,4 +1,6 @@
 // The plan document: every variant's per-rank plan over a grid of (seq, sp), as JSON.
+#include <limits>
+
 #include "laga/errors.hpp"
 #include "laga/report.hpp"
 
@@ -7,6 +9,9 @@ namespace laga {
 std::vector<PlanPoint> plan_points(const PlanQuery& q) {
   LAGA_REQUIRE(q.layers >= 1, "layers = ", q.layers, ": must be >= 1");
   LAGA_REQUIRE(q.batch >= 1, "batch = ", q.batch, ": must be >= 1");
+  for (auto P : q.sps)  // ranks are ints: a larger count must not wrap to another one
+    LAGA_REQUIRE(P >= 1 && P <= std::numeric_limits<int>::max(), "sp = ", P, ": must be in [1, ",
+                 std::numeric_limits<int>::max(), "]");
   for (auto S : q.seqs)
     for (auto P : q.sps)
       for (const Variant& v : kAllVariants)

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -34,11 +35,17 @@ inline std::int64_t parse_count(const std::string& what, const std::string& text
   long long v = 0;
   try {
     v = std::stoll(text, &pos);
+  } catch (const std::out_of_range&) {
+    LAGA_REQUIRE(false, what, " = '", text, "': does not fit in 64 bits (limit 2^63 - 1)");
   } catch (...) {
     LAGA_REQUIRE(false, what, " = '", text, "': expected a positive integer (a 'k' suffix multiplies by 1024)");
   }
   std::string rest = text.substr(pos);
-  if (rest == "k" || rest == "K") v *= 1024, rest.clear();
+  if (rest == "k" || rest == "K") {
+    LAGA_REQUIRE(!__builtin_mul_overflow(v, 1024LL, &v), what, " = '", text,
+                 "': does not fit in 64 bits (limit 2^63 - 1)");
+    rest.clear();
+  }
   LAGA_REQUIRE(rest.empty() && v > 0, what, " = '", text, "': expected a positive integer (a 'k' suffix multiplies by 1024)");
   return v;
 }

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
     }
     return kExitInvalidInput;
   }
+  const int code = [&] {
   try {
     if (run->parsed()) return run_run();
     // demo, plan and bench are one-process commands (bench's ranks are threads or phantoms): started under
@@ -70,4 +71,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "laga: failure: %s\n", e.what());
     return kExitRuntimeError;
   }
+  }();
+  // What was printed must have reached its destination (a full disk is a failure, not a success).
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "laga: failure: writing the standard output failed\n");
+    return code == kExitOk ? kExitRuntimeError : code;
+  }
+  return code;
 }

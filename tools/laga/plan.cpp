@@ -92,6 +92,8 @@ int run_plan(const PlanOptions& o) {
     std::ofstream f(o.out);
     LAGA_REQUIRE(f.good(), "out = '", o.out, "': cannot open for writing");
     f << doc.dump(2) << "\n";
+    f.flush();  // a full disk shows only when the buffer is written
+    LAGA_CHECK(f.good(), "out = '", o.out, "': writing failed");
   }
   return kExitOk;
 }

@@ -21,11 +21,13 @@
 
 #include "commands.hpp"
 #include "format.hpp"
+#include "laga/agree.hpp"
 #include "laga/cuda.hpp"
 #include "laga/errors.hpp"
 #include "laga/measure.hpp"
 #include "laga/mpi_comm.hpp"
 #include "laga/npy.hpp"
+#include "laga/plan.hpp"
 
 
 namespace laga::cli {
@@ -148,6 +150,7 @@ void write_json(const std::string& path, const json& doc) {
   std::ofstream f(path);
   LAGA_REQUIRE(f.good(), "json = '", path, "': cannot open for writing");
   f << doc.dump(2) << "\n";
+  f.flush();  // a full disk shows only when the buffer is written
   LAGA_CHECK(f.good(), "writing ", path, " failed");
 }
 
@@ -206,17 +209,34 @@ void check_outputs(const RunOptions& o) {
                "\": cannot create the directory (", ec ? ec.message() : "not a directory", ")");
 }
 
-Prepared prepare(const RunOptions& o, int ranks, int rank, int gpu) {
+// The plan's bytes of `copies` ranks (and of --check's single-rank reference) must fit the memory they run
+// in: the GPU's (cudaMemGetInfo's total), or the host's for the cpu backend. Refused before any allocation.
+void require_run_fits(const RunOptions& o, const Prepared& p, int copies) {
+  const RankPlan plan = plan_rank(p.cfg, p.opts, p.sh);
+  std::size_t reference = 0;
+  if (o.check) {
+    BlockOptions ex = p.opts;
+    ex.form = Form::Explicit;
+    ex.recompute = Recompute::None;
+    reference = planned_run_bytes(plan_rank(p.cfg, ex, BlockShape{.batch = o.batch, .seq = o.seq}));
+  }
+  if (p.device == Device::cuda)
+    require_fits(plan, copies, reference, cuda_mem_info(p.gpu).total_bytes, "GPU " + std::to_string(p.gpu) + " memory");
+  else
+    require_fits(plan, copies, reference, host_memory_bytes(), "host memory");
+}
+
+// `copies`: the ranks of this process whose memory is checked here (0: checked by another rank's call).
+Prepared prepare(const RunOptions& o, int ranks, int rank, int gpu, int copies) {
   Prepared p;
   check_options(o, p, ranks, rank);
   if (rank == 0) check_outputs(o);
   if (p.device == Device::cuda) {
     require_cuda_usable();
     p.gpu = gpu;
-    p.be = make_cuda_backend(gpu);
-  } else {
-    p.be = make_cpu_backend();
   }
+  if (copies > 0) require_run_fits(o, p, copies);
+  p.be = p.device == Device::cuda ? make_cuda_backend(gpu) : make_cpu_backend();
   if (!o.load_dir.empty()) {
     p.loaded = load_problem(o, p.cfg, p.sh, p.opts.dtype, *p.be);
     p.have = true;
@@ -452,6 +472,12 @@ int agree_on_input(Communicator& host, int code) {
 // Under mpirun: each process is a rank.
 int run_mpi(const RunOptions& o, const MpiSession& mpi) {
   const int world = mpi.size(), rank = mpi.rank();
+  // A rank whose command line did not parse answers this first collective with "not ok" (main.cpp) and
+  // leaves: the others leave with it instead of waiting for it in the next collective.
+  if (!mpi_all_ok(true)) {
+    std::fprintf(stderr, "laga: error: the command line was refused on another rank (its message is above)\n");
+    return kExitInvalidInput;
+  }
   auto host = make_mpi_communicator();  // collective, reached unconditionally by every rank
   // GPU placement: rank r takes GPU (local rank % device count); NCCL only when no GPU is shared, on
   // every node (collectives, reached unconditionally by every rank).
@@ -471,7 +497,7 @@ int run_mpi(const RunOptions& o, const MpiSession& mpi) {
       require_cuda_usable();
       gpu_comm = choose_gpu_comm(o.comm, world, every_rank_own_gpu);
     }
-    p = prepare(o, world, rank, gpus > 0 ? node.local_rank % gpus : -1);
+    p = prepare(o, world, rank, gpus > 0 ? node.local_rank % gpus : -1, 1);
   } catch (const std::exception& e) {
     code = exit_code_of(e);
     std::fprintf(stderr, "laga: error: %s\n", e.what());
@@ -482,7 +508,27 @@ int run_mpi(const RunOptions& o, const MpiSession& mpi) {
   } catch (const std::exception& e) {
     fail_all_ranks(e, rank, world);
   }
-  // 2. The run. From here a failure on one rank ends all of them (MpiSession::abort): the exception must
+  // 2. The ranks agree on what they run (one small collective): a config file or flag that differs on one
+  //    node would otherwise run mismatched collectives (a hang) or a mismatched computation.
+  try {
+    Fingerprint fp = run_fingerprint(p.cfg, p.opts, p.sh);
+    for (auto& [name, value] : std::initializer_list<std::pair<const char*, std::string>>{
+             {"device", o.device}, {"comm", o.comm}, {"seed", std::to_string(o.seed)},
+             {"warmup", std::to_string(o.warmup)}, {"check", o.check ? "on" : "off"},
+             {"tolerance", std::to_string(o.tolerance)}, {"verbose", o.verbose ? "on" : "off"},
+             {"json", o.json_path.empty() ? "off" : "on"}, {"save", o.save_dir.empty() ? "off" : "on"},
+             {"load", o.load_dir.empty() ? "off" : "on"}})
+      fp.add(name, value);
+    require_agreement(*host, fp);
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "laga: error: %s\n", e.what());
+    std::fflush(stderr);
+    host->barrier();  // every rank has printed before any exits
+    return kExitInvalidInput;
+  } catch (const std::exception& e) {
+    fail_all_ranks(e, rank, world);
+  }
+  // 3. The run. From here a failure on one rank ends all of them (MpiSession::abort): the exception must
   //    not unwind through ~MpiSession, whose MPI_Finalize would wait for ranks stuck in a collective.
   try {
     std::unique_ptr<Communicator> device_comm;
@@ -588,6 +634,17 @@ int run_phantom(const RunOptions& o) {
   const bool cuda = device == Device::cuda;
   if (cuda) require_cuda_usable();
   const int gpu = cuda ? 0 : -1;
+  {
+    Prepared fit;  // one variant runs at a time
+    fit.cfg = cfg;
+    fit.sh = shape;
+    fit.device = device;
+    fit.gpu = gpu;
+    for (const BlockOptions& v : variants) {
+      fit.opts = v;
+      require_run_fits(o, fit, 1);
+    }
+  }
   auto make_backend = [&] { return cuda ? make_cuda_backend(gpu) : make_cpu_backend(); };
   // Weights and inputs live on a backend of their own, made once; each variant runs on a fresh backend,
   // so the memory one variant's kernels keep outside the allocator (scratch, workspaces) is not charged
@@ -645,7 +702,7 @@ int run_phantom(const RunOptions& o) {
 int run_single_gpu(const RunOptions& o) {
   require_cuda_usable();
   const GpuComm kind = choose_gpu_comm(o.comm, 1, true);
-  Prepared p = prepare(o, 1, 0, 0);
+  Prepared p = prepare(o, 1, 0, 0, 1);
   // Host gathers at P = 1 need no collective; a single-rank communicator over a CPU backend serves
   // them (and bootstraps NCCL when --comm nccl asks for it at P = 1).
   auto host_be = make_cpu_backend();
@@ -661,6 +718,8 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
   LAGA_REQUIRE(o.phantom_rank == -1, "phantom-rank = ", o.phantom_rank, ": must be >= 0");
   const int P = o.sp == 0 ? 1 : o.sp;
   LAGA_REQUIRE(P >= 1, "sp = ", P, ": the number of sequence-parallel ranks must be >= 1");
+  LAGA_REQUIRE(P <= kMaxThreadRanks, "sp = ", P, ": without mpirun the ranks are threads of this process, at most ",
+               kMaxThreadRanks, "; launch mpirun -np ", P, " laga run ... for more");
   if (parse_device(o.device) == Device::cuda) {
     LAGA_REQUIRE(P == 1, "sp = ", P, " with --device cuda: GPU ranks are processes, not threads; launch "
                  "mpirun -np ", P, " laga run --device cuda ... (ranks sharing one GPU exchange data over MPI)");
@@ -668,7 +727,7 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
   }
   // Prepare every rank before starting threads, so bad input never leaves a thread waiting at a barrier.
   std::vector<Prepared> prepared;
-  for (int r = 0; r < P; ++r) prepared.push_back(prepare(o, P, r, -1));
+  for (int r = 0; r < P; ++r) prepared.push_back(prepare(o, P, r, -1, r == 0 ? P : 0));
   if (P == 1) {
     auto comm = make_single_rank_communicator(*prepared[0].be);
     return run_on_rank(o, prepared[0], *comm, *comm);
