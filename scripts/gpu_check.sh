@@ -67,12 +67,7 @@ grep -B3 -E 'Failure|error:' "$out/gpu_tests.log" | head -60
 
 echo
 echo "== worst relative error per suite, output and dtype (against CPU float64) =="
-awk '{
-  split($2, a, "/"); suite = a[2]; sub(/\..*/, "", suite); key = suite " " $3 " " $4
-  split($5, e, "="); split($6, t, "="); err = e[2] + 0
-  if (!(key in worst) || err > worst[key] || e[2] ~ /nan/) { worst[key] = err; where[key] = $2; tol[key] = t[2] }
-  n[key]++
-} END { for (k in worst) printf "%-34s %9.2e (tol %s, %d checks) worst: %s\n", k, worst[k], tol[k], n[k], where[k] }' \
+awk -f scripts/gpu_check_summary.awk \
   "$out/gpu_checks.txt" | sort
 echo
 echo "== timings =="
