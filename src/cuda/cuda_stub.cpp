@@ -4,6 +4,7 @@
 
 #include "laga/errors.hpp"
 #include "laga/nccl_comm.hpp"
+#include "laga/timed_comm.hpp"
 
 namespace laga {
 
@@ -34,6 +35,8 @@ void cuda_set_eager_scratch_cap(Backend&, std::size_t) { no_cuda("cuda_set_eager
 bool cuda_default_flash_fused_dq() { no_cuda("cuda_default_flash_fused_dq"); }
 bool cuda_flash_fused_dq(Backend&) { no_cuda("cuda_flash_fused_dq"); }
 void cuda_set_flash_fused_dq(Backend&, bool) { no_cuda("cuda_set_flash_fused_dq"); }
+
+std::unique_ptr<CommClock> make_cuda_comm_clock(Backend&) { no_cuda("make_cuda_comm_clock"); }
 
 std::unique_ptr<Communicator> make_host_staging_communicator(Communicator&, Backend&) {
   no_cuda("make_host_staging_communicator");

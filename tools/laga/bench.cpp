@@ -24,6 +24,7 @@
 #include "laga/errors.hpp"
 #include "laga/gemm_probe.hpp"
 #include "laga/measure.hpp"
+#include "laga/timed_comm.hpp"
 
 namespace laga::cli {
 namespace {
@@ -40,6 +41,8 @@ struct BenchOptions {
   std::string device = "cpu", dtype;  // dtype default: float32 on cpu, bfloat16 on cuda
   int gpu = 0;
   bool phantom = false;
+  std::string phantom_comm = "instant";         // or "timed": also measure with timed collectives
+  std::vector<std::string> phantom_link{"node"};  // placements the timed collectives are priced for
   int repeat = 5, warmup = 1;
   bool check = false;
   bool gemm_check = false;
@@ -117,6 +120,12 @@ struct Measured {
   bool have_result = false;
   std::vector<GemmRecord> gemm_records;     // with --gemm-check: rank `rank`'s GEMMs in the instrumented repeats
   std::vector<GemmProbeResult> gemms;       // ... and each distinct one alone
+  // --phantom-comm timed: the same rank again with a timed phantom, per placement.
+  struct Timed {
+    Placement placement;
+    std::vector<Repeat> repeats;
+  };
+  std::vector<Timed> timed;
 };
 
 // Per-rank state kept across points: a backend, its weights (made once), and the current point's input.
@@ -165,6 +174,35 @@ struct Bench {
   BlockOptions options(const Point& p) const {
     return with_variant({.layout = p.layout, .kernel = p.kernel, .dtype = dtype, .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32},
                         kAllVariants[p.variant]);
+  }
+
+  bool timed() const { return o.phantom_comm == "timed"; }
+
+  // The placements --phantom-link names, for P ranks.
+  std::vector<Placement> timed_placements(int P) const {
+    std::vector<Placement> out;
+    for (const std::string& name : o.phantom_link)
+      for (const Placement& pl : standard_placements(model, P))
+        if (pl.name == name) out.push_back(pl);
+    return out;
+  }
+
+  // The timed repeats of rank P-1 alone with each placement's timed phantom (after the same warm-ups).
+  void measure_timed(const Point& p, Measured& m) {
+    if (!timed() || p.sp == 1) return;
+    RankState& s = state(0);
+    const BlockShape shape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = p.sp - 1};
+    prepare(s, shape);
+    std::unique_ptr<CommClock> clock = device == Device::cuda ? make_cuda_comm_clock(*s.be) : make_host_comm_clock();
+    for (const Placement& pl : timed_placements(p.sp)) {
+      auto comm = make_timed_phantom_communicator(*s.be, shape.rank, p.sp, TimedLinks{model, pl.ranks_per_node}, *clock);
+      Measured::Timed t{pl, {}};
+      for (int it = 0; it < o.warmup + o.repeat; ++it) {
+        RankRun run = run_rank(cfg, options(p), shape, *s.be, *comm, o.seed, &s.w, &s.x, &s.dy);
+        if (it >= o.warmup) t.repeats.push_back({run.fwd, run.bwd});
+      }
+      m.timed.push_back(std::move(t));
+    }
   }
 
   // One rank alone: P = 1, or rank P-1 of P as a phantom.
@@ -251,7 +289,11 @@ struct Bench {
   }
 
   Measured measure(const Point& p) {
-    if (p.sp == 1 || o.phantom) return measure_alone(p);
+    if (p.sp == 1 || o.phantom) {
+      Measured m = measure_alone(p);
+      measure_timed(p, m);
+      return m;
+    }
     return measure_threads(p);
   }
 };
@@ -373,6 +415,7 @@ struct PointResult {
   double modeled_node = 0, modeled_cross = 0;
   std::string check;
   std::string gemms;  // --gemm-check's line
+  std::vector<std::string> exposed;  // --phantom-comm timed: a line per placement
 };
 
 json memory_json(const Bench& b, const RankRun& run) {
@@ -439,6 +482,33 @@ json modeled_json(const Bench& b, const Point& p, const RankRun& run, const std:
                    "collectives priced by the alpha-beta model; no overlap of compute and communication"},
           {"compute_s", ns(compute_median)},
           {"placements", placements}};
+}
+
+// --phantom-comm timed: the block time with timed collectives against the instant ones (the same rank, the
+// same point), per placement; exposed = the difference of the medians.
+json exposed_json(const Bench& b, const Point& p, const Measured& m, const std::vector<Repeat>& instant,
+                  std::vector<std::string>& lines) {
+  const Summary base = summarize(block_times(instant));
+  json links = json::array();
+  for (const Measured::Timed& t : m.timed) {
+    const Summary timed = summarize(block_times(t.repeats));
+    const double modeled = communication_seconds(b.model, m.run.traffic, p.sp, t.placement.ranks_per_node);
+    const double exposed = timed.median - base.median;
+    links.push_back({{"placement", t.placement.name}, {"ranks_per_node", t.placement.ranks_per_node},
+                     {"modeled_collective_s", ns(modeled)}, {"timed_block", summary_json(timed)},
+                     {"exposed_s", ns(exposed)}, {"exposed_fraction", exposed / timed.median},
+                     {"hidden_fraction", modeled > 0 ? 1.0 - exposed / modeled : 0.0}});
+    char line[256];
+    std::snprintf(line, sizeof line, "timed %-10s block %9.2f ms, instant %9.2f ms: exposed %8.2f ms = %5.1f%% of the "
+                  "block (collectives %.2f ms modeled, %.0f%% hidden)",
+                  t.placement.name.c_str(), timed.median * 1e3, base.median * 1e3, exposed * 1e3,
+                  100 * exposed / timed.median, modeled * 1e3, modeled > 0 ? 100 * (1 - exposed / modeled) : 0.0);
+    lines.push_back(line);
+  }
+  return {{"what", "rank P-1 alone twice: collectives instant (the phantom) and timed (each call holds its queue for "
+                   "the alpha-beta model's time of its bytes); exposed = median timed block - median instant block"},
+          {"instant_block", summary_json(base)},
+          {"links", links}};
 }
 
 json per_rank_json(const Point& p, const Measured& m) {
@@ -508,6 +578,7 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
               {"per_rank", per_rank_json(p, m)}};
   if (b.o.check && m.have_result) doc["check"] = check_json(p, m, reference, explicit_p1, pr.check);
   if (b.o.gemm_check) doc["gemms"] = gemms_json(b, m, pr.gemms);
+  if (!m.timed.empty()) doc["exposed_communication"] = exposed_json(b, p, m, reps, pr.exposed);
   pr.doc = std::move(doc);
   pr.saved = double(run.saved_bytes);
   pr.peak_bwd = double(run.bwd.peak_bytes);
@@ -532,6 +603,7 @@ std::string canonical_command(const BenchOptions& o, const std::string& dtype) {
     << " --layout " << join(o.layout) << " --kernel " << join(o.kernel) << " --repeat " << o.repeat << " --warmup "
     << o.warmup << " --seed " << o.seed;
   if (o.phantom) c << " --phantom";
+  if (o.phantom_comm != "instant") c << " --phantom-comm " << o.phantom_comm << " --phantom-link " << join(o.phantom_link);
   if (o.check) c << " --check";
   if (o.gemm_check) c << " --gemm-check";
   if (o.kv_grad_reduce_fp32) c << " --kv-grad-reduce-in-fp32";
@@ -617,6 +689,13 @@ std::vector<Point> grid_points(const BenchOptions& o, const Bench& b, const Grid
       LAGA_REQUIRE(P == 1 || o.phantom, "sp = ", P, " on device cuda: bench runs P = 1 or one rank of P alone "
                    "(--phantom); real ranks on several GPUs run under mpirun with `laga run`");
   }
+  LAGA_REQUIRE(o.phantom_comm == "instant" || o.phantom_comm == "timed", "phantom-comm = '", o.phantom_comm,
+               "': expected instant or timed");
+  LAGA_REQUIRE(o.phantom_comm == "instant" || o.phantom, "phantom-comm = timed: timed collectives are a phantom "
+               "rank's (add --phantom)");
+  LAGA_REQUIRE(!o.phantom_link.empty(), "phantom-link: give node, cross-node or both");
+  for (const std::string& l : o.phantom_link)
+    LAGA_REQUIRE(l == "node" || l == "cross-node", "phantom-link = '", l, "': expected node or cross-node");
   LAGA_REQUIRE(!(o.check && o.phantom), "check with phantom: a phantom rank's collectives return stand-in data, "
                "so its result cannot be compared (drop --check or --phantom)");
   std::vector<Point> points;
@@ -652,7 +731,9 @@ json config_json(const BenchOptions& o, const Bench& b, const Grid& g, const std
                  {"cpu_threads_per_rank", b.device == Device::cpu ? json(b.default_blas_threads) : json(nullptr)},
                  {"check", o.check},
                  {"gemm_check", o.gemm_check},
-                 {"kv_grad_reduce_in_fp32", o.kv_grad_reduce_fp32}};
+                 {"kv_grad_reduce_in_fp32", o.kv_grad_reduce_fp32},
+                 {"phantom_comm", o.phantom_comm},
+                 {"phantom_links", o.phantom_comm == "timed" ? json(o.phantom_link) : json::array()}};
   if (b.device == Device::cuda) config["gpu"] = o.gpu;
   for (Layout l : g.layouts) config["layouts"].push_back(layout_name(l));
   for (AttentionKernel k : g.kernels) config["kernels"].push_back(kernel_name(k));
@@ -710,6 +791,7 @@ void print_point_row(const Bench& b, std::size_t i, std::size_t n, const Point& 
               fmt("%.0f%%", 100 * pr.block.relative_iqr()).c_str(), fmt("%.2f", pr.modeled_node * 1e3).c_str(),
               fmt("%.2f", pr.modeled_cross * 1e3).c_str(), b.o.check ? ("  " + pr.check).c_str() : "");
   if (!pr.gemms.empty()) std::printf("%9s %s\n", "", pr.gemms.c_str());
+  for (const std::string& line : pr.exposed) std::printf("%9s %s\n", "", line.c_str());
   std::fflush(stdout);
 }
 
@@ -719,6 +801,11 @@ void print_bench_footer(const Bench& b) {
               "* MODELED, not measured: node ms* = measured compute + collectives priced for P ranks on nodes of %d "
               "(%s within a node; P > %d fills several nodes); xnode ms* = the same with one rank a node (%s).\n",
               b.model.node_size, b.model.intra.name.c_str(), b.model.node_size, b.model.inter.name.c_str());
+  if (b.timed())
+    std::printf("timed: rank P-1 again with collectives that hold its queue for the model's time of their bytes "
+                "(placement node: %s; cross-node: %s); exposed = timed - instant block (medians), hidden = the "
+                "part of the modeled collective time that did not show.\n",
+                b.model.intra.name.c_str(), b.model.inter.name.c_str());
   if (b.o.gemm_check)
     std::printf("gemms: each distinct GEMM's median time in the block (extra instrumented repeats after the timed "
                 "ones) / alone on the same backend; time-weighted = sum over calls in block / alone; within 10%% "
@@ -812,6 +899,11 @@ std::function<int()> add_bench(CLI::App& app, CLI::App*& sub) {
   sub->add_option("--dtype", o->dtype, "float32, float64 or bfloat16 (default: float32 on cpu, bfloat16 on cuda)");
   sub->add_flag("--phantom", o->phantom, "Run rank P-1 of P alone (collectives counted, not performed): one device "
                                          "measures any P; the only way to P > 1 on cuda here");
+  sub->add_option("--phantom-comm", o->phantom_comm, "instant (collectives cost nothing) or timed (each point also "
+                  "measured with collectives that hold the queue for the model's time of their bytes; reports the "
+                  "exposed communication); timed needs --phantom")->capture_default_str();
+  sub->add_option("--phantom-link", o->phantom_link, "Placements timed collectives are priced for: node (NVLink "
+                  "within a node), cross-node (InfiniBand), comma separated")->delimiter(',')->capture_default_str();
   sub->add_option("--repeat", o->repeat, "Timed repeats of each point (median and spread reported)")->capture_default_str();
   sub->add_option("--warmup", o->warmup, "Untimed runs before the repeats")->capture_default_str();
   sub->add_flag("--check", o->check, "Also record each point's error against the single-rank explicit result, and "

@@ -28,6 +28,7 @@
 #include "laga/mpi_comm.hpp"
 #include "laga/npy.hpp"
 #include "laga/plan.hpp"
+#include "laga/timed_comm.hpp"
 
 
 namespace laga::cli {
@@ -46,6 +47,8 @@ struct RunOptions {
   std::string device = "cpu";
   std::string comm = "auto";
   int phantom_rank = -1;  // >= 0: run this rank of --sp alone
+  std::string phantom_comm = "instant";  // or timed: collectives hold the queue for the model's time
+  std::string phantom_link = "node";     // timed: node (NVLink) or cross-node (InfiniBand)
   std::uint64_t seed = 1;
   int warmup = 0;  // untimed passes before the measured one
   bool check = false;
@@ -574,6 +577,10 @@ BlockShape check_phantom(const RunOptions& o, const std::vector<BlockOptions>& v
   LAGA_REQUIRE(!o.check && o.save_dir.empty() && o.load_dir.empty(),
                "phantom-rank: a phantom rank exchanges no real data, so --check, --save and --load do not apply");
   LAGA_REQUIRE(o.comm == "auto", "comm = '", o.comm, "': a phantom rank uses no communicator (leave --comm out)");
+  LAGA_REQUIRE(o.phantom_comm == "instant" || o.phantom_comm == "timed", "phantom-comm = '", o.phantom_comm,
+               "': expected instant or timed");
+  LAGA_REQUIRE(o.phantom_link == "node" || o.phantom_link == "cross-node", "phantom-link = '", o.phantom_link,
+               "': expected node or cross-node");
   require_writable(o.json_path);
   Prepared base;
   RunOptions one = o;
@@ -650,7 +657,13 @@ int run_phantom(const RunOptions& o) {
   // so the memory one variant's kernels keep outside the allocator (scratch, workspaces) is not charged
   // to the next one.
   auto data_be = make_backend();
-  const char* notice = "collectives were NOT performed; received data is synthetic";
+  const bool timed = o.phantom_comm == "timed";
+  const char* notice = timed ? "collectives were NOT performed but held the queue for the model's time of their "
+                               "bytes; received data is synthetic"
+                             : "collectives were NOT performed; received data is synthetic";
+  TimedLinks links;
+  for (const Placement& pl : standard_placements(links.model, P))
+    if (pl.name == o.phantom_link) links.ranks_per_node = pl.ranks_per_node;
   std::printf("phantom rank %d of %d: %s\n", r, P, notice);
   std::printf("laga run: model '%s', S=%ld, batch %ld, %s, rank %d of P=%d alone on %s%s, %zu variant(s)\n",
               cfg.name.c_str(), long(o.seq), long(o.batch), dtype_name(dtype), r, P, cuda ? "cuda: " : "cpu",
@@ -665,7 +678,8 @@ int run_phantom(const RunOptions& o) {
 
   json doc = document_json(o, cfg, P);
   doc["machine"] = machine_report(device, gpu, "phantom");
-  doc["phantom"] = {{"rank", r}, {"ranks", P}, {"note", std::string("phantom rank ") + std::to_string(r) + " of " +
+  doc["phantom"] = {{"rank", r}, {"ranks", P}, {"comm", o.phantom_comm},
+                    {"link", timed ? json(o.phantom_link) : json(nullptr)}, {"note", std::string("phantom rank ") + std::to_string(r) + " of " +
                                                             std::to_string(P) + ": " + notice}};
   std::vector<std::string> header{"variant", "layout", "kernel", "saved", "peak fwd", "peak bwd", "sent", "GFLOP",
                                   "fwd ms", "bwd ms"};
@@ -674,7 +688,8 @@ int run_phantom(const RunOptions& o) {
   const bool details = o.verbose || variants.size() == 1;
   for (const BlockOptions& v : variants) {
     auto be = make_backend();
-    auto comm = make_phantom_communicator(*be, r, P);
+    std::unique_ptr<CommClock> clock = cuda ? make_cuda_comm_clock(*be) : make_host_comm_clock();
+    auto comm = timed ? make_timed_phantom_communicator(*be, r, P, links, *clock) : make_phantom_communicator(*be, r, P);
     const Measurement m = measure(cfg, v, shape, *be, *comm, o.seed, o.warmup, data.inputs());
     const std::vector<std::string> row = phantom_row(v, m);
     summary.add(row);
@@ -715,6 +730,8 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
   MpiSession mpi(argc, argv);
   if (mpi.size() > 1) return run_mpi(o, mpi);
   if (o.phantom_rank >= 0) return run_phantom(o);
+  LAGA_REQUIRE(o.phantom_comm == "instant", "phantom-comm = ", o.phantom_comm, ": timed collectives are a phantom "
+               "rank's (add --phantom-rank R)");
   LAGA_REQUIRE(o.phantom_rank == -1, "phantom-rank = ", o.phantom_rank, ": must be >= 0");
   const int P = o.sp == 0 ? 1 : o.sp;
   LAGA_REQUIRE(P >= 1, "sp = ", P, ": the number of sequence-parallel ranks must be >= 1");
@@ -765,6 +782,11 @@ std::function<int()> add_run(CLI::App& app, CLI::App*& sub, int* argc, char*** a
   sub->add_option("--phantom-rank", o->phantom_rank,
                   "Run rank R of --sp P alone (no mpirun): collectives are not performed and received data is "
                   "synthetic; memory, FLOPs and time of one rank of a large job on one device");
+  sub->add_option("--phantom-comm", o->phantom_comm, "Phantom rank: instant (collectives cost nothing) or timed "
+                  "(each holds the queue for the alpha-beta model's time of its bytes, laga bench's default "
+                  "parameters)")->capture_default_str();
+  sub->add_option("--phantom-link", o->phantom_link, "Timed phantom: node (NVLink within a node) or cross-node "
+                  "(InfiniBand, one rank a node)")->capture_default_str();
   sub->add_option("--seed", o->seed, "Seed of the deterministic weights and inputs")->capture_default_str();
   sub->add_option("--warmup", o->warmup, "Untimed passes (forward and backward) before the measured one: first "
                                          "launches load kernels and pick GEMM algorithms")->capture_default_str();
