@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The README's second command: install what is missing, build, and run every test suite (unit, CLI, MPI;
-# GPU tests report as skipped on a machine without a GPU).
+# GPU tests report as skipped on a machine without a GPU), then the Python package's (scripts/test_python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 export OPENBLAS_NUM_THREADS=1  # ranks of the MPI and threaded tests share the cores
-cd build
-ctest --output-on-failure --parallel "$(nproc)" --timeout 900
+set +e
+(cd build && ctest --output-on-failure --parallel "$(nproc)" --timeout 900)
+ctest_rc=$?
+set -e
+bash scripts/test_python.sh
+exit "$ctest_rc"

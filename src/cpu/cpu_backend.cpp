@@ -7,6 +7,7 @@
 #include "cpu/cpu_attention.hpp"
 #include "laga/backend.hpp"
 #include "laga/errors.hpp"
+#include "laga/hosted.hpp"
 
 namespace laga {
 namespace {
@@ -141,9 +142,14 @@ void require_one_dtype(const char* op, DType dtype, const std::optional<DType>& 
 
 class CpuBackend final : public Backend {
  public:
+  CpuBackend() = default;
+  explicit CpuBackend(Allocator& hosted) : alloc_(&hosted) {
+    LAGA_REQUIRE(hosted.device() == Device::cpu, "a cpu backend needs a cpu allocator, not one of device ",
+                 device_name(hosted.device()));
+  }
   Device device() const override { return Device::cpu; }
   const char* name() const override { return "cpu"; }
-  Allocator& allocator() override { return alloc_; }
+  Allocator& allocator() override { return *alloc_; }
 
   void gemm(const GemmArgs& g) override {
     require_one_dtype("gemm", g.dtype, g.c_dtype, "C");
@@ -180,12 +186,14 @@ class CpuBackend final : public Backend {
   void attention_backward(const AttentionBwdParams& p) override { cpu::attention_backward(p); }
 
  private:
-  CpuAllocator alloc_;
+  CpuAllocator own_;
+  Allocator* alloc_ = &own_;  // own_, or the allocator of the framework hosting the backend
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(Allocator& allocator) { return std::make_unique<CpuBackend>(allocator); }
 
 int set_cpu_blas_threads(int threads) {
   const int previous = openblas_get_num_threads();

@@ -14,6 +14,7 @@
 #include "cuda/cuda_gemm.cuh"
 #include "cuda/cuda_ops.cuh"
 #include "laga/cuda.hpp"
+#include "laga/hosted.hpp"
 
 namespace laga {
 namespace cuda {
@@ -200,41 +201,58 @@ class CudaAllocator final : public Allocator {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : alloc_(device) {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    LAGA_REQUIRE(err == cudaSuccess && device >= 0 && device < count, "cuda device ", device,
-                 " is not available (", count, " device(s)", err == cudaSuccess ? "" : ", ",
-                 err == cudaSuccess ? "" : cudaGetErrorString(err), ")");
+  // Its own stream and stream-ordered pool.
+  explicit CudaBackend(int device) : own_alloc_(std::make_unique<CudaAllocator>(device)), alloc_(own_alloc_.get()) {
+    check_device(device);
     ctx_.device = device;
     DeviceGuard guard(device);
     LAGA_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
-    alloc_.set_stream(ctx_.stream);
-    LAGA_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    gemm_ = std::make_unique<GemmRunner>(ctx_.stream);
-    ctx_.gemm = gemm_.get();
-    ctx_.eager_scratch_cap = cuda_default_eager_scratch_cap();
-    ctx_.flash_fused_dq = cuda_default_flash_fused_dq();
+    own_stream_ = true;
+    own_alloc_->set_stream(ctx_.stream);
+    set_up();
     // Scratch grows outside the allocator: sample the device's used bytes there too.
     ctx_.scratch.on_grow = [](void* alloc) { static_cast<CudaAllocator*>(alloc)->sample_used(); };
-    ctx_.scratch.on_grow_user = &alloc_;
+    ctx_.scratch.on_grow_user = own_alloc_.get();
+  }
+  // Hosted by a framework: its allocator (device memory of `device`) and its stream.
+  CudaBackend(int device, Allocator& hosted, cudaStream_t stream) : alloc_(&hosted) {
+    LAGA_REQUIRE(hosted.device() == Device::cuda, "a cuda backend needs a cuda allocator, not one of device ",
+                 device_name(hosted.device()));
+    check_device(device);
+    ctx_.device = device;
+    ctx_.stream = stream;
+    set_up();
   }
   ~CudaBackend() override {
     cudaSetDevice(ctx_.device);
-    if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
+    if (ctx_.stream || !own_stream_) cudaStreamSynchronize(ctx_.stream);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     if (inv_freq_) cudaFree(inv_freq_);
     gemm_.reset();
-    alloc_.set_stream(nullptr);  // the pool outlives the stream (members are destroyed after this body)
-    if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
+    if (own_alloc_) own_alloc_->set_stream(nullptr);  // the pool outlives the stream (members are destroyed after this body)
+    if (own_stream_ && ctx_.stream) cudaStreamDestroy(ctx_.stream);
+  }
+
+  // A hosted backend follows the framework's current stream: the GEMM runner is remade for a new one.
+  void set_stream(cudaStream_t stream) {
+    LAGA_REQUIRE(!own_stream_, "set_cuda_stream: this backend owns its stream");
+    if (stream == ctx_.stream) return;
+    DeviceGuard guard(ctx_.device);
+    LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    ctx_.stream = stream;
+    gemm_ = std::make_unique<GemmRunner>(ctx_.stream);
+    ctx_.gemm = gemm_.get();
   }
 
   Device device() const override { return Device::cuda; }
   const char* name() const override { return "cuda"; }
-  Allocator& allocator() override { return alloc_; }
+  Allocator& allocator() override { return *alloc_; }
   cudaStream_t stream() const { return ctx_.stream; }
   int device_index() const { return ctx_.device; }
-  CudaAllocator& cuda_allocator() { return alloc_; }
+  CudaAllocator& cuda_allocator() {
+    LAGA_REQUIRE(own_alloc_ != nullptr, "this cuda backend allocates through its host framework's allocator");
+    return *own_alloc_;
+  }
   Context& context() { return ctx_; }
 
   void gemm(const GemmArgs& g) override {
@@ -312,6 +330,23 @@ class CudaBackend final : public Backend {
   void reset_marks() override { marks_used_ = 0; }
 
  private:
+  static void check_device(int device) {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    LAGA_REQUIRE(err == cudaSuccess && device >= 0 && device < count, "cuda device ", device,
+                 " is not available (", count, " device(s)", err == cudaSuccess ? "" : ", ",
+                 err == cudaSuccess ? "" : cudaGetErrorString(err), ")");
+  }
+  // Everything but the stream and the allocator.
+  void set_up() {
+    DeviceGuard guard(ctx_.device);
+    LAGA_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx_.device));
+    gemm_ = std::make_unique<GemmRunner>(ctx_.stream);
+    ctx_.gemm = gemm_.get();
+    ctx_.eager_scratch_cap = cuda_default_eager_scratch_cap();
+    ctx_.flash_fused_dq = cuda_default_flash_fused_dq();
+  }
+
   std::vector<cudaEvent_t> events_;
   std::size_t marks_used_ = 0;
   // RoPE's frequencies arrive as a host array: uploaded when they differ from the last ones (the block
@@ -338,7 +373,9 @@ class CudaBackend final : public Backend {
     return inv_freq_;
   }
 
-  CudaAllocator alloc_;
+  std::unique_ptr<CudaAllocator> own_alloc_;  // null when hosted
+  Allocator* alloc_;                          // own_alloc_, or the host framework's
+  bool own_stream_ = false;
   Context ctx_;
   std::unique_ptr<GemmRunner> gemm_;
   double* inv_freq_ = nullptr;
@@ -362,6 +399,10 @@ bool cuda_available() { return cuda_device_count() > 0; }
 
 std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<cuda::CudaBackend>(device); }
 
+std::unique_ptr<Backend> make_cuda_backend(int device, Allocator& allocator, void* stream) {
+  return std::make_unique<cuda::CudaBackend>(device, allocator, static_cast<cudaStream_t>(stream));
+}
+
 namespace {
 cuda::CudaBackend& as_cuda(Backend& backend, const char* what) {
   auto* b = dynamic_cast<cuda::CudaBackend*>(&backend);
@@ -371,6 +412,10 @@ cuda::CudaBackend& as_cuda(Backend& backend, const char* what) {
 }  // namespace
 
 void* cuda_stream(Backend& backend) { return as_cuda(backend, "cuda_stream").stream(); }
+
+void set_cuda_stream(Backend& backend, void* stream) {
+  as_cuda(backend, "set_cuda_stream").set_stream(static_cast<cudaStream_t>(stream));
+}
 
 int cuda_device_of(Backend& backend) { return as_cuda(backend, "cuda_device_of").device_index(); }
 

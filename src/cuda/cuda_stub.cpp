@@ -3,6 +3,7 @@
 #include "laga/cuda.hpp"
 
 #include "laga/errors.hpp"
+#include "laga/hosted.hpp"
 #include "laga/nccl_comm.hpp"
 #include "laga/timed_comm.hpp"
 
@@ -19,6 +20,8 @@ bool cuda_available() { return false; }
 int cuda_device_count() { return 0; }
 
 std::unique_ptr<Backend> make_cuda_backend(int /*device*/) { no_cuda("make_cuda_backend"); }
+std::unique_ptr<Backend> make_cuda_backend(int, Allocator&, void*) { no_cuda("make_cuda_backend"); }
+void set_cuda_stream(Backend&, void*) { no_cuda("set_cuda_stream"); }
 
 void* cuda_stream(Backend&) { no_cuda("cuda_stream"); }
 int cuda_device_of(Backend&) { no_cuda("cuda_device_of"); }

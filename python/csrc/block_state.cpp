@@ -1,0 +1,197 @@
+#include "block_state.hpp"
+
+#include <nlohmann/json.hpp>
+
+#ifdef LAGA_HAVE_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include "laga/comm.hpp"
+#include "laga/config.hpp"
+#include "laga/errors.hpp"
+#include "laga/hosted.hpp"
+#include "process_group_comm.hpp"
+
+namespace laga_torch {
+
+Block::Block(const std::string& config_json, const std::string& form, const std::string& layout,
+             const std::string& kernel, const std::string& recompute, const std::string& absorbed_attention,
+             bool kv_grad_reduce_fp32, const std::string& group_name, int64_t rank, int64_t size)
+    : cfg_(laga::config_from_json(config_json, "config")), group_name_(group_name), rank_(int(rank)),
+      size_(int(size)) {
+  laga::validate(cfg_);
+  opts_.form = laga::parse_form(form);
+  opts_.layout = laga::parse_layout(layout);
+  opts_.kernel = laga::parse_kernel(kernel);
+  opts_.recompute = laga::parse_recompute(recompute);
+  opts_.absorbed_attention = laga::parse_absorbed_attention(absorbed_attention);
+  opts_.kv_grad_reduce_fp32 = kv_grad_reduce_fp32;
+  LAGA_REQUIRE(size_ >= 1 && rank_ >= 0 && rank_ < size_, "rank ", rank_, " of ", size_, ": must be in [0, size)");
+  LAGA_REQUIRE(!group_name_.empty() || size_ == 1, "a group of ", size_, " ranks needs a process group");
+}
+
+std::shared_ptr<Resources> Block::resources(c10::Device device) {
+  if (res_ && res_->device == device) return res_;
+  auto r = std::make_shared<Resources>(device);
+  r->alloc = std::make_unique<TorchAllocator>(device);
+  r->borrow = std::make_unique<BorrowingAllocator>(r->alloc->device());
+  if (device.is_cuda()) {
+    r->backend = laga::make_cuda_backend(device.index(), *r->alloc, nullptr);
+  } else {
+    r->backend = laga::make_cpu_backend(*r->alloc);
+  }
+  if (group_name_.empty()) {
+    r->inner = laga::make_single_rank_communicator(*r->backend);
+  } else {
+    r->inner = make_process_group_communicator(group_name_, device);
+    LAGA_CHECK(r->inner->size() == size_ && r->inner->rank() == rank_, "the process group has rank ",
+               r->inner->rank(), " of ", r->inner->size(), ", the module was made for rank ", rank_, " of ", size_);
+  }
+  r->comm = std::make_unique<laga::CountingCommunicator>(*r->inner);
+  res_ = r;
+  return res_;
+}
+
+void follow_current_stream(Resources& r) {
+  if (!r.device.is_cuda()) return;
+#ifdef LAGA_HAVE_CUDA
+  void* stream = c10::cuda::getCurrentCUDAStream(r.device.index()).stream();
+  r.alloc->set_stream(stream);
+  laga::set_cuda_stream(*r.backend, stream);
+#endif
+}
+
+namespace {
+// The fields of a weights (or gradients) struct by name.
+std::map<std::string, laga::Tensor*> fields(laga::MlaWeights& w) {
+  return {{"w_dq", &w.w_dq},   {"q_norm", &w.q_norm}, {"w_uq", &w.w_uq}, {"w_dkv", &w.w_dkv},
+          {"kv_norm", &w.kv_norm}, {"w_uk", &w.w_uk},     {"w_uv", &w.w_uv}, {"w_o", &w.w_o}};
+}
+}  // namespace
+
+laga::MlaWeights Block::borrow_weights(Resources& r, const std::vector<at::Tensor>& weights, laga::DType dtype) const {
+  // The expected names and shapes: the configuration's weights on the meta device.
+  laga::MetaAllocator meta;
+  const laga::MlaWeights expected = laga::allocate_weights(cfg_, dtype, meta);
+  const auto named = expected.named();
+  LAGA_REQUIRE(weights.size() == named.size(), "got ", weights.size(), " weights, expected ", named.size());
+  laga::MlaWeights out;
+  auto slots = fields(out);
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    const auto& [name, t] = named[i];
+    const at::Tensor& src = weights[i];
+    const laga::Shape got(src.sizes().begin(), src.sizes().end());
+    LAGA_REQUIRE(got == t->shape(), "weight ", name, " has shape ", laga::shape_string(got), ", expected ",
+                 laga::shape_string(t->shape()));
+    LAGA_REQUIRE(src.device() == r.device, "weight ", name, " is on ", src.device().str(), " but the input is on ",
+                 r.device.str(), ": every tensor must be on one device");
+    LAGA_REQUIRE(to_laga(src.scalar_type()) == dtype, "weight ", name, " is ", c10::toString(src.scalar_type()),
+                 " but the input is ", laga::dtype_name(dtype), ": one dtype for input and weights");
+    LAGA_REQUIRE(src.is_contiguous(), "weight ", name, " must be contiguous");
+    *slots.at(name) = r.borrow->borrow(src, name);
+  }
+  return out;
+}
+
+std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> Block::forward(const at::Tensor& x,
+                                                                 const std::vector<at::Tensor>& weights) {
+  LAGA_REQUIRE(x.dim() == 3, "x has ", x.dim(), " dimensions: expected [s, batch, hidden_size]");
+  LAGA_REQUIRE(x.is_contiguous(), "x must be contiguous");
+  opts_.dtype = to_laga(x.scalar_type());
+  std::shared_ptr<Resources> r = resources(x.device());
+  follow_current_stream(*r);
+  laga::BlockShape shape{.batch = x.size(1), .seq = x.size(0) * size_, .ranks = size_, .rank = rank_};
+  auto mla = std::make_unique<laga::MlaBlock>(cfg_, opts_, shape, *r->backend, *r->comm);
+  laga::MlaWeights w = borrow_weights(*r, weights, opts_.dtype);
+  laga::Tensor xb = r->borrow->borrow(x, "x");
+  auto saved = c10::make_intrusive<Saved>(c10::intrusive_ptr<Block>::unsafe_reclaim_from_nonowning(this), r, std::move(mla));
+  r->comm->clear();
+  laga::Tensor y = saved->mla_->forward(saved->context(), xb, w);
+  shape_ = shape;
+  fwd_ = saved->mla_->forward_stats();
+  saved_ = r->alloc->saved_tensors();
+  saved_bytes_ = r->alloc->saved_bytes();
+  return {as_torch(y, r->device, r), saved};
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> Saved::backward(const at::Tensor& dy, const at::Tensor& x,
+                                                                const std::vector<at::Tensor>& weights, bool retain) {
+  LAGA_REQUIRE(!consumed_, "this forward's backward has run already (laga's block frees what forward kept; "
+               "retain_saved=True keeps it for another backward)");
+  consumed_ = !retain;
+  Resources& r = *res_;
+  LAGA_REQUIRE(dy.device() == r.device && x.device() == r.device, "dy and x must be on ", r.device.str());
+  LAGA_REQUIRE(dy.sizes() == x.sizes() && dy.is_contiguous(), "dy must be contiguous with x's shape");
+  follow_current_stream(r);
+  const laga::DType dtype = mla_->options().dtype;
+  laga::MlaWeights w = block_->borrow_weights(r, weights, dtype);
+  laga::Tensor xb = r.borrow->borrow(x, "x"), dyb = r.borrow->borrow(dy, "dy");
+  laga::MlaGrads g;
+  std::vector<at::Tensor> grads;
+  const auto grad_type = to_torch(laga::accum_dtype(dtype));
+  for (auto& [name, t] : w.named()) {
+    at::Tensor gt = at::empty(at::IntArrayRef(t->shape()), at::TensorOptions().dtype(grad_type).device(r.device));
+    grads.push_back(gt);
+  }
+  auto slots = fields(g);
+  const auto named = w.named();
+  for (std::size_t i = 0; i < named.size(); ++i)
+    *slots.at(named[i].first) = r.borrow->borrow(grads[i], "grad." + named[i].first);
+  laga::SavedContext kept;
+  if (retain) kept = ctx_;  // the handles keep every saved tensor alive through backward's releases
+  laga::Tensor dx = mla_->backward(g, retain ? kept : ctx_, dyb, xb, w);
+  block_->bwd_ = mla_->backward_stats();
+  block_->traffic_ = r.comm->records();
+  at::Tensor dx_t = as_torch(dx, r.device, res_);
+  if (consumed_) mla_.reset();
+  return {dx_t, grads};
+}
+
+namespace {
+nlohmann::json pass_json(const laga::PassStats& s) {
+  nlohmann::json flops, seconds;
+  for (int p = 0; p < laga::kOpPhaseCount; ++p) {
+    flops[laga::op_phase_name(laga::OpPhase(p))] = s.flops[p];
+    seconds[laga::op_phase_name(laga::OpPhase(p))] = s.seconds[p];
+  }
+  return {{"peak_bytes", s.peak_bytes}, {"flops", flops}, {"seconds", seconds},
+          {"total_flops", s.total_flops()}, {"total_seconds", s.total_seconds()}};
+}
+}  // namespace
+
+std::string Block::stats_json() const {
+  nlohmann::json saved = nlohmann::json::array();
+  for (const auto& r : saved_)
+    saved.push_back({{"name", r.name}, {"bytes", r.bytes}, {"shape", r.shape}, {"dtype", laga::dtype_name(r.dtype)}});
+  nlohmann::json traffic = nlohmann::json::array();
+  std::size_t sent[2] = {0, 0}, received[2] = {0, 0};
+  for (const auto& c : traffic_) {
+    traffic.push_back({{"phase", laga::phase_name(c.phase)}, {"collective", laga::collective_name(c.kind)},
+                       {"tensor", c.tensor}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received},
+                       {"calls", c.calls}, {"seconds", c.seconds}});
+    sent[int(c.phase)] += c.bytes_sent;
+    received[int(c.phase)] += c.bytes_received;
+  }
+  nlohmann::json j = {
+      {"config", nlohmann::json::parse(laga::config_to_json(cfg_))},
+      {"form", laga::form_name(opts_.form)},
+      {"layout", laga::layout_name(opts_.layout)},
+      {"kernel", laga::kernel_name(opts_.kernel)},
+      {"recompute", laga::recompute_name(opts_.recompute)},
+      {"dtype", laga::dtype_name(opts_.dtype)},
+      {"batch", shape_.batch},
+      {"seq", shape_.seq},
+      {"ranks", shape_.ranks},
+      {"rank", shape_.rank},
+      {"saved", saved},
+      {"saved_bytes", saved_bytes_},
+      {"forward", pass_json(fwd_)},
+      {"backward", pass_json(bwd_)},
+      {"traffic", traffic},
+      {"bytes_sent", {{"forward", sent[0]}, {"backward", sent[1]}}},
+      {"bytes_received", {{"forward", received[0]}, {"backward", received[1]}}},
+  };
+  return j.dump();
+}
+
+}  // namespace laga_torch

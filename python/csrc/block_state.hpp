@@ -1,0 +1,86 @@
+// The state behind one laga.torch.MultiheadLatentAttention: configuration and options, the backend and
+// communicator on the module's device, and what the last step measured. Forward and backward take PyTorch
+// tensors in the block's layout (x [s, batch, d]; weights [in, out] as include/laga/block.hpp names them) and
+// hand laga's outputs back as PyTorch tensors over the same memory.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/custom_class.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "laga/block.hpp"
+#include "torch_memory.hpp"
+
+namespace laga_torch {
+
+// What the tensors handed to PyTorch keep alive: declared in construction order, destroyed in reverse.
+struct Resources {
+  c10::Device device;
+  std::unique_ptr<TorchAllocator> alloc;
+  std::unique_ptr<BorrowingAllocator> borrow;
+  std::unique_ptr<laga::Backend> backend;
+  std::unique_ptr<laga::Communicator> inner;
+  std::unique_ptr<laga::CountingCommunicator> comm;
+  explicit Resources(c10::Device d) : device(d) {}
+};
+
+class Saved;
+
+class Block : public torch::CustomClassHolder {
+ public:
+  // Strings as the CLI spells them; recompute "none" or "kv"; group_name "" = one rank.
+  Block(const std::string& config_json, const std::string& form, const std::string& layout,
+        const std::string& kernel, const std::string& recompute, const std::string& absorbed_attention,
+        bool kv_grad_reduce_fp32, const std::string& group_name, int64_t rank, int64_t size);
+
+  // x [s, batch, d] contiguous; weights in MlaWeights::named() order (w_dq and q_norm only with q_lora_rank).
+  std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> forward(const at::Tensor& x, const std::vector<at::Tensor>& weights);
+  // The last forward's and backward's figures: saved tensors by name, peaks, traffic, FLOPs, seconds (JSON).
+  std::string stats_json() const;
+
+ private:
+  friend class Saved;
+  std::shared_ptr<Resources> resources(c10::Device device);
+  laga::MlaWeights borrow_weights(Resources& r, const std::vector<at::Tensor>& weights, laga::DType dtype) const;
+
+  laga::MlaConfig cfg_;
+  laga::BlockOptions opts_;
+  std::string group_name_;
+  int rank_ = 0, size_ = 1;
+  std::shared_ptr<Resources> res_;
+  // The last step.
+  laga::BlockShape shape_;
+  laga::PassStats fwd_, bwd_;
+  std::vector<laga::AllocationRecord> saved_;
+  std::size_t saved_bytes_ = 0;
+  std::vector<laga::CollectiveRecord> traffic_;
+};
+
+// What one forward kept for its backward (consumed by it).
+class Saved : public torch::CustomClassHolder {
+ public:
+  Saved(c10::intrusive_ptr<Block> block, std::shared_ptr<Resources> res, std::unique_ptr<laga::MlaBlock> mla)
+      : block_(std::move(block)), res_(std::move(res)), mla_(std::move(mla)) {}
+  // dy [s, batch, d]; returns dx and the weight gradients in the order of the weights (float32 for bfloat16).
+  // Consumes what forward kept, unless `retain` (backward through the same graph again, as gradcheck
+  // does: the saved tensors then stay alive until this object goes).
+  std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, const at::Tensor& x,
+                                                           const std::vector<at::Tensor>& weights, bool retain);
+  laga::SavedContext& context() { return ctx_; }
+
+ private:
+  friend class Block;
+  c10::intrusive_ptr<Block> block_;
+  std::shared_ptr<Resources> res_;
+  std::unique_ptr<laga::MlaBlock> mla_;
+  laga::SavedContext ctx_;
+  bool consumed_ = false;
+};
+
+// Before any op on CUDA tensors: the allocator and backend follow PyTorch's current stream of `device`.
+void follow_current_stream(Resources& r);
+
+}  // namespace laga_torch

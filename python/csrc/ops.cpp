@@ -1,0 +1,93 @@
+// The operators and classes of torch.ops.laga / torch.classes.laga. Loaded with torch.ops.load_library: no
+// Python or pybind11 symbol is used, so one build serves every Python version of the same PyTorch.
+#include <torch/library.h>
+
+#include "block_state.hpp"
+#include "laga/config.hpp"
+#include "laga/errors.hpp"
+#include "laga/plan.hpp"
+#include "laga/report.hpp"
+
+namespace laga_torch {
+namespace {
+
+// laga's invalid-input errors become Python ValueErrors (c10::ValueError), with laga's message.
+template <typename F>
+auto translating(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const laga::InvalidArgument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
+std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> mla_forward(const c10::intrusive_ptr<Block>& block,
+                                                              const at::Tensor& x, std::vector<at::Tensor> weights) {
+  return translating([&] { return block->forward(x, weights); });
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> mla_backward(const c10::intrusive_ptr<Saved>& saved,
+                                                             const at::Tensor& dy, const at::Tensor& x,
+                                                             std::vector<at::Tensor> weights, bool retain) {
+  return translating([&] { return saved->backward(dy, x, weights, retain); });
+}
+
+// A preset name or a config.json path -> the configuration as JSON (every field validated).
+std::string resolve_config(const std::string& name_or_path) {
+  return translating([&] { return laga::config_to_json(laga::resolve_model(name_or_path)); });
+}
+
+// A config.json text (a dict's json.dumps) -> the validated configuration as JSON.
+std::string parse_config(const std::string& json_text) {
+  return translating([&] {
+    laga::MlaConfig c = laga::config_from_json(json_text, "config");
+    laga::validate(c);
+    return laga::config_to_json(c);
+  });
+}
+
+// The document of `laga plan --json` for a configuration (JSON text) over a grid of seqs x sps.
+std::string plan_json(const std::string& config_json, const std::string& layout, const std::string& kernel,
+                      const std::string& dtype, int64_t batch, std::vector<int64_t> seqs, std::vector<int64_t> sps,
+                      int64_t layers, const std::string& gpu_mem, bool kv_grad_reduce_fp32) {
+  return translating([&] {
+    laga::PlanQuery q{.cfg = laga::config_from_json(config_json, "config"),
+                      .base = {.layout = laga::parse_layout(layout), .kernel = laga::parse_kernel(kernel),
+                               .dtype = laga::parse_dtype(dtype), .kv_grad_reduce_fp32 = kv_grad_reduce_fp32},
+                      .batch = batch, .seqs = seqs, .sps = sps, .layers = int(layers), .gpu_mem_bytes = 0};
+    LAGA_REQUIRE(layers >= 1, "layers = ", layers, ": must be >= 1");
+    LAGA_REQUIRE(batch >= 1, "batch = ", batch, ": must be >= 1");
+    if (!gpu_mem.empty()) q.gpu_mem_bytes = laga::parse_bytes(gpu_mem);
+    return laga::plan_document(q).dump();
+  });
+}
+
+}  // namespace
+}  // namespace laga_torch
+
+TORCH_LIBRARY(laga, m) {
+  using laga_torch::Block;
+  using laga_torch::Saved;
+  m.class_<Block>("Block")
+      .def(torch::init([](std::string config_json, std::string form, std::string layout, std::string kernel,
+                          std::string recompute, std::string absorbed_attention, bool kv_grad_reduce_fp32,
+                          std::string group_name, int64_t rank, int64_t size) {
+        return laga_torch::translating([&] {
+          return c10::make_intrusive<Block>(config_json, form, layout, kernel, recompute, absorbed_attention,
+                                            kv_grad_reduce_fp32, group_name, rank, size);
+        });
+      }))
+      .def("stats_json", &Block::stats_json);
+  m.class_<Saved>("Saved");
+  m.def("mla_forward(__torch__.torch.classes.laga.Block block, Tensor x, Tensor[] weights) -> "
+        "(Tensor, __torch__.torch.classes.laga.Saved)",
+        &laga_torch::mla_forward);
+  m.def("mla_backward(__torch__.torch.classes.laga.Saved saved, Tensor dy, Tensor x, Tensor[] weights, bool retain) -> "
+        "(Tensor, Tensor[])",
+        &laga_torch::mla_backward);
+  m.def("resolve_config(str name_or_path) -> str", &laga_torch::resolve_config);
+  m.def("parse_config(str json_text) -> str", &laga_torch::parse_config);
+  m.def("plan_json(str config_json, str layout, str kernel, str dtype, int batch, int[] seqs, int[] sps, int layers, "
+        "str gpu_mem, bool kv_grad_reduce_fp32) -> str",
+        &laga_torch::plan_json);
+}

@@ -1,0 +1,257 @@
+"""laga's MLA block as a PyTorch module: Hugging Face DeepSeek-V3 parameters, sequence parallelism over a
+torch.distributed group, memory from PyTorch's allocators, autograd through laga's own backward."""
+
+import json
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import laga as _laga
+
+__all__ = ["MultiheadLatentAttention"]
+
+_FORMS = ("explicit", "absorbed", "laga")
+_LAYOUTS = ("a2a", "all_gather")
+_KERNELS = ("eager", "fused")
+_RECOMPUTE = (None, "none", "kv")
+_ABSORBED = ("mqa", "expanded")
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def _choice(name, value, allowed):
+    if value not in allowed:
+        raise ValueError(f"{name} = {value!r}: must be one of {', '.join(repr(a) for a in allowed)}")
+
+
+class _Weight(nn.Module):
+    """A norm's scale, stored as ``<name>.weight`` like Hugging Face's DeepseekV3RMSNorm."""
+
+    def __init__(self, n, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n, device=device, dtype=dtype))
+
+
+class _LatentAttention(torch.autograd.Function):
+    """laga's forward and backward (torch.ops.laga.mla_forward / mla_backward) over the Hugging Face
+    parameters: the block's [in, out] weights are made from them in forward and made again in backward
+    (rather than kept from forward to backward), and the block's gradients are put back in their layout."""
+
+    @staticmethod
+    def forward(ctx, module, x, *params):
+        weights = module._block_weights(params)
+        y, saved = torch.ops.laga.mla_forward(module._block, x, weights)
+        ctx.module = module
+        ctx.saved = saved
+        ctx.save_for_backward(x, *params)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, *params = ctx.saved_tensors
+        weights = ctx.module._block_weights(params)
+        retain = ctx.module.retain_saved
+        dx, grads = torch.ops.laga.mla_backward(ctx.saved, dy.contiguous(), x, weights, retain)
+        if not retain:
+            ctx.saved = None
+        del weights
+        return (None, dx, *ctx.module._hf_grads(grads, params))
+
+
+class MultiheadLatentAttention(nn.Module):
+    """Multi-head Latent Attention (DeepSeek-V2/V3) under sequence parallelism, run by laga.
+
+    ``config``: a preset name (``"deepseek-v3"``, ``"tiny"``, ...), a path to a Hugging Face ``config.json``
+    or a dict of its fields. ``form``: ``"explicit"``, ``"absorbed"`` or ``"laga"``; ``layout``: ``"a2a"``
+    (Ulysses) or ``"all_gather"`` (context parallel); ``kernel``: ``"fused"`` or ``"eager"``; ``recompute``:
+    None or ``"kv"`` (LAGA only); ``absorbed_attention``: ``"mqa"`` or ``"expanded"`` (absorbed only);
+    ``kv_grad_reduce_fp32``: explicit's all_gather sums its K/V gradients in float32 (bf16 only).
+    ``group``: the sequence-parallel ``torch.distributed`` group (gloo for CPU tensors, NCCL for CUDA
+    tensors); None = one rank.
+
+    ``forward(hidden_states)`` takes ``[batch, s_local, hidden_size]``, this rank's contiguous chunk of the
+    sequence (rank r holds tokens ``r*s_local .. (r+1)*s_local - 1``; RoPE at those global positions;
+    causal) and returns the same shape. After backward, each rank's parameter gradients are its local
+    partial: their sum over the group is the gradient of the whole sequence, as for any weight replicated
+    over a sequence-parallel group; ``reduce_gradients()`` (or a data-parallel reducer over the group) sums
+    them. ``last_step`` is laga's accounting of the last forward and backward (saved tensors by name,
+    peaks, traffic, FLOPs, seconds).
+    """
+
+    def __init__(self, config, form="laga", layout="a2a", kernel="fused", recompute=None, group=None,
+                 absorbed_attention="mqa", kv_grad_reduce_fp32=False, device=None, dtype=None):
+        super().__init__()
+        if isinstance(config, dict) and config.get("attention_bias"):
+            raise ValueError("attention_bias = true: laga's MLA block has no projection biases")
+        cfg = _laga.config(config)
+        _choice("form", form, _FORMS)
+        _choice("layout", layout, _LAYOUTS)
+        _choice("kernel", kernel, _KERNELS)
+        _choice("recompute", recompute, _RECOMPUTE)
+        _choice("absorbed_attention", absorbed_attention, _ABSORBED)
+        if dtype is not None and dtype not in _DTYPES:
+            raise ValueError(f"dtype = {dtype}: must be torch.float32, torch.float64 or torch.bfloat16")
+        self.config = cfg
+        self.form, self.layout, self.kernel = form, layout, kernel
+        self.recompute = recompute or "none"
+        self.group = group
+        # True: what forward keeps survives backward, so backward can run twice through one graph
+        # (retain_graph=True, gradcheck), at the cost of that memory until the graph goes.
+        self.retain_saved = False
+        if group is not None:
+            if not dist.is_initialized():
+                raise ValueError("group is set but torch.distributed is not initialized")
+            self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+            group_name = group.group_name
+        else:
+            self.rank, self.world, group_name = 0, 1, ""
+        if layout == "a2a" and cfg["num_attention_heads"] % self.world:
+            raise ValueError(f"num_attention_heads = {cfg['num_attention_heads']} is not divisible by the group "
+                             f"size {self.world}: the a2a layout gives each rank n_h/P heads")
+        if self.recompute == "kv" and form != "laga":
+            raise ValueError(f"recompute = 'kv' with form = {form!r}: K/V recomputation is defined for the laga "
+                             "form only")
+        self._block = torch.classes.laga.Block(json.dumps(cfg), form, layout, kernel, self.recompute,
+                                               absorbed_attention, bool(kv_grad_reduce_fp32), group_name,
+                                               self.rank, self.world)
+        d, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+        rq, rkv = cfg["q_lora_rank"], cfg["kv_lora_rank"]
+        dn, dr, dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+        kw = {"device": device, "dtype": dtype}
+        if rq is not None:
+            self.q_a_proj = nn.Linear(d, rq, bias=False, **kw)
+            self.q_a_layernorm = _Weight(rq, **kw)
+            self.q_b_proj = nn.Linear(rq, nh * (dn + dr), bias=False, **kw)
+        else:
+            self.q_proj = nn.Linear(d, nh * (dn + dr), bias=False, **kw)
+        self.kv_a_proj_with_mqa = nn.Linear(d, rkv + dr, bias=False, **kw)
+        self.kv_a_layernorm = _Weight(rkv, **kw)
+        self.kv_b_proj = nn.Linear(rkv, nh * (dn + dv), bias=False, **kw)
+        self.o_proj = nn.Linear(nh * dv, d, bias=False, **kw)
+
+    # ---- parameters: Hugging Face layout <-> the block's ----
+    def _hf_params(self):
+        if self.config["q_lora_rank"] is not None:
+            head = [self.q_a_proj.weight, self.q_a_layernorm.weight, self.q_b_proj.weight]
+        else:
+            head = [self.q_proj.weight]
+        return head + [self.kv_a_proj_with_mqa.weight, self.kv_a_layernorm.weight, self.kv_b_proj.weight,
+                       self.o_proj.weight]
+
+    def _kv_dims(self):
+        c = self.config
+        return c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
+
+    def _block_weights(self, params):
+        """[in, out] weights in include/laga/block.hpp's order: w_dq, q_norm (with q_lora_rank), w_uq, w_dkv,
+        kv_norm, w_uk, w_uv, w_o. kv_b_proj holds [K | V] rows per head; the block takes them apart."""
+        nh, dn, dv, rkv = self._kv_dims()
+        *head, w_dkv, kv_norm, kv_b, w_o = params
+        out = [head[0].t().contiguous(), head[1], head[2].t().contiguous()] if len(head) == 3 else [
+            head[0].t().contiguous()]
+        kv = kv_b.view(nh, dn + dv, rkv)
+        out += [w_dkv.t().contiguous(), kv_norm,
+                kv[:, :dn].permute(2, 0, 1).reshape(rkv, nh * dn),
+                kv[:, dn:].permute(2, 0, 1).reshape(rkv, nh * dv),
+                w_o.t().contiguous()]
+        return out
+
+    def _hf_grads(self, grads, params):
+        """The block's gradients (float32 for bfloat16) in the Hugging Face layout and the parameters' dtype."""
+        nh, dn, dv, rkv = self._kv_dims()
+
+        def like(p, g):
+            return torch.empty_like(p).copy_(g)
+
+        *g_head, g_dkv, g_kvn, g_uk, g_uv, g_o = grads
+        *p_head, p_dkv, p_kvn, p_kvb, p_o = params
+        if len(g_head) == 3:
+            out = [like(p_head[0], g_head[0].t()), like(p_head[1], g_head[1]), like(p_head[2], g_head[2].t())]
+        else:
+            out = [like(p_head[0], g_head[0].t())]
+        g_kv = torch.cat([g_uk.view(rkv, nh, dn), g_uv.view(rkv, nh, dv)], dim=2).permute(1, 2, 0)
+        out += [like(p_dkv, g_dkv.t()), like(p_kvn, g_kvn), like(p_kvb, g_kv.reshape(nh * (dn + dv), rkv)),
+                like(p_o, g_o.t())]
+        return out
+
+    # ---- validation: local checks, then one small collective so every rank refuses together ----
+    _CHECKS = ("ok", "the input must be [batch, s_local, hidden_size] with s_local >= 1",
+               "the input's dtype must be the parameters' (float32, float64 or bfloat16)",
+               "the input and the parameters must be on one device (CPU and CUDA tensors mixed)",
+               "the group's backend cannot run collectives on the input's device (gloo: CPU, NCCL: CUDA)")
+
+    def _local_check(self, x):
+        p = self.kv_a_layernorm.weight
+        d = self.config["hidden_size"]
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.size(2) != d or x.size(1) < 1 or x.size(0) < 1:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            return 1, f"hidden_states has shape {shape}: expected [batch, s_local, hidden_size = {d}]"
+        if x.dtype not in _DTYPES or x.dtype != p.dtype:
+            return 2, (f"hidden_states is {x.dtype} but the parameters are {p.dtype}: one dtype, float32, "
+                       "float64 or bfloat16")
+        if any(t.device != x.device for t in self._hf_params()):
+            return 3, (f"hidden_states is on {x.device} but a parameter is on "
+                       f"{next(t.device for t in self._hf_params() if t.device != x.device)}: CPU and CUDA "
+                       "tensors mixed")
+        if self.group is not None:
+            backend = str(dist.get_backend(self.group)).lower()
+            needs = "nccl" if x.device.type == "cuda" else "gloo"
+            if needs not in backend and not (needs == "gloo" and "mpi" in backend):
+                return 4, (f"the group's backend is {backend!r}, which cannot run laga's collectives on "
+                           f"{x.device.type} tensors: use {needs} for {x.device.type}")
+        return 0, ""
+
+    def _agree(self, x, code, message):
+        """Every rank learns every rank's check and chunk before laga's first collective."""
+        if self.group is None:
+            if code:
+                raise ValueError(message)
+            return
+        backend = str(dist.get_backend(self.group)).lower()
+        on = torch.device("cpu") if ("gloo" in backend or "mpi" in backend) else torch.device(
+            "cuda", torch.cuda.current_device())
+        shape = tuple(x.shape) if code == 0 or code > 1 else (0, 0, 0)
+        mine = torch.tensor([code, shape[0], shape[1], _DTYPES.index(x.dtype) if code == 0 else -1],
+                            dtype=torch.int64, device=on)
+        every = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(every, mine, group=self.group)
+        every = torch.stack(every).cpu().tolist()
+        if code:
+            raise ValueError(message)
+        bad = [r for r, e in enumerate(every) if e[0]]
+        if bad:
+            raise ValueError(f"rank(s) {bad} refused their input ({self._CHECKS[every[bad[0]][0]]}); rank "
+                             f"{self.rank} stops with them")
+        chunks = {(e[1], e[2], e[3]) for e in every}
+        if len(chunks) > 1:
+            table = ", ".join(f"rank {r}: batch {e[1]}, s_local {e[2]}, {_DTYPES[e[3]]}" for r, e in enumerate(every))
+            raise ValueError(f"the ranks' inputs differ ({table}): every rank must hold a chunk of the same "
+                             "batch, length and dtype")
+
+    def forward(self, hidden_states):
+        code, message = self._local_check(hidden_states)
+        self._agree(hidden_states, code, message)
+        x = hidden_states.transpose(0, 1).contiguous()  # [s, batch, d]: a view when batch is 1
+        y = _LatentAttention.apply(self, x, *self._hf_params())
+        return y.transpose(0, 1)
+
+    def reduce_gradients(self):
+        """Sums every parameter's gradient over the group (no-op for one rank)."""
+        if self.group is None or self.world == 1:
+            return
+        for p in self.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=self.group)
+
+    @property
+    def last_step(self):
+        """laga's figures for this rank's last forward and backward: ``saved`` (name, bytes, shape, dtype),
+        ``saved_bytes``, ``forward``/``backward`` (``peak_bytes``, ``flops`` and ``seconds`` by phase),
+        ``traffic`` (each collective's bytes sent and received), ``bytes_sent``, ``bytes_received``."""
+        return json.loads(self._block.stats_json())
+
+    def extra_repr(self):
+        return (f"form={self.form}, layout={self.layout}, kernel={self.kernel}, recompute={self.recompute}, "
+                f"ranks={self.world}")

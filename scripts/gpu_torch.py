@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""laga's PyTorch module on one GPU (bf16), in one process, writing one JSON document:
+
+1. check: the module against `laga run --device cuda --save DIR` for the same seed and weights (the CLI's
+   weights loaded into the module through the Hugging Face layout): output, input gradient and every
+   weight gradient (the CLI's float32 gradients rounded to bf16, the parameters' dtype), relative error;
+2. bench: forward + backward time (CUDA events, median of --reps after --warmup) and peak memory
+   (torch.cuda.max_memory_allocated above what was allocated before forward) of the module for every
+   variant, of a pure-PyTorch MLA module using scaled_dot_product_attention, and laga's own block time for
+   the same configuration from `laga run --device cuda --warmup N --json` (the module's overhead over it).
+
+    python3 scripts/gpu_torch.py --cli build/laga --out torch_gpu.json [--seqs 4096,16384] [--model deepseek-v3]
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import laga
+import laga.torch as lt
+
+VARIANTS = [("explicit", None, "mqa"), ("absorbed", None, "mqa"), ("absorbed", None, "expanded"), ("laga", None, "mqa"),
+            ("laga", "kv", "mqa")]
+
+
+def variant_name(form, recompute, absorbed):
+    return form + ("_" + absorbed if form == "absorbed" else "") + ("_recompute_kv" if recompute else "")
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm()) if b.norm() > 0 else float((a - b).norm())
+
+
+def hf_state_from_npy(d, cfg):
+    """The CLI's [in, out] weights (README's table) as a Hugging Face state dict."""
+    w = {n: torch.from_numpy(np.load(os.path.join(d, n + ".npy"))) for n in
+         ("w_dq", "q_norm", "w_uq", "w_dkv", "kv_norm", "w_uk", "w_uv", "w_o") if os.path.exists(os.path.join(d, n + ".npy"))}
+    nh, dn, dv, rkv = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    kv = torch.cat([w["w_uk"].view(rkv, nh, dn), w["w_uv"].view(rkv, nh, dv)], dim=2).permute(1, 2, 0)
+    sd = {"kv_a_proj_with_mqa.weight": w["w_dkv"].t(), "kv_a_layernorm.weight": w["kv_norm"],
+          "kv_b_proj.weight": kv.reshape(nh * (dn + dv), rkv), "o_proj.weight": w["w_o"].t()}
+    if "w_dq" in w:
+        sd.update({"q_a_proj.weight": w["w_dq"].t(), "q_a_layernorm.weight": w["q_norm"], "q_b_proj.weight": w["w_uq"].t()})
+    else:
+        sd["q_proj.weight"] = w["w_uq"].t()
+    return {k: v.contiguous() for k, v in sd.items()}, w
+
+
+def check(args, cfg, form, seq):
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([args.cli, "run", "--device", "cuda", "--model", args.model, "--seq", str(seq), "--form", form,
+                        "--seed", "1", "--save", d], check=True, capture_output=True, text=True)
+        sd, _ = hf_state_from_npy(d, cfg)
+        load = lambda n: torch.from_numpy(np.load(os.path.join(d, n + ".npy")))  # noqa: E731
+        x, dy, y_cli, dx_cli = load("x"), load("dy"), load("y"), load("dx")
+        mod = lt.MultiheadLatentAttention(args.model, form=form, dtype=torch.bfloat16, device="cuda")
+        mod.load_state_dict({k: v.to(torch.bfloat16) for k, v in sd.items()})
+        xg = x.to("cuda", torch.bfloat16).requires_grad_(True)
+        y = mod(xg)
+        y.backward(dy.to("cuda", torch.bfloat16))
+        errors = {"y": rel(y.detach().float().cpu(), y_cli), "dx": rel(xg.grad.float().cpu(), dx_cli)}
+        grads_cli, _ = hf_state_from_npy_grads(d, cfg)
+        for name, p in mod.named_parameters():
+            errors[name] = rel(p.grad.float().cpu(), grads_cli[name].to(torch.bfloat16).float())
+        return {"form": form, "seq": seq, "rel_error": errors, "max_rel_error": max(errors.values())}
+
+
+def hf_state_from_npy_grads(d, cfg):
+    """The CLI's weight gradients (grad_<name>.npy) in the Hugging Face layout."""
+    with tempfile.TemporaryDirectory() as g:
+        for f in os.listdir(d):
+            if f.startswith("grad_"):
+                os.symlink(os.path.join(d, f), os.path.join(g, f[len("grad_"):]))
+        return hf_state_from_npy(g, cfg)
+
+
+class SdpaMLA(torch.nn.Module):
+    """DeepSeek-V3 attention in plain PyTorch: the explicit form, scaled_dot_product_attention (causal)."""
+
+    def __init__(self, c, dtype, device):
+        super().__init__()
+        kw = {"bias": False, "dtype": dtype, "device": device}
+        d, nh, rq, rkv = c["hidden_size"], c["num_attention_heads"], c["q_lora_rank"], c["kv_lora_rank"]
+        self.nh, self.dn, self.dr, self.dv, self.rkv = nh, c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], rkv
+        self.eps = c["rms_norm_eps"]
+        self.q_a_proj = torch.nn.Linear(d, rq, **kw)
+        self.q_a_norm = torch.nn.Parameter(torch.ones(rq, dtype=dtype, device=device))
+        self.q_b_proj = torch.nn.Linear(rq, nh * (self.dn + self.dr), **kw)
+        self.kv_a_proj_with_mqa = torch.nn.Linear(d, rkv + self.dr, **kw)
+        self.kv_a_norm = torch.nn.Parameter(torch.ones(rkv, dtype=dtype, device=device))
+        self.kv_b_proj = torch.nn.Linear(rkv, nh * (self.dn + self.dv), **kw)
+        self.o_proj = torch.nn.Linear(nh * self.dv, d, **kw)
+        self.inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, self.dr, 2, dtype=torch.float32, device=device) / self.dr))
+        self.scale = laga_scale(c)
+
+    def rope(self, t, cos, sin):
+        b, h, s, d = t.shape
+        t = t.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
+        return t * cos + torch.cat((-t[..., d // 2:], t[..., : d // 2]), dim=-1) * sin
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q_b_proj(F.rms_norm(self.q_a_proj(x), (self.q_a_norm.numel(),), self.q_a_norm, self.eps))
+        q = q.view(b, s, self.nh, -1).transpose(1, 2)
+        q_pass, q_rot = q.split([self.dn, self.dr], dim=-1)
+        k_pass, k_rot = self.kv_a_proj_with_mqa(x).split([self.rkv, self.dr], dim=-1)
+        kv = self.kv_b_proj(F.rms_norm(k_pass, (self.rkv,), self.kv_a_norm, self.eps)).view(b, s, self.nh, -1).transpose(1, 2)
+        k_pass, v = kv.split([self.dn, self.dv], dim=-1)
+        freqs = torch.arange(s, device=x.device, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        q_rot = self.rope(q_rot, cos, sin)
+        k_rot = self.rope(k_rot.reshape(b, 1, s, self.dr), cos, sin).expand(b, self.nh, s, self.dr)
+        o = F.scaled_dot_product_attention(torch.cat((q_pass, q_rot), -1), torch.cat((k_pass, k_rot), -1), v,
+                                           is_causal=True, scale=self.scale)
+        return self.o_proj(o.transpose(1, 2).reshape(b, s, -1))
+
+
+def laga_scale(c):
+    scale = (c["qk_nope_head_dim"] + c["qk_rope_head_dim"]) ** -0.5
+    rs = c.get("rope_scaling")
+    if rs and rs.get("mscale_all_dim"):
+        import math
+        m = 0.1 * rs["mscale_all_dim"] * math.log(rs["factor"]) + 1.0 if rs["factor"] > 1 else 1.0
+        scale *= m * m
+    return scale
+
+
+def time_module(mod, seq, d, warmup, reps):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.rand((1, seq, d), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16).requires_grad_(True)
+    dy = (torch.rand((1, seq, d), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
+
+    def step():
+        mod.zero_grad(set_to_none=True)
+        x.grad = None
+        mod(x).backward(dy)
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    mod.zero_grad(set_to_none=True)
+    x.grad = None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    return {"ms_median": statistics.median(times), "ms": times, "peak_bytes_above_start": peak}
+
+
+def cli_block(args, form, recompute, absorbed, seq):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        cmd = [args.cli, "run", "--device", "cuda", "--model", args.model, "--seq", str(seq), "--form", form,
+               "--absorbed-attention", absorbed, "--recompute", recompute or "none", "--warmup", str(args.warmup),
+               "--json", out]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        r = json.load(open(out))["runs"][0]["ranks"][0]
+        return {"command": " ".join(cmd[1:]), "ms_fwd_bwd": 1e3 * (r["seconds_forward_total"] + r["seconds_backward_total"]),
+                "peak_forward_bytes": r["peak_forward_bytes"], "peak_backward_bytes": r["peak_backward_bytes"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--model", default="deepseek-v3")
+    ap.add_argument("--seqs", default="4096,16384")
+    ap.add_argument("--check-seq", type=int, default=2048)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    cfg = laga.config(args.model)
+    doc = {"machine": {"device": torch.cuda.get_device_name(0), "host": platform.node(), "torch": torch.__version__,
+                       "commit": os.environ.get("LAGA_COMMIT", "")},
+           "command": " ".join(sys.argv), "model": args.model, "check": [], "bench": []}
+    for form in ("explicit", "laga"):
+        try:
+            doc["check"].append(check(args, cfg, form, args.check_seq))
+        except Exception as e:  # noqa: BLE001  (recorded; the bench still runs)
+            doc["check"].append({"form": form, "error": repr(e)[:2000]})
+        print(json.dumps(doc["check"][-1]), flush=True)
+    for seq in [int(s) for s in args.seqs.split(",")]:
+        point = {"seq": seq, "variants": {}}
+        try:
+            sdpa = SdpaMLA(cfg, torch.bfloat16, "cuda")
+            point["sdpa"] = time_module(sdpa, seq, cfg["hidden_size"], args.warmup, args.reps)
+            del sdpa
+            print(f"S={seq} sdpa module: {point['sdpa']['ms_median']:.2f} ms, peak "
+                  f"{point['sdpa']['peak_bytes_above_start'] / 2**30:.2f} GiB", flush=True)
+        except Exception as e:  # noqa: BLE001
+            point["sdpa"] = {"error": repr(e)[:2000]}
+            print(f"S={seq} sdpa module: {e!r}", flush=True)
+        torch.cuda.empty_cache()
+        for form, recompute, absorbed in VARIANTS:
+            mod = lt.MultiheadLatentAttention(args.model, form=form, recompute=recompute, absorbed_attention=absorbed,
+                                              dtype=torch.bfloat16, device="cuda")
+            name = variant_name(form, recompute, absorbed)
+            try:
+                t = time_module(mod, seq, cfg["hidden_size"], args.warmup, args.reps)
+            except Exception as e:  # noqa: BLE001
+                point["variants"][name] = {"error": repr(e)[:2000]}
+                print(f"S={seq} {name}: {e!r}", flush=True)
+                del mod
+                torch.cuda.empty_cache()
+                continue
+            step = mod.last_step
+            t["block_ms_fwd_bwd"] = 1e3 * (step["forward"]["total_seconds"] + step["backward"]["total_seconds"])
+            t["saved_bytes"] = step["saved_bytes"]
+            t["cli"] = cli_block(args, form, recompute, absorbed, seq)
+            t["overhead_vs_cli"] = t["ms_median"] / t["cli"]["ms_fwd_bwd"] - 1
+            t["overhead_vs_own_block"] = t["ms_median"] / t["block_ms_fwd_bwd"] - 1
+            point["variants"][name] = t
+            del mod
+            torch.cuda.empty_cache()
+            print(f"S={seq} {name}: module {t['ms_median']:.2f} ms (its block {t['block_ms_fwd_bwd']:.2f}), laga run "
+                  f"{t['cli']['ms_fwd_bwd']:.2f} ms, overhead {100 * t['overhead_vs_cli']:.1f}%, peak "
+                  f"{t['peak_bytes_above_start'] / 2**30:.2f} GiB", flush=True)
+        doc["bench"].append(point)
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Run under torchrun (gloo): every form x layout x kernel (and recompute, absorbed attention) at this world
+size against the tests' reference on the whole sequence: this rank's output and input-gradient chunks, and
+the parameter gradients summed over ranks; float64 <= 1e-10, float32 <= 1e-5. Prints one line per case on
+rank 0 and exits 1 on any failure."""
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+import laga.torch as lt
+from common import TOLERANCE, configs, every_case, init_reference, rel_error, seeded
+from reference import ReferenceDeepseekV3Attention
+
+
+def check(cfg, case, dtype, group, batch=2, seq=32, seed=5):
+    (form, recompute, absorbed), layout, kernel = case
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    s = seq // world
+    ref = ReferenceDeepseekV3Attention(cfg, dtype=dtype)
+    init_reference(ref, seed)
+    mod = lt.MultiheadLatentAttention(cfg, form=form, layout=layout, kernel=kernel, recompute=recompute,
+                                      absorbed_attention=absorbed, group=group, dtype=dtype)
+    mod.load_state_dict(ref.state_dict())
+    x = seeded((batch, seq, cfg["hidden_size"]), seed + 1, dtype)
+    dy = seeded((batch, seq, cfg["hidden_size"]), seed + 2, dtype)
+    xr = x.clone().requires_grad_(True)
+    yr = ref(xr)
+    (yr * dy).sum().backward()
+    xl = x[:, rank * s:(rank + 1) * s].clone().requires_grad_(True)
+    yl = mod(xl)
+    (yl * dy[:, rank * s:(rank + 1) * s]).sum().backward()
+    mod.reduce_gradients()
+    errors = {"y": rel_error(yl.detach(), yr.detach()[:, rank * s:(rank + 1) * s]),
+              "dx": rel_error(xl.grad, xr.grad[:, rank * s:(rank + 1) * s])}
+    ref_params = dict(ref.named_parameters())
+    for name, p in mod.named_parameters():
+        errors[name] = rel_error(p.grad, ref_params[name].grad)
+    worst = torch.tensor([max(errors.values())], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    step = mod.last_step
+    return float(worst), step
+
+
+def main():
+    dist.init_process_group("gloo")
+    group = dist.new_group(list(range(dist.get_world_size())), backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failed = passed = 0
+    for cname in ("tiny", "no_q_lora"):
+        cfg = configs()[cname]
+        for dtype in (torch.float64, torch.float32):
+            for case in every_case():
+                err, step = check(cfg, case, dtype, group)
+                ok = err <= TOLERANCE[dtype]
+                sent = step["bytes_sent"]["forward"] + step["bytes_sent"]["backward"]
+                if world > 1 and sent == 0:
+                    ok = False  # P > 1 must have exchanged something
+                passed += ok
+                failed += not ok
+                if rank == 0:
+                    (form, recompute, absorbed), layout, kernel = case
+                    print(f"P={world} {cname} {str(dtype)[6:]} {form}{'+kv' if recompute else ''}"
+                          f"{'(' + absorbed + ')' if form == 'absorbed' else ''} {layout} {kernel}: "
+                          f"max rel error {err:.2e} (bytes sent {sent}) {'ok' if ok else 'FAILED'}", flush=True)
+    if rank == 0:
+        print(f"{passed} passed, {failed} failed")
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""laga.torch.MultiheadLatentAttention on one rank against the tests' own Hugging Face-style reference:
+output, input gradient and every parameter gradient, every form x layout x kernel, float64 and float32."""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+
+import pytest
+import torch
+
+import laga
+import laga.torch as lt
+from common import TOLERANCE, configs, every_case, init_reference, rel_error, seeded
+from reference import ReferenceDeepseekV3Attention
+
+
+def run_pair(cfg, case, dtype, batch=2, seq=16, seed=7):
+    (form, recompute, absorbed), layout, kernel = case
+    ref = ReferenceDeepseekV3Attention(cfg, dtype=dtype)
+    init_reference(ref, seed)
+    mod = lt.MultiheadLatentAttention(cfg, form=form, layout=layout, kernel=kernel, recompute=recompute,
+                                      absorbed_attention=absorbed, dtype=dtype)
+    mod.load_state_dict(ref.state_dict())
+    x = seeded((batch, seq, cfg["hidden_size"]), seed + 100, dtype)
+    dy = seeded((batch, seq, cfg["hidden_size"]), seed + 200, dtype)
+    out = {}
+    for name, m in (("ref", ref), ("laga", mod)):
+        xi = x.clone().requires_grad_(True)
+        y = m(xi)
+        (y * dy).sum().backward()
+        out[name] = {"y": y.detach(), "dx": xi.grad, **{k: p.grad for k, p in m.named_parameters()}}
+    return out, mod
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("case", every_case(), ids=lambda c: f"{c[0][0]}-{c[0][1] or 'none'}-{c[0][2]}-{c[1]}-{c[2]}")
+@pytest.mark.parametrize("config", ["tiny", "no_q_lora", "plain_rope"])
+def test_matches_reference(config, case, dtype):
+    out, _ = run_pair(configs()[config], case, dtype)
+    ref, got = out["ref"], out["laga"]
+    assert set(ref) == set(got)
+    errors = {k: rel_error(got[k], ref[k]) for k in ref}
+    assert max(errors.values()) <= TOLERANCE[dtype], errors
+
+
+def test_gradcheck_float64():
+    cfg = configs()["tiny"]
+    mod = lt.MultiheadLatentAttention(cfg, dtype=torch.float64)
+    mod.retain_saved = True  # gradcheck runs backward more than once per graph
+    params = [p for _, p in mod.named_parameters()]
+    x = seeded((1, 8, cfg["hidden_size"]), 3, torch.float64).requires_grad_(True)
+
+    def f(x, *ps):
+        with torch.no_grad():
+            for p, v in zip(params, ps):
+                p.copy_(v)
+        return lt._LatentAttention.apply(mod, x.transpose(0, 1).contiguous(), *ps)
+
+    inputs = (x,) + tuple(p.detach().clone().requires_grad_(True) for p in params)
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_state_dict_round_trip():
+    for cfg in configs().values():
+        ref = ReferenceDeepseekV3Attention(cfg, dtype=torch.float64)
+        init_reference(ref, 11)
+        mod = lt.MultiheadLatentAttention(cfg, dtype=torch.float64)
+        assert sorted(mod.state_dict()) == sorted(ref.state_dict())
+        mod.load_state_dict(ref.state_dict())  # strict: the same names and shapes
+        back = ReferenceDeepseekV3Attention(cfg, dtype=torch.float64)
+        back.load_state_dict(mod.state_dict())
+        for k, v in ref.state_dict().items():
+            assert torch.equal(back.state_dict()[k], v), k
+    names = sorted(lt.MultiheadLatentAttention(configs()["no_q_lora"]).state_dict())
+    assert "q_proj.weight" in names and "q_a_proj.weight" not in names
+
+
+def test_accounting_after_a_step():
+    out, mod = run_pair(configs()["tiny"], (("laga", None, "mqa"), "a2a", "fused"), torch.float32)
+    step = mod.last_step
+    assert step["saved_bytes"] == sum(t["bytes"] for t in step["saved"]) > 0
+    assert {t["name"] for t in step["saved"]} >= {"x_norm_q", "o_att/o"} or step["saved"]
+    assert step["forward"]["peak_bytes"] >= step["saved_bytes"]
+    assert step["forward"]["total_flops"] > 0 and step["backward"]["total_flops"] > 0
+    assert step["ranks"] == 1 and step["batch"] == 2 and step["seq"] == 16
+
+
+def test_config_forms():
+    tiny = laga.config("tiny")
+    assert laga.config(dict(tiny)) == tiny
+    with pytest.raises(ValueError, match="kv_lora_rank"):
+        laga.config({k: v for k, v in tiny.items() if k != "kv_lora_rank"})
+    with pytest.raises(ValueError, match="no-such-model"):
+        laga.config("no-such-model")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(form="latent"), "form = 'latent'"),
+    (dict(layout="ring"), "layout = 'ring'"),
+    (dict(kernel="flash"), "kernel = 'flash'"),
+    (dict(form="explicit", recompute="kv"), "recompute = 'kv' with form = 'explicit'"),
+    (dict(dtype=torch.float16), "dtype = torch.float16"),
+])
+def test_bad_options(bad, match):
+    with pytest.raises(ValueError, match=match):
+        lt.MultiheadLatentAttention("tiny", **bad)
+
+
+def test_bad_inputs():
+    mod = lt.MultiheadLatentAttention("tiny")
+    d = mod.config["hidden_size"]
+    with pytest.raises(ValueError, match=r"shape \(2, 8, 31\): expected \[batch, s_local, hidden_size = 32\]"):
+        mod(torch.zeros(2, 8, d - 1))
+    with pytest.raises(ValueError, match="hidden_states is torch.float64 but the parameters are torch.float32"):
+        mod(torch.zeros(2, 8, d, dtype=torch.float64))
+    with pytest.raises(ValueError, match="shape"):
+        mod(torch.zeros(8, d))
+
+
+def cli_path():
+    """The command-line tool of the build tree beside the package's (scripts/test.sh builds it first)."""
+    return os.environ.get("LAGA_CLI", os.path.join(os.path.dirname(__file__), "..", "..", "build", "laga"))
+
+
+@pytest.mark.parametrize("args", [
+    dict(model="deepseek-v3", seq=[4096, 16384], sp=[1, 8], layout="a2a", kernel="fused", gpu_mem="141GB", layers=61),
+    dict(model="tiny", seq=64, sp=4, layout="all_gather", kernel="eager", dtype="float32", kv_grad_reduce_fp32=True),
+])
+def test_plan_equals_cli(args):
+    if not os.path.exists(cli_path()):
+        pytest.fail(f"{cli_path()} not found: build the CLI first (scripts/build.sh), or set LAGA_CLI")
+    cmd = [cli_path(), "plan", "--json", "--model", args["model"], "--seq", ",".join(map(str, np.atleast_1d(args["seq"]))),
+           "--sp", ",".join(map(str, np.atleast_1d(args["sp"]))), "--layout", args["layout"], "--kernel", args["kernel"],
+           "--dtype", args.get("dtype", "bfloat16"), "--layers", str(args.get("layers", 1))]
+    if "gpu_mem" in args:
+        cmd += ["--gpu-mem", args["gpu_mem"]]
+    if args.get("kv_grad_reduce_fp32"):
+        cmd.append("--kv-grad-reduce-in-fp32")
+    expected = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    assert laga.plan(**args) == expected
+
+
+def test_plan_bad_input():
+    with pytest.raises(ValueError, match="layout"):
+        laga.plan("tiny", seq=64, sp=4, layout="ring")
+    with pytest.raises(ValueError, match="not divisible"):
+        laga.plan("tiny", seq=66, sp=4)
