@@ -8,5 +8,6 @@ launchers=()
 if command -v ccache >/dev/null; then
   launchers=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
+bash scripts/fetch_cudnn_frontend.sh build  # optional: the cuDNN attention provider
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${launchers[@]}" "$@"
 cmake --build build --parallel "$(nproc)"

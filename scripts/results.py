@@ -603,6 +603,114 @@ def claims(docs, gpu_checks=()):
     return rows
 
 
+# ---------------------------------------------------------------- laga against the PyTorch peer
+
+def peer_section(results_dir, schema):
+    """laga's block per rank (phantom rank P-1, a2a) per attention provider against the same rank written in
+    plain PyTorch (scripts/peer_torch_block.py), measured in one call: bench/results/peer/. And the attention
+    table both providers were timed into (bench/attention-providers.json, what `auto` chooses from)."""
+    folder = os.path.join(results_dir, "peer")
+    peer_path = os.path.join(folder, "peer.json")
+    if not os.path.exists(peer_path):
+        return []
+    with open(peer_path) as f:
+        peer = json.load(f)
+    blocks = {}  # provider -> {(form, seq): point}
+    docs = {}
+    for path in sorted(glob.glob(os.path.join(folder, "h200-block-*.json"))):
+        doc, errors = check_bench.check_file(path, schema)
+        if errors:
+            raise SystemExit(f"{path} does not validate:\n  " + "\n  ".join(errors[:20]))
+        provider = doc["config"]["attention_provider"]
+        docs[provider] = (os.path.basename(path), doc)
+        for pt in doc["points"]:
+            blocks.setdefault(provider, {})[(pt["form"], pt["seq"])] = pt
+    ppts = {(p["form"], p["seq"], bool(p.get("compile"))): p for p in peer["points"] if "error" not in p}
+    seqs = sorted({k[1] for k in ppts})
+    providers = [p for p in ("laga", "cudnn", "auto") if p in blocks]
+    m = peer["machine"]
+    any_doc = next(iter(docs.values()))[1] if docs else None
+    cudnn = any_doc["machine"].get("cudnn", {}) if any_doc else {}
+    md = ["## laga against the PyTorch peer: one a2a rank of DeepSeek-V3", "",
+          f"The same rank (P = {peer['points'][0]['sp']}, rank P-1, bf16, batch 1, exchanges emulated by local "
+          "copies) in laga (`laga bench --device cuda --phantom --layout a2a --kernel fused`, one document per "
+          "`--attention-provider`) and in plain PyTorch (`scripts/peer_torch_block.py`: projections, RMSNorm, RoPE, "
+          "`scaled_dot_product_attention`, autograd; eager, and with the parts around attention under "
+          "`torch.compile`), measured in one call on "
+          f"{m['device_name']} (PyTorch {m['torch']} with its cuDNN {m['cudnn']}, which SDPA ran; laga's cuDNN "
+          f"provider loaded {cudnn.get('version', 'none')}). Time: forward + backward, median, ms. Peak: laga's "
+          "allocator peak of the backward plus its kernel scratch (weights, inputs and the float32 weight gradients "
+          "excluded); PyTorch's max_memory_allocated over the pass above what was allocated before it (its bf16 "
+          "weight gradients included). PyTorch's SDPA runs cuDNN's non-deterministic backward; laga's cuDNN "
+          "provider the deterministic one, whose workspace is the scratch below. Documents: " +
+          ", ".join(f"[{n}](../bench/results/peer/{n})" for n, _ in docs.values()) +
+          ", [peer.json](../bench/results/peer/peer.json); commands: `" + peer["command"] + "`" +
+          "".join(f"; `{d['config']['command']}`" for _, d in docs.values()) + ".", ""]
+
+    def peer_ms(form, S):
+        vals = [ppts.get((form, S, c)) for c in (False, True)]
+        return " / ".join(f"{v['block_ms']:.2f}" if v else "-" for v in vals), [v["block_ms"] for v in vals if v]
+
+    def laga_pt(provider, form, S):
+        return blocks.get(provider, {}).get((form, S))
+
+    def gib(pt):
+        return (pt["memory"]["peak_backward_bytes"] + pt["memory"].get("backend_scratch_peak_bytes", 0)) / 2**30
+
+    head = ["S", "PyTorch explicit (eager / compiled)", "PyTorch LAGA (eager / compiled)",
+            "laga LAGA (" + " / ".join(providers) + ")", "laga explicit (" + " / ".join(providers) + ")",
+            "laga absorbed (laga)", "best laga LAGA / best PyTorch", "peak GiB: PyTorch explicit / laga LAGA (" +
+            " / ".join(providers) + ")"]
+    md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    verdicts = []
+    for S in seqs:
+        pe_text, pe_vals = peer_ms("explicit", S)
+        pl_text, pl_vals = peer_ms("laga", S)
+        best_peer = min(pe_vals + pl_vals)
+
+        def cell(form):
+            pts = [laga_pt(p, form, S) for p in providers]
+            return " / ".join(f"{pt['time']['block']['median'] * 1e3:.2f}" if pt else "-" for pt in pts)
+        lagas = [laga_pt(p, "laga", S) for p in providers]
+        best = min(pt["time"]["block"]["median"] * 1e3 for pt in lagas if pt)
+        ratio = best / best_peer
+        verdicts.append(ratio)
+        ab = laga_pt("laga", "absorbed", S)
+        pe = ppts.get(("explicit", S, False))
+        peaks = " / ".join(f"{gib(pt):.2f}" if pt else "-" for pt in lagas)
+        md.append(f"| {S // 1024}k | {pe_text} | {pl_text} | {cell('laga')} | {cell('explicit')} | "
+                  f"{ab['time']['block']['median'] * 1e3:.2f} | {ratio:.2f}x | "
+                  f"{pe['peak_bytes'] / 2**30:.2f} / {peaks} |" if ab else
+                  f"| {S // 1024}k | {pe_text} | {pl_text} | {cell('laga')} | {cell('explicit')} | - | {ratio:.2f}x | "
+                  f"{(pe['peak_bytes'] / 2**30) if pe else 0:.2f} / {peaks} |")
+    worst = max(verdicts)
+    md += ["", f"Bar (laga's LAGA block per rank <= 1.0x the fastest PyTorch variant, at every point; goal 0.8x): "
+           f"worst {worst:.2f}x, **{'met' if worst <= 1.0 else 'not met'}**.", ""]
+    table_path = os.path.join(HERE, "..", "bench", "attention-providers.json")
+    if os.path.exists(table_path):
+        with open(table_path) as f:
+            table = json.load(f)
+        if table["points"]:
+            md += ["### Attention alone: laga's kernels beside cuDNN's", "",
+                   "192/128 MHA, bf16, causal, batch 1, at the per-rank shapes of DeepSeek-V3 at P = 8 (a2a: 16 heads "
+                   "over S; all_gather: 128 heads, the last rank's S/8 queries over S keys). TFLOP/s: forward "
+                   "2 (d_qk + d_v), backward 2 (3 d_qk + 2 d_v) per unmasked (query, key, head). From "
+                   "[bench/attention-providers.json](../bench/attention-providers.json) (`" + table["command"] +
+                   "`, commit `" + table["commit"][:10] + "`), the table `--attention-provider auto` chooses from.",
+                   "`auto` takes the faster by forward + backward where cuDNN's workspace (its deterministic "
+                   "backward's, last column) fits the scratch cap (1 GiB by default), else laga's kernels.", "",
+                   "| layout | S | heads | q_len x kv_len | laga fwd | cuDNN fwd | laga bwd | cuDNN bwd | faster | "
+                   "cuDNN workspace |", "|---|---|---|---|---|---|---|---|---|---|"]
+            for p in table["points"]:
+                def tf(key):
+                    return f"{p[key]:.0f}" if key in p else "-"
+                md.append(f"| {p['layout']} | {p['S'] // 1024}k | {p['heads']} | {p['q_len']} x {p['kv_len']} | "
+                          f"{tf('laga_fwd_tflops')} | {tf('cudnn_fwd_tflops')} | {tf('laga_bwd_tflops')} | "
+                          f"{tf('cudnn_bwd_tflops')} | {p['faster']} | {human(p.get('cudnn_workspace_bytes', 0))} |")
+            md.append("")
+    return md
+
+
 # ---------------------------------------------------------------- the page
 
 def main():
@@ -740,6 +848,8 @@ def main():
                        grid_table(doc, layout, kernel, sl["batch"]), ""]
         md += [f"### Time against S at P={sl['sp']}, kernel `{sl['kernel']}`", "",
                time_table(doc, sl["sp"], sl["kernel"], sl["batch"]), ""]
+
+    md += peer_section(args.results, schema)
 
     gpu_docs = [stem for stem, d in docs if d["config"]["device"] == "cuda"]
     md += ["## What remains for a GPU", "",

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "laga/attention_provider.hpp"
 #include "laga/backend.hpp"
 
 namespace laga {
@@ -91,5 +92,35 @@ void cuda_set_eager_scratch_cap(Backend& backend, std::size_t bytes);
 bool cuda_default_flash_fused_dq();
 bool cuda_flash_fused_dq(Backend& backend);
 void cuda_set_flash_fused_dq(Backend& backend, bool fused);
+
+// ---- attention providers (laga/attention_provider.hpp) ----
+// Who runs the backend's fused attention calls: laga's kernels, cuDNN, or `auto` (per call, by the built-in
+// table of measured times; laga where cuDNN cannot run the shape or is not available, and where cuDNN's
+// workspace would exceed the scratch cap (cuda_eager_scratch_cap): its deterministic backward keeps 2 bytes per
+// (head, query, key), 8 GiB at DeepSeek-V3 S = 16k, P = 8). A new backend takes
+// laga; the CLI's --attention-provider defaults to auto. The eager kernel is laga's under every provider.
+// With `cudnn`, a call cuDNN cannot run throws InvalidArgument naming the shape and the reason.
+void cuda_set_attention_provider(Backend& backend, AttentionProvider provider);
+AttentionProvider cuda_attention_provider(Backend& backend);
+
+// cuDNN as this process sees it (the library is opened at the first question): built in, loaded, the
+// version loaded (cudnnGetVersion, 91400 = 9.14.0) and the one built against; `error` says why not.
+struct CudnnInfo {
+  bool compiled = false, loaded = false;
+  long version = 0, compiled_version = 0;
+  std::string error;
+};
+CudnnInfo cuda_cudnn_info();
+
+// Attention calls (forward and backward counted apart) each provider ran on this backend since it was made
+// or last reset; `fallbacks`: calls `auto` would have given cuDNN but cuDNN had no plan for (the last reason
+// in `last_fallback`). cudnn_graphs: cuDNN graphs built (one per shape and direction, cached).
+struct AttentionProviderCounts {
+  std::size_t laga_forward = 0, laga_backward = 0, cudnn_forward = 0, cudnn_backward = 0, fallbacks = 0;
+  std::size_t cudnn_graphs = 0;
+  std::string last_fallback;
+};
+AttentionProviderCounts cuda_attention_provider_counts(Backend& backend);
+void cuda_reset_attention_provider_counts(Backend& backend);
 
 }  // namespace laga

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "laga/attention_provider.hpp"
 #include "laga/problem.hpp"
 
 namespace laga {
@@ -124,10 +125,13 @@ using ProblemLoader = std::function<ProblemData(const BlockShape&, DType, Backen
 // The references of `policy` other than the same-P one, run on this process alone with the full input,
 // compared with `global`: the single-rank explicit result on the same device (cuda: GPU `gpu`), and on
 // cuda the CPU's float64 result.
+// On cuda the single-rank reference runs with `provider` (the run's), so that LAGA at P = 1 is held to being
+// bit-identical to explicit on the same backend.
 std::vector<CheckResult> check_single_process(const MlaConfig&, const BlockOptions&, std::int64_t batch,
                                               std::int64_t seq, Device, int gpu, std::uint64_t seed,
                                               const CheckPolicy&, const GlobalResult& global,
-                                              const ProblemLoader& load = {});
+                                              const ProblemLoader& load = {},
+                                              AttentionProvider provider = AttentionProvider::laga);
 
 // ---------------------------------------------------------------- the report of a rank's run (JSON)
 
@@ -143,6 +147,11 @@ std::vector<nlohmann::json> gather_reports(Communicator& host, const nlohmann::j
 // Where a run ran: hostname, the build's commit and whether its tracked files differed, the communicator,
 // the device (cuda: its name, the device count, its memory).
 nlohmann::json machine_report(Device, int gpu, const std::string& communicator);
+// cuDNN as this process sees it (cuda): built in, loaded, cudnnGetVersion() of the library loaded, the
+// version built against, why not.
+nlohmann::json cudnn_report();
+// Attention calls by provider on `be` (a CUDA backend) since its last reset, auto's fallbacks, cuDNN graphs.
+nlohmann::json attention_calls_report(Backend& be);
 std::string host_name();
 // This machine for a benchmark document: hostname, OS, CPU model and cores, memory, the GPUs nvidia-smi
 // lists, the CUDA devices visible.

@@ -36,6 +36,12 @@ struct PlanPoint {
 // Validates every point of every variant (InvalidArgument before any is planned), then plans them.
 std::vector<PlanPoint> plan_points(const PlanQuery&);
 
+// Kernel scratch outside the plan's figures when cuDNN runs the fused attention (--attention-provider cudnn):
+// its deterministic backward's workspace for the point's attention call (explicit and LAGA), scaled from the
+// nearest shape of the built-in provider table (laga/attention_provider.hpp); 0 when the kernel is eager or
+// the table has no cuDNN time for these head dims. The document gives it per point as cudnn_workspace_bytes.
+std::int64_t plan_cudnn_workspace(const PlanQuery&, const PlanPoint&);
+
 // One rank's plan as the document holds it (saved tensors, peaks, traffic, FLOPs, the device fit).
 nlohmann::json plan_to_json(const RankPlan&, const DeviceFit&);
 

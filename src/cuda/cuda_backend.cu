@@ -13,6 +13,7 @@
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_gemm.cuh"
 #include "cuda/cuda_ops.cuh"
+#include "cuda/cudnn_attention.hpp"
 #include "laga/cuda.hpp"
 #include "laga/hosted.hpp"
 
@@ -31,6 +32,7 @@ const char* scratch_slot_name(ScratchSlot s) {
     case ScratchSlot::dq_count: return "dq_count";
     case ScratchSlot::norm_partial: return "norm_partial";
     case ScratchSlot::gemm_fallback: return "gemm_fallback";
+    case ScratchSlot::cudnn_workspace: return "cudnn_workspace";
     case ScratchSlot::count: break;
   }
   return "?";
@@ -229,11 +231,13 @@ class CudaBackend final : public Backend {
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     if (inv_freq_) cudaFree(inv_freq_);
     gemm_.reset();
+    cudnn_.reset();
     if (own_alloc_) own_alloc_->set_stream(nullptr);  // the pool outlives the stream (members are destroyed after this body)
     if (own_stream_ && ctx_.stream) cudaStreamDestroy(ctx_.stream);
   }
 
-  // A hosted backend follows the framework's current stream: the GEMM runner is remade for a new one.
+  // A hosted backend follows the framework's current stream: the GEMM runner is remade for a new one, and
+  // cuDNN's plans (bound to the old stream's handle) with it.
   void set_stream(cudaStream_t stream) {
     LAGA_REQUIRE(!own_stream_, "set_cuda_stream: this backend owns its stream");
     if (stream == ctx_.stream) return;
@@ -242,6 +246,7 @@ class CudaBackend final : public Backend {
     ctx_.stream = stream;
     gemm_ = std::make_unique<GemmRunner>(ctx_.stream);
     ctx_.gemm = gemm_.get();
+    cudnn_.reset();
   }
 
   Device device() const override { return Device::cuda; }
@@ -289,12 +294,31 @@ class CudaBackend final : public Backend {
   }
   void attention_forward(const AttentionFwdParams& p) override {
     DeviceGuard guard(ctx_.device);
+    if (p.batch > 0 && p.q_len > 0 && pick_cudnn(p, nullptr)) {
+      ++counts_.cudnn_forward;
+      return;
+    }
+    ++counts_.laga_forward;
     cuda::attention_forward(ctx_, p);
   }
   void attention_backward(const AttentionBwdParams& p) override {
     DeviceGuard guard(ctx_.device);
+    if (p.batch > 0 && p.q_len > 0 && pick_cudnn(p, &p)) {
+      ++counts_.cudnn_backward;
+      return;
+    }
+    ++counts_.laga_backward;
     cuda::attention_backward(ctx_, p);
   }
+
+  void set_attention_provider(AttentionProvider p) { provider_ = p; }
+  AttentionProvider attention_provider() const { return provider_; }
+  AttentionProviderCounts provider_counts() const {
+    AttentionProviderCounts c = counts_;
+    c.cudnn_graphs = cudnn_ ? cudnn_->graphs_built() : 0;
+    return c;
+  }
+  void reset_provider_counts() { counts_ = {}; }
   void copy_from_host(const Tensor& dst, const void* host) override {
     if (!dst.data() || !dst.bytes()) return;
     DeviceGuard guard(ctx_.device);
@@ -373,10 +397,48 @@ class CudaBackend final : public Backend {
     return inv_freq_;
   }
 
+  // Whether cuDNN runs this call (and then it has been queued). `laga`: never. `cudnn`: always, or an
+  // InvalidArgument naming the shape. `auto`: when the table prefers cuDNN for the shape and cuDNN takes it;
+  // otherwise laga's kernels run (a fallback is counted).
+  bool pick_cudnn(const AttentionFwdParams& p, const AttentionBwdParams* bp) {
+    const bool backward = bp != nullptr;
+    if (provider_ == AttentionProvider::laga || p.kernel != AttentionKernel::fused) return false;
+    const bool forced = provider_ == AttentionProvider::cudnn;
+    auto shape_text = [&] {
+      return detail::concat(backward ? "backward" : "forward", " of ", dtype_name(p.dtype), " attention d_qk ", p.d_qk,
+                            ", d_v ", p.d_v, ", heads ", p.q_heads, "/", p.kv_heads, ", q_len ", p.q_len, ", kv_len ",
+                            p.kv_len, ", q_offset ", p.q_offset);
+    };
+    if (!forced) {
+      const AttentionShape shape{p.dtype, p.d_qk, p.d_v, p.q_heads, p.kv_heads, p.q_len, p.kv_len};
+      // cuDNN's deterministic backward keeps a workspace of 2 bytes per (head, query, key): auto takes it only
+      // under the backend's scratch cap, like eager attention's scores.
+      const auto cap = ctx_.eager_scratch_cap > std::size_t(INT64_MAX) ? INT64_MAX : std::int64_t(ctx_.eager_scratch_cap);
+      if (builtin_attention_provider_table().choose(shape, cap) != AttentionProvider::cudnn) return false;
+    }
+    const cuda::CudnnStatus& st = cuda::cudnn_status();
+    std::string why = st.loaded ? (backward ? cuda::cudnn_attention_rejects(*bp) : cuda::cudnn_attention_rejects(p))
+                                : "cuDNN is not available: " + st.error;
+    if (why.empty()) {
+      if (!cudnn_)
+        cudnn_ = std::make_unique<cuda::CudnnAttention>(ctx_.stream, [this](std::size_t bytes) {
+          return ctx_.scratch.get(ScratchSlot::cudnn_workspace, bytes, ctx_.stream);
+        });
+      if (backward ? cudnn_->backward(*bp, &why) : cudnn_->forward(p, &why)) return true;
+    }
+    LAGA_REQUIRE(!forced, "attention provider cudnn cannot run the ", shape_text(), ": ", why);
+    ++counts_.fallbacks;
+    counts_.last_fallback = shape_text() + ": " + why;
+    return false;
+  }
+
   std::unique_ptr<CudaAllocator> own_alloc_;  // null when hosted
   Allocator* alloc_;                          // own_alloc_, or the host framework's
   bool own_stream_ = false;
   Context ctx_;
+  AttentionProvider provider_ = AttentionProvider::laga;
+  AttentionProviderCounts counts_;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;
   std::unique_ptr<GemmRunner> gemm_;
   double* inv_freq_ = nullptr;
   std::size_t inv_freq_capacity_ = 0;
@@ -490,6 +552,27 @@ bool cuda_default_flash_fused_dq() {
     return s == "fused";
   }();
   return fused;
+}
+
+void cuda_set_attention_provider(Backend& backend, AttentionProvider provider) {
+  as_cuda(backend, "cuda_set_attention_provider").set_attention_provider(provider);
+}
+
+AttentionProvider cuda_attention_provider(Backend& backend) {
+  return as_cuda(backend, "cuda_attention_provider").attention_provider();
+}
+
+CudnnInfo cuda_cudnn_info() {
+  const cuda::CudnnStatus& s = cuda::cudnn_status();
+  return CudnnInfo{s.compiled, s.loaded, long(s.version), long(s.compiled_version), s.error};
+}
+
+AttentionProviderCounts cuda_attention_provider_counts(Backend& backend) {
+  return as_cuda(backend, "cuda_attention_provider_counts").provider_counts();
+}
+
+void cuda_reset_attention_provider_counts(Backend& backend) {
+  as_cuda(backend, "cuda_reset_attention_provider_counts").reset_provider_counts();
 }
 
 bool cuda_flash_fused_dq(Backend& backend) { return as_cuda(backend, "cuda_flash_fused_dq").context().flash_fused_dq; }

@@ -119,6 +119,7 @@ inline unsigned blocks_for(i64 n, int threads) {
 //   dq_count       its per-tile counters (how many key blocks have added theirs)
 //   norm_partial   RMSNorm backward: dgamma partial sums
 //   gemm_fallback  reserved for the GEMM fallback
+//   cudnn_workspace  the cuDNN attention provider's workspace (the largest its plans have asked for)
 enum class ScratchSlot {
   scores,
   gather_q,
@@ -130,6 +131,7 @@ enum class ScratchSlot {
   dq_count,
   norm_partial,
   gemm_fallback,
+  cudnn_workspace,
   count
 };
 const char* scratch_slot_name(ScratchSlot);

@@ -111,10 +111,11 @@ GlobalResult reference_on(const MlaConfig& cfg, DType dtype, AttentionKernel ker
 std::vector<CheckResult> check_single_process(const MlaConfig& cfg, const BlockOptions& opts, std::int64_t batch,
                                               std::int64_t seq, Device device, int gpu, std::uint64_t seed,
                                               const CheckPolicy& policy, const GlobalResult& global,
-                                              const ProblemLoader& load) {
+                                              const ProblemLoader& load, AttentionProvider provider) {
   std::vector<CheckResult> out;
   {
     std::unique_ptr<Backend> be = device == Device::cuda ? make_cuda_backend(gpu) : make_cpu_backend();
+    if (device == Device::cuda) cuda_set_attention_provider(*be, provider);
     const GlobalResult ref = reference_on(cfg, opts.dtype, opts.kernel, batch, seq, *be, seed, load);
     out.push_back(check_against(CheckReference::single_rank, global, ref, policy.single_rank));
   }

@@ -119,9 +119,29 @@ json machine_report(Device device, int gpu, const std::string& communicator) {
     j["device_name"] = cuda_device_name(gpu);
     j["device_count"] = cuda_device_count();
     j["device_memory_bytes"] = cuda_mem_info(gpu).total_bytes;
+    j["cudnn"] = cudnn_report();
   } else {
     j["device_name"] = "cpu";
   }
+  return j;
+}
+
+json cudnn_report() {
+  const CudnnInfo c = cuda_cudnn_info();
+  json j = {{"compiled", c.compiled}, {"loaded", c.loaded}};
+  if (c.loaded) j["version"] = c.version;  // cudnnGetVersion() of the library that ran
+  if (c.compiled) j["compiled_version"] = c.compiled_version;
+  if (!c.error.empty()) j["error"] = c.error;
+  return j;
+}
+
+json attention_calls_report(Backend& be) {
+  const AttentionProviderCounts c = cuda_attention_provider_counts(be);
+  json j = {{"provider", attention_provider_name(cuda_attention_provider(be))},
+            {"laga_forward", c.laga_forward},   {"laga_backward", c.laga_backward},
+            {"cudnn_forward", c.cudnn_forward}, {"cudnn_backward", c.cudnn_backward},
+            {"fallbacks", c.fallbacks},         {"cudnn_graphs", c.cudnn_graphs}};
+  if (!c.last_fallback.empty()) j["last_fallback"] = c.last_fallback;
   return j;
 }
 

@@ -1,6 +1,7 @@
 // The plan document: every variant's per-rank plan over a grid of (seq, sp), as JSON.
 #include <limits>
 
+#include "laga/attention_provider.hpp"
 #include "laga/errors.hpp"
 #include "laga/report.hpp"
 
@@ -49,6 +50,18 @@ nlohmann::json plan_to_json(const RankPlan& p, const DeviceFit& fit) {
                       {"total_bytes", fit.total()}}}};
 }
 
+std::int64_t plan_cudnn_workspace(const PlanQuery& q, const PlanPoint& pt) {
+  if (q.base.kernel != AttentionKernel::fused) return 0;
+  const bool a2a = q.base.layout == Layout::A2A;
+  const std::int64_t heads = a2a ? q.cfg.num_attention_heads / pt.sp : q.cfg.num_attention_heads;
+  const AttentionShape s{.dtype = q.base.dtype, .d_qk = q.cfg.qk_head_dim(), .d_v = q.cfg.v_head_dim,
+                         .q_heads = heads, .kv_heads = heads, .q_len = a2a ? pt.seq : pt.seq / pt.sp, .kv_len = pt.seq};
+  const AttentionProviderTable& table = builtin_attention_provider_table();
+  const AttentionTiming* near = table.nearest(s);
+  if (!near || !(near->cudnn_fwd_ms > 0)) return 0;
+  return table.cudnn_workspace(s) * q.batch;
+}
+
 nlohmann::json plan_document(const PlanQuery& q, const std::vector<PlanPoint>& points) {
   nlohmann::json doc = {{"model", nlohmann::json::parse(config_to_json(q.cfg))},
                         {"layout", layout_name(q.base.layout)},
@@ -62,6 +75,7 @@ nlohmann::json plan_document(const PlanQuery& q, const std::vector<PlanPoint>& p
     nlohmann::json point = {{"seq", pt.seq}, {"sp", pt.sp}, {"rank", pt.rank}, {"variants", nlohmann::json::object()}};
     for (std::size_t i = 0; i < pt.plans.size(); ++i)
       point["variants"][kAllVariants[i].label()] = plan_to_json(pt.plans[i], device_fit(pt.plans[i], q.layers));
+    if (const std::int64_t ws = plan_cudnn_workspace(q, pt); ws > 0) point["cudnn_workspace_bytes"] = ws;
     doc["points"].push_back(std::move(point));
   }
   return doc;

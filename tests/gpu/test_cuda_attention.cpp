@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/attention_views.hpp"
+#include "cuda/cudnn_attention.hpp"
 #include "gpu_test_util.hpp"
 #include "laga/errors.hpp"
 
@@ -502,6 +503,110 @@ std::vector<Case> cases_192_128() {
 }
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionFusedDq, ::testing::ValuesIn(cases_192_128()),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+
+// ---------------------------------------------------------------- the cuDNN provider
+// Every case above plus all_gather-style offsets, bf16 fused, with --attention-provider cudnn: the cases the
+// provider takes (cudnn_attention_rejects empty) against the CPU in float64 like laga's kernels (o, lse, dq,
+// dk, dv, NaN around every view) and bitwise on rerun (cuDNN's deterministic backward); the others must be
+// refused with an InvalidArgument naming the shape (under auto they run laga's kernels). Skipped where
+// cuDNN cannot be loaded (built without the provider, or no libcudnn.so.9 on the library path).
+const Case kCudnnCases[] = {
+    {"mha_192_128_dense_last_rank_offset", 1, 64, 160, 2, 2, 192, 128, 96, Layout::dense, false},
+    {"mha_192_128_dense_middle_rank_offset", 2, 64, 256, 2, 2, 192, 128, 64, Layout::dense, false},
+    {"mha_128_128_dense_offset", 1, 48, 96, 2, 2, 128, 128, 48, Layout::dense, false},
+};
+
+std::vector<Case> cudnn_cases() {
+  std::vector<Case> out(std::begin(kCases), std::end(kCases));
+  out.insert(out.end(), std::begin(kCudnnCases), std::end(kCudnnCases));
+  return out;
+}
+std::string cudnn_case_name(const ::testing::TestParamInfo<Case>& i) { return i.param.name; }
+
+class CudaAttentionCudnn : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    LAGA_REQUIRE_GPU();
+    const CudnnInfo info = cuda_cudnn_info();
+    if (!info.loaded) GTEST_SKIP() << "cuDNN not available: " << info.error;
+    std::printf("GPUCHECK cudnn version %ld (built against %ld)\n", info.version, info.compiled_version);
+  }
+};
+
+TEST_P(CudaAttentionCudnn, MatchesCpuFloat64AndRerunsBitwise) {
+  Backends be;
+  cuda_set_attention_provider(*be.gpu, AttentionProvider::cudnn);
+  auto rng = rng_for_test();
+  Problem pr(GetParam(), AttentionKernel::fused, DType::bf16, be, rng);
+  const AttentionBwdParams p0 = pr.params(true);
+  const std::string why = cuda::cudnn_attention_rejects(static_cast<const AttentionFwdParams&>(p0));
+  if (!why.empty()) {
+    try {
+      pr.forward();
+      ADD_FAILURE() << "cudnn ran a call its rules reject (" << why << ")";
+    } catch (const InvalidArgument& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("attention provider cudnn cannot run"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("d_qk " + std::to_string(GetParam().d_qk)), std::string::npos) << msg;
+    }
+    return;
+  }
+  // The rules take the call; cuDNN's own support surface decides the rest. MLA's head dims must run; for
+  // others a missing plan is reported (the provider then refuses them, as it did here).
+  try {
+    pr.forward();
+    pr.backward(rng);
+  } catch (const InvalidArgument& e) {
+    const bool mla = GetParam().d_qk == 192 && GetParam().d_v == 128;
+    if (mla) FAIL() << "cuDNN has no plan for an MLA shape: " << e.what();
+    GTEST_SKIP() << "cuDNN has no plan: " << e.what();
+  }
+  pr.check_forward();
+  pr.check_backward();
+  const AttentionProviderCounts n = cuda_attention_provider_counts(*be.gpu);
+  EXPECT_EQ(n.cudnn_forward, 1u);
+  EXPECT_EQ(n.cudnn_backward, 1u);
+  EXPECT_EQ(n.laga_forward + n.laga_backward, 0u);
+  auto raw = [&](const Mirror& m) { return raw_bytes(*be.gpu, m.dev); };
+  const auto o1 = raw(pr.o), lse1 = raw(pr.lse), dq1 = raw(pr.dq), dk1 = raw(pr.dk), dv1 = raw(pr.dv);
+  AttentionBwdParams p = pr.params(true);
+  be.gpu->attention_forward(p);
+  be.gpu->attention_backward(p);
+  EXPECT_EQ(raw(pr.o), o1);
+  EXPECT_EQ(raw(pr.lse), lse1);
+  EXPECT_EQ(raw(pr.dq), dq1);
+  EXPECT_EQ(raw(pr.dk), dk1);
+  EXPECT_EQ(raw(pr.dv), dv1);
+  EXPECT_EQ(cuda_attention_provider_counts(*be.gpu).cudnn_graphs, 2u) << "one graph per direction, built once";
+  // Its workspace is kernel scratch (its own slot).
+  const CudaScratchInfo info = cuda_scratch_info(*be.gpu);
+  const auto slot = std::find_if(info.slots.begin(), info.slots.end(),
+                                 [](const CudaScratchSlot& s) { return s.name == "cudnn_workspace"; });
+  ASSERT_NE(slot, info.slots.end());
+  std::printf("GPUCHECK %s cudnn_workspace %zu bytes\n", GetParam().name, slot->peak_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionCudnn, ::testing::ValuesIn(cudnn_cases()), cudnn_case_name);
+
+// laga's provider never calls cuDNN, and float32 under auto runs laga's kernels.
+TEST(CudaAttentionProvider, LagaAndAutoCountTheirCalls) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  EXPECT_EQ(cuda_attention_provider(*be.gpu), AttentionProvider::laga) << "a new backend runs laga's kernels";
+  Problem pr(kCases[0], AttentionKernel::fused, DType::f32, be, rng);
+  cuda_set_attention_provider(*be.gpu, AttentionProvider::automatic);
+  pr.forward();
+  pr.backward(rng);
+  pr.check_backward();
+  const AttentionProviderCounts n = cuda_attention_provider_counts(*be.gpu);
+  EXPECT_EQ(n.laga_forward, 1u);
+  EXPECT_EQ(n.laga_backward, 1u);
+  EXPECT_EQ(n.cudnn_forward + n.cudnn_backward + n.cudnn_graphs, 0u);
+  cuda_reset_attention_provider_counts(*be.gpu);
+  EXPECT_EQ(cuda_attention_provider_counts(*be.gpu).laga_forward, 0u);
+}
 
 }  // namespace
 }  // namespace laga::gpu_test

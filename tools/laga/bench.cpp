@@ -19,6 +19,7 @@
 
 #include "commands.hpp"
 #include "format.hpp"
+#include "provider.hpp"
 #include "laga/bench.hpp"
 #include "laga/cuda.hpp"
 #include "laga/errors.hpp"
@@ -47,6 +48,7 @@ struct BenchOptions {
   bool check = false;
   bool gemm_check = false;
   bool kv_grad_reduce_fp32 = false;
+  std::string attention_provider = "auto";
   std::uint64_t seed = 1;
   std::string out;
   int node_size = 8;
@@ -146,7 +148,10 @@ struct Bench {
   int default_blas_threads = 1;
 
   std::unique_ptr<Backend> new_backend() {
-    return device == Device::cuda ? make_cuda_backend(o.gpu) : make_cpu_backend();
+    if (device != Device::cuda) return make_cpu_backend();
+    auto be = make_cuda_backend(o.gpu);
+    cuda_set_attention_provider(*be, parse_attention_provider(o.attention_provider));
+    return be;
   }
 
   RankState& state(std::size_t i) {
@@ -216,7 +221,10 @@ struct Bench {
     auto comm = p.sp == 1 ? make_single_rank_communicator(*s.be) : make_phantom_communicator(*s.be, rank, p.sp);
     if (device == Device::cpu) set_cpu_blas_threads(default_blas_threads);
     m.repeats.assign(1, {});
-    if (device == Device::cuda) cuda_reset_scratch_peak(*s.be, /*release=*/true);  // this point's kernel scratch
+    if (device == Device::cuda) {
+      cuda_reset_scratch_peak(*s.be, /*release=*/true);  // this point's kernel scratch
+      cuda_reset_attention_provider_counts(*s.be);
+    }
     for (int it = 0; it < o.warmup + o.repeat; ++it) {
       RankRun run = run_rank(cfg, options(p), shape, *s.be, *comm, o.seed, &s.w, &s.x, &s.dy);
       if (it >= o.warmup) m.repeats[0].push_back({run.fwd, run.bwd});
@@ -579,6 +587,7 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
   if (b.o.check && m.have_result) doc["check"] = check_json(p, m, reference, explicit_p1, pr.check);
   if (b.o.gemm_check) doc["gemms"] = gemms_json(b, m, pr.gemms);
   if (!m.timed.empty()) doc["exposed_communication"] = exposed_json(b, p, m, reps, pr.exposed);
+  if (b.device == Device::cuda) doc["attention_calls"] = attention_calls_report(*b.ranks.at(0).be);
   pr.doc = std::move(doc);
   pr.saved = double(run.saved_bytes);
   pr.peak_bwd = double(run.bwd.peak_bytes);
@@ -607,6 +616,7 @@ std::string canonical_command(const BenchOptions& o, const std::string& dtype) {
   if (o.check) c << " --check";
   if (o.gemm_check) c << " --gemm-check";
   if (o.kv_grad_reduce_fp32) c << " --kv-grad-reduce-in-fp32";
+  if (o.device == "cuda") c << " --attention-provider " << o.attention_provider;
   if (o.device == "cuda") c << " --gpu " << o.gpu;
   return c.str();
 }
@@ -683,6 +693,7 @@ Grid parse_grid(const BenchOptions& o) {
 
 // Every point of the grid, validated before anything runs.
 std::vector<Point> grid_points(const BenchOptions& o, const Bench& b, const Grid& g) {
+  check_attention_provider(o.attention_provider, b.device == Device::cuda);
   if (b.device == Device::cuda) {
     LAGA_REQUIRE(cuda_available(), "device = cuda: ", cuda_device_count() == 0 ? "no usable GPU (or laga was built without CUDA)" : "CUDA is not available");
     for (int P : g.sps)
@@ -734,7 +745,10 @@ json config_json(const BenchOptions& o, const Bench& b, const Grid& g, const std
                  {"kv_grad_reduce_in_fp32", o.kv_grad_reduce_fp32},
                  {"phantom_comm", o.phantom_comm},
                  {"phantom_links", o.phantom_comm == "timed" ? json(o.phantom_link) : json::array()}};
-  if (b.device == Device::cuda) config["gpu"] = o.gpu;
+  if (b.device == Device::cuda) {
+    config["gpu"] = o.gpu;
+    config["attention_provider"] = o.attention_provider;
+  }
   for (Layout l : g.layouts) config["layouts"].push_back(layout_name(l));
   for (AttentionKernel k : g.kernels) config["kernels"].push_back(kernel_name(k));
   for (std::size_t v : g.variants)
@@ -746,7 +760,11 @@ json bench_document(const Bench& b, json config) {
   return {{"schema", kSchema},
           {"generated", utc_now()},
           {"complete", false},
-          {"machine", json(machine_inventory())},
+          {"machine", b.device == Device::cuda ? [] {
+             json m = machine_inventory();
+             m["cudnn"] = cudnn_report();
+             return m;
+           }() : json(machine_inventory())},
           {"build", json(build_report())},
           {"config", std::move(config)},
           {"time_model", {{"label", "modeled"},
@@ -911,6 +929,9 @@ std::function<int()> add_bench(CLI::App& app, CLI::App*& sub) {
   sub->add_flag("--gemm-check", o->gemm_check, "Also time every GEMM of the block (in extra instrumented repeats "
                                                "after the timed ones) against the same GEMM alone; adds \"gemms\" "
                                                "to each point");
+  sub->add_option("--attention-provider", o->attention_provider,
+                  "Who runs the fused attention on cuda: auto (per shape, by bench/attention-providers.json within "
+                  "the scratch cap), laga or cudnn")->capture_default_str();
   sub->add_flag("--kv-grad-reduce-in-fp32", o->kv_grad_reduce_fp32,
                 "all_gather: explicit reduce-scatters its K/V gradients in float32 (as `laga run`)");
   sub->add_option("--seed", o->seed, "Seed of the deterministic weights and inputs")->capture_default_str();

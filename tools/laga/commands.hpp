@@ -11,6 +11,7 @@ std::function<int()> add_demo(CLI::App& app, CLI::App*& sub);
 std::function<int()> add_plan(CLI::App& app, CLI::App*& sub);
 std::function<int()> add_run(CLI::App& app, CLI::App*& sub, int* argc, char*** argv);
 std::function<int()> add_bench(CLI::App& app, CLI::App*& sub);
+std::function<int()> add_bench_attention(CLI::App& app, CLI::App*& sub);
 
 // Exit codes shared by every subcommand.
 inline constexpr int kExitOk = 0;

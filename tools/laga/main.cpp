@@ -34,10 +34,12 @@ int main(int argc, char** argv) {
   CLI::App* run = nullptr;
   CLI::App* plan = nullptr;
   CLI::App* bench = nullptr;
+  CLI::App* bench_attention = nullptr;
   auto run_demo = add_demo(app, demo);
   auto run_plan = add_plan(app, plan);
   auto run_run = add_run(app, run, &argc, &argv);
   auto run_bench = add_bench(app, bench);
+  auto run_bench_attention = add_bench_attention(app, bench_attention);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -60,6 +62,7 @@ int main(int argc, char** argv) {
     if (launched_by_mpirun() && launcher_rank() != 0) return kExitOk;
     if (plan->parsed()) return run_plan();
     if (bench->parsed()) return run_bench();
+    if (bench_attention->parsed()) return run_bench_attention();
     return run_demo();
   } catch (const laga::InvalidArgument& e) {
     std::fprintf(stderr, "laga: error: %s\n", e.what());

@@ -63,6 +63,10 @@ void print_point(const PlanOptions& o, const PlanQuery& q, const PlanPoint& pt) 
               human_bytes(double(plans[i].saved[k].bytes));
     std::printf("  %-20s %s\n", kAllVariants[i].label(), line.c_str());
   }
+  if (const std::int64_t ws = plan_cudnn_workspace(q, pt); ws > 0)
+    std::printf("kernel scratch outside these figures with --attention-provider cudnn: cuDNN's workspace %s\n"
+                "  (its deterministic backward, scaled from bench/attention-providers.json; auto runs laga's kernels\n"
+                "  where it exceeds the scratch cap)\n", human_bytes(double(ws)).c_str());
   std::printf("\n");
 }
 

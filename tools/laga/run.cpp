@@ -22,6 +22,7 @@
 #include "commands.hpp"
 #include "format.hpp"
 #include "laga/agree.hpp"
+#include "provider.hpp"
 #include "laga/cuda.hpp"
 #include "laga/errors.hpp"
 #include "laga/measure.hpp"
@@ -46,6 +47,7 @@ struct RunOptions {
   std::string absorbed_attention = "mqa";
   std::string device = "cpu";
   std::string comm = "auto";
+  std::string attention_provider = "auto";
   int phantom_rank = -1;  // >= 0: run this rank of --sp alone
   std::string phantom_comm = "instant";  // or timed: collectives hold the queue for the model's time
   std::string phantom_link = "node";     // timed: node (NVLink) or cross-node (InfiniBand)
@@ -145,7 +147,7 @@ json document_json(const RunOptions& o, const MlaConfig& cfg, int P) {
           {"options", {{"model", o.model}, {"seq", o.seq}, {"batch", o.batch}, {"sp", P}, {"form", o.form},
                        {"layout", o.layout}, {"kernel", o.kernel}, {"recompute", o.recompute},
                        {"absorbed_attention", o.absorbed_attention}, {"dtype", dtype_text(o)}, {"device", o.device},
-                       {"comm", o.comm}, {"seed", o.seed}, {"check", o.check}, {"warmup", o.warmup}}},
+                       {"comm", o.comm}, {"attention_provider", o.attention_provider}, {"seed", o.seed}, {"check", o.check}, {"warmup", o.warmup}}},
           {"runs", json::array()}};
 }
 
@@ -198,6 +200,7 @@ void check_options(const RunOptions& o, Prepared& p, int ranks, int rank) {
   require_dtype_runs_on(p.opts.dtype, p.device);
   LAGA_REQUIRE(p.device == Device::cuda || o.comm == "auto", "comm = '", o.comm,
                "': --comm chooses between GPU communicators (with --device cuda)");
+  check_attention_provider(o.attention_provider, p.device == Device::cuda);
   LAGA_REQUIRE(o.tolerance >= 0, "tolerance = ", o.tolerance, ": must be >= 0 (0 picks the dtype's default)");
   LAGA_REQUIRE(o.warmup >= 0 && o.warmup <= 100, "warmup = ", o.warmup, ": must be in [0, 100]");
 }
@@ -240,6 +243,7 @@ Prepared prepare(const RunOptions& o, int ranks, int rank, int gpu, int copies) 
   }
   if (copies > 0) require_run_fits(o, p, copies);
   p.be = p.device == Device::cuda ? make_cuda_backend(gpu) : make_cpu_backend();
+  if (p.device == Device::cuda) cuda_set_attention_provider(*p.be, parse_attention_provider(o.attention_provider));
   if (!o.load_dir.empty()) {
     p.loaded = load_problem(o, p.cfg, p.sh, p.opts.dtype, *p.be);
     p.have = true;
@@ -387,7 +391,8 @@ bool check_run(const RunOptions& o, Prepared& p, Communicator& comm, Communicato
     ProblemLoader load;
     if (p.have)
       load = [&](const BlockShape& sh, DType dt, Backend& be) { return load_problem(o, p.cfg, sh, dt, be); };
-    checks = check_single_process(p.cfg, p.opts, o.batch, o.seq, p.device, p.gpu, o.seed, policy, global, load);
+    checks = check_single_process(p.cfg, p.opts, o.batch, o.seq, p.device, p.gpu, o.seed, policy, global, load,
+                                  parse_attention_provider(o.attention_provider));
     if (policy.same_p)
       checks.insert(checks.begin() + 1,
                     check_against(CheckReference::same_p, global, same_p, policy.same_p_tolerance));
@@ -440,6 +445,7 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm, Communicat
     json entry = options_report(p.opts);
     entry["ranks"] = reports;
     if (o.check) entry["check"] = check_report(checks);
+    if (p.device == Device::cuda) entry["attention_calls"] = attention_calls_report(*p.be);
     doc["runs"].push_back(entry);
     write_json(o.json_path, doc);
   }
@@ -652,7 +658,12 @@ int run_phantom(const RunOptions& o) {
       require_run_fits(o, fit, 1);
     }
   }
-  auto make_backend = [&] { return cuda ? make_cuda_backend(gpu) : make_cpu_backend(); };
+  auto make_backend = [&] {
+    if (!cuda) return make_cpu_backend();
+    auto be = make_cuda_backend(gpu);
+    cuda_set_attention_provider(*be, parse_attention_provider(o.attention_provider));
+    return be;
+  };
   // Weights and inputs live on a backend of their own, made once; each variant runs on a fresh backend,
   // so the memory one variant's kernels keep outside the allocator (scratch, workspaces) is not charged
   // to the next one.
@@ -699,6 +710,10 @@ int run_phantom(const RunOptions& o) {
     else std::printf("done: %s\n", line.c_str());
     json entry = options_report(v);
     entry["ranks"] = json::array({rank_report(m.run, r, m.memory, gpu)});
+    if (cuda) {
+      entry["attention_calls"] = attention_calls_report(*be);
+      if (details) std::printf("attention calls: %s\n", entry["attention_calls"].dump().c_str());
+    }
     doc["runs"].push_back(entry);
     // Rewritten after every variant: a sweep stopped part way still leaves what it measured.
     if (!o.json_path.empty()) write_json(o.json_path, doc);
@@ -776,6 +791,11 @@ std::function<int()> add_run(CLI::App& app, CLI::App*& sub, int* argc, char*** a
                                        "(default bfloat16)");
   sub->add_option("--comm", o->comm, "GPU communicator: auto (NCCL when every rank has its own GPU, else MPI with "
                                      "host staging; a copy at P = 1), nccl or host-staging")->capture_default_str();
+  sub->add_option("--attention-provider", o->attention_provider,
+                  "Who runs the fused attention on cuda: auto (per shape, the faster of laga and cuDNN by the table "
+                  "bench/attention-providers.json, within the scratch cap; laga where cuDNN cannot run it), laga or "
+                  "cudnn")
+      ->capture_default_str();
   sub->add_option("--recompute", o->recompute, "none, or kv (laga: keep only the gathered latent)")->capture_default_str();
   sub->add_option("--absorbed-attention", o->absorbed_attention,
                   "absorbed form: mqa (native) or expanded (latent copied per head)")->capture_default_str();

@@ -1,0 +1,66 @@
+// Attention providers: which implementation runs a backend's attention calls. The block never knows; the
+// CUDA backend asks per call (laga/cuda.hpp: cuda_set_attention_provider).
+//   laga   the project's own kernels (eager, fused 192/128 and 576/512 on tensor cores, FMA otherwise)
+//   cudnn  cuDNN's fused attention through its graph API (192/128 MHA, bf16, causal with q_offset >= 0)
+//   auto   per shape, the faster of the two by the table of measured times below; laga where cuDNN cannot
+//          run the shape or the table has nothing close
+// The table is data kept in the repo (bench/attention-providers.json, embedded at build time) and
+// regenerated on the GPU by `laga bench-attention --out bench/attention-providers.json`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "laga/tensor.hpp"
+
+namespace laga {
+
+enum class AttentionProvider { automatic, laga, cudnn };
+
+// "auto", "laga", "cudnn".
+const char* attention_provider_name(AttentionProvider);
+// Throws InvalidArgument naming the value and the choices.
+AttentionProvider parse_attention_provider(const std::string& text);
+
+// What a provider choice depends on: one attention call's shape (the fused kernel's; eager always runs laga).
+struct AttentionShape {
+  DType dtype = DType::bf16;
+  std::int64_t d_qk = 0, d_v = 0;
+  std::int64_t q_heads = 0, kv_heads = 0;
+  std::int64_t q_len = 0, kv_len = 0;
+};
+
+// One measured point: both providers' median forward and backward times at one shape (MHA).
+struct AttentionTiming {
+  std::string dtype;  // "bfloat16"
+  std::int64_t d_qk = 0, d_v = 0, heads = 0, q_len = 0, kv_len = 0;
+  double laga_fwd_ms = 0, laga_bwd_ms = 0;
+  double cudnn_fwd_ms = 0, cudnn_bwd_ms = 0;  // 0: cuDNN did not run this point
+  std::int64_t cudnn_workspace_bytes = 0;      // the largest workspace its plans asked for (optional field)
+  AttentionProvider faster() const;           // by forward + backward; laga on a tie or without cuDNN
+};
+
+struct AttentionProviderTable {
+  std::vector<AttentionTiming> points;
+  // The point nearest to `s` (distance in log heads, log q_len, log kv_len) among those of the same dtype
+  // and head dims; null when none (or when `s` is not MHA).
+  const AttentionTiming* nearest(const AttentionShape& s) const;
+  // cuDNN's workspace for `s`: the nearest point's, scaled by heads x q_len x kv_len (its deterministic
+  // backward's workspace grows so: 2 bytes per (head, query, key) on the H200, cuDNN 9.14 and 9.19); 0 without
+  // a point.
+  std::int64_t cudnn_workspace(const AttentionShape& s) const;
+  // `auto`'s choice for `s`: the nearest point's faster provider, but laga when cuDNN's workspace for `s` would
+  // exceed `max_workspace` bytes, and laga when there is no such point.
+  AttentionProvider choose(const AttentionShape& s, std::int64_t max_workspace = INT64_MAX) const;
+
+  // The JSON document: {"points": [{"dtype", "d_qk", "d_v", "heads", "q_len", "kv_len", "laga_fwd_ms",
+  // "laga_bwd_ms", "cudnn_fwd_ms", "cudnn_bwd_ms", optional "cudnn_workspace_bytes"}, ...], ...}; other keys (machine, commit, versions) are
+  // kept by the writer and ignored here. Throws InvalidArgument naming the field that is missing or invalid.
+  static AttentionProviderTable from_json(const std::string& text);
+};
+
+// The table built into this binary (bench/attention-providers.json at build time).
+const AttentionProviderTable& builtin_attention_provider_table();
+
+}  // namespace laga

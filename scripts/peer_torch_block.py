@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of `laga bench --device cuda --phantom`: the whole MLA block of one a2a (Ulysses) rank
+of a DeepSeek-class model, written in plain PyTorch as a user would, forward + backward time and peak memory.
+
+Per rank (s = S / P local tokens, H / P heads after the exchange), bf16 weights and activations:
+  q = RoPE(RMSNorm(x W_DQ) W_UQ)             [c_kv | k_pe] = x W_DKV; c_kv = RMSNorm(c_kv); k_pe = RoPE(k_pe)
+  explicit: K, V = up-projection of the rank's latent (all heads); all-to-all of Q, K, V (tokens -> heads)
+  laga:     all-to-all of Q; all-gather of the latent; K, V = up-projection of the gathered latent (own heads)
+  o = scaled_dot_product_attention(q, k, v, is_causal=True)   (PyTorch picks the kernel: cuDNN, flash, ...)
+  all-to-all of O (heads -> tokens); y = o W_O
+The exchanges are emulated by local copies of the bytes the rank would receive (the rank's own chunk
+repeated), as laga's phantom rank does. Forward and backward (autograd, upstream gradient dy) are timed with
+CUDA events (median of --repeat after --warmup); peak memory is torch.cuda.max_memory_allocated over the
+pass, minus what was allocated before it (weights, x, dy). With --compile the non-attention parts run under
+torch.compile too (the attention call stays SDPA).
+
+    python3 scripts/peer_torch_block.py --seq 4096,16384,32768 --sp 8 --form explicit,laga --out peer.json
+"""
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import subprocess
+
+import torch
+import torch.nn.functional as F
+
+DSV3 = dict(hidden=7168, heads=128, q_lora=1536, kv_lora=512, d_nope=128, d_rope=64, d_v=128, theta=10000.0,
+            factor=40.0, mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1, orig_max_pos=4096, eps=1e-6)
+
+
+def yarn_inv_freq_and_mscale(c):
+    """DeepSeek-V3's YaRN frequencies and attention scale (Hugging Face DeepseekV3YarnRotaryEmbedding)."""
+    dim, base, factor = c["d_rope"], c["theta"], c["factor"]
+    freq_extra = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    freq_inter = 1.0 / (factor * base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+    def corr_dim(rot):
+        return (dim * math.log(c["orig_max_pos"] / (rot * 2 * math.pi))) / (2 * math.log(base))
+    low = max(math.floor(corr_dim(c["beta_fast"])), 0)
+    high = min(math.ceil(corr_dim(c["beta_slow"])), dim - 1)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3), 0, 1)
+    mask = 1.0 - ramp
+    inv_freq = freq_inter * (1 - mask) + freq_extra * mask
+
+    def get_mscale(scale, m):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+    rope_mscale = get_mscale(factor, c["mscale"]) / get_mscale(factor, c["mscale_all_dim"])
+    attn_mscale = get_mscale(factor, c["mscale_all_dim"])
+    return inv_freq, rope_mscale, attn_mscale
+
+
+def rope(x, cos, sin):
+    """DeepSeek's interleaved pairing: (x[2i], x[2i+1]) rotated into (y[i], y[i + d/2])."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def a2a_tokens_to_heads(t, P):
+    """[s, B, H, d] -> [S, B, H/P, d]: the rank's head slice of every rank's tokens (others' emulated)."""
+    hp = t.shape[2] // P
+    return torch.cat([t[:, :, :hp]] * P, dim=0)
+
+
+def a2a_heads_to_tokens(t, P):
+    """[S, B, H/P, d] -> [s, B, H, d]: the rank's tokens of every head slice (others' emulated)."""
+    s = t.shape[0] // P
+    return torch.cat([t[:s]] * P, dim=2)
+
+
+def all_gather(t, P):
+    return torch.cat([t] * P, dim=0)
+
+
+def make_block(c, S, P, B, form, compile_parts):
+    s, H, hp = S // P, c["heads"], c["heads"] // P
+    d_qk, dn, dr, dv, r_kv = c["d_nope"] + c["d_rope"], c["d_nope"], c["d_rope"], c["d_v"], c["kv_lora"]
+    inv_freq, rope_mscale, attn_mscale = yarn_inv_freq_and_mscale(c)
+    scale = attn_mscale ** 2 / math.sqrt(d_qk)
+    rank = P - 1  # the rank laga's --phantom measures
+    pos_local = torch.arange(rank * s, rank * s + s, dtype=torch.float64)
+
+    def cos_sin(pos):
+        ang = pos[:, None] * inv_freq[None, :]
+        return ((torch.cos(ang) * rope_mscale).to("cuda", torch.bfloat16)[:, None, None, :],
+                (torch.sin(ang) * rope_mscale).to("cuda", torch.bfloat16)[:, None, None, :])
+    cos_l, sin_l = cos_sin(pos_local)
+
+    def w(*shape):
+        return (torch.randn(*shape, device="cuda", dtype=torch.float32) / math.sqrt(shape[0])).to(
+            torch.bfloat16).requires_grad_()
+    W = dict(dq=w(c["hidden"], c["q_lora"]), q_norm=torch.ones(c["q_lora"], device="cuda", dtype=torch.bfloat16,
+                                                                requires_grad=True),
+             uq=w(c["q_lora"], H * d_qk), dkv=w(c["hidden"], r_kv + dr),
+             kv_norm=torch.ones(r_kv, device="cuda", dtype=torch.bfloat16, requires_grad=True),
+             uk=w(r_kv, H * dn), uv=w(r_kv, H * dv), o=w(H * dv, c["hidden"]))
+    eps = c["eps"]
+
+    def front(x):
+        cq = F.rms_norm(x @ W["dq"], (c["q_lora"],), W["q_norm"], eps)
+        q = (cq @ W["uq"]).view(s, B, H, d_qk)
+        q = torch.cat((q[..., :dn], rope(q[..., dn:], cos_l, sin_l)), dim=-1)
+        lat = x @ W["dkv"]
+        ckv = F.rms_norm(lat[..., :r_kv], (r_kv,), W["kv_norm"], eps)
+        kpe = rope(lat[..., r_kv:].view(s, B, 1, dr), cos_l, sin_l)
+        return q, ckv, kpe
+
+    def explicit_kv(q, ckv, kpe):  # K, V for every head of the local tokens, then all-to-all of Q, K, V
+        k = torch.cat(((ckv @ W["uk"]).view(s, B, H, dn), kpe.expand(s, B, H, dr)), dim=-1)
+        v = (ckv @ W["uv"]).view(s, B, H, dv)
+        return a2a_tokens_to_heads(q, P), a2a_tokens_to_heads(k, P), a2a_tokens_to_heads(v, P)
+
+    def laga_kv(q, ckv, kpe):  # all-to-all of Q, all-gather of the latent, K, V for this rank's heads
+        ckv_all, kpe_all = all_gather(ckv, P), all_gather(kpe, P)
+        uk = W["uk"].view(r_kv, H, dn)[:, :hp].reshape(r_kv, hp * dn)
+        uv = W["uv"].view(r_kv, H, dv)[:, :hp].reshape(r_kv, hp * dv)
+        k = torch.cat(((ckv_all @ uk).view(S, B, hp, dn), kpe_all.expand(S, B, hp, dr)), dim=-1)
+        v = (ckv_all @ uv).view(S, B, hp, dv)
+        return a2a_tokens_to_heads(q, P), k, v
+
+    def back(o):  # [S, B, hp, dv] -> y [s, B, hidden]
+        return a2a_heads_to_tokens(o, P).reshape(s, B, H * dv) @ W["o"]
+
+    pre = explicit_kv if form == "explicit" else laga_kv
+    if compile_parts:
+        front, pre, back = torch.compile(front), torch.compile(pre), torch.compile(back)
+
+    def block(x):
+        q, k, v = pre(*front(x))
+        # SDPA wants [B, heads, tokens, d]: strided views of the [tokens, B, heads, d] tensors.
+        o = F.scaled_dot_product_attention(q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3),
+                                           is_causal=True, scale=scale)
+        return back(o.permute(2, 0, 1, 3))
+    return block, W
+
+
+def measure(c, S, P, B, form, compile_parts, warmup, repeat):
+    torch.cuda.empty_cache()
+    torch.manual_seed(0)
+    block, W = make_block(c, S, P, B, form, compile_parts)
+    s = S // P
+    x = torch.randn(s, B, c["hidden"], device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(s, B, c["hidden"], device="cuda", dtype=torch.bfloat16)
+    fwd_ms, bwd_ms, peaks = [], [], []
+    for it in range(warmup + repeat):
+        for t in list(W.values()) + [x]:
+            t.grad = None
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        e0.record()
+        y = block(x)
+        e1.record()
+        y.backward(dy)
+        e2.record()
+        torch.cuda.synchronize()
+        if it >= warmup:
+            fwd_ms.append(e0.elapsed_time(e1))
+            bwd_ms.append(e1.elapsed_time(e2))
+            peaks.append(torch.cuda.max_memory_allocated() - base)
+        del y
+    # Which attention kernels ran: the CUDA kernels' names of one more pass, as the profiler sees them.
+    kernels = set()
+    try:
+        from torch.profiler import profile, ProfilerActivity
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            block(x).backward(dy)
+            torch.cuda.synchronize()
+        for ev in prof.key_averages():
+            n = ev.key.lower()
+            if any(tag in n for tag in ("cudnn", "flash", "fmha", "attention", "sdpa")):
+                kernels.add(ev.key[:120])
+    except Exception as e:  # the profiler is a nicety here
+        kernels.add(f"profiler unavailable: {e}")
+    del block, W, x, dy
+    return {"forward_ms": statistics.median(fwd_ms), "backward_ms": statistics.median(bwd_ms),
+            "block_ms": statistics.median([f + b for f, b in zip(fwd_ms, bwd_ms)]),
+            "forward_ms_all": fwd_ms, "backward_ms_all": bwd_ms,
+            "peak_bytes": max(peaks), "attention_kernels": sorted(kernels)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seq", default="4096,16384,32768")
+    ap.add_argument("--sp", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--form", default="explicit,laga")
+    ap.add_argument("--compile", default="off", help="off, on, or both")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    c = DSV3
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    doc = {"schema": "laga-peer/1", "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "command": "python3 scripts/peer_torch_block.py " + " ".join(
+               f"--{k} {v}" for k, v in [("seq", a.seq), ("sp", a.sp), ("batch", a.batch), ("form", a.form),
+                                         ("compile", a.compile), ("warmup", a.warmup), ("repeat", a.repeat)]),
+           "machine": {"hostname": platform.node(), "device_name": torch.cuda.get_device_name(),
+                       "torch": torch.__version__, "cuda": torch.version.cuda,
+                       "cudnn": torch.backends.cudnn.version()},
+           "commit": commit, "model": "deepseek-v3", "dtype": "bfloat16", "layout": "a2a",
+           "rank": "P-1 of P, exchanges emulated by local copies", "points": []}
+    compiles = {"off": [False], "on": [True], "both": [False, True]}[a.compile]
+    for S in [int(v) for v in a.seq.split(",")]:
+        for form in a.form.split(","):
+            for comp in compiles:
+                try:
+                    m = measure(c, S, a.sp, a.batch, form, comp, a.warmup, a.repeat)
+                except torch.cuda.OutOfMemoryError as e:
+                    m = {"error": f"out of memory: {str(e).splitlines()[0][:160]}"}
+                pt = {"seq": S, "sp": a.sp, "batch": a.batch, "form": form, "compile": comp, **m}
+                doc["points"].append(pt)
+                if "error" in m:
+                    print(f"peer S={S} P={a.sp} {form} compile={comp}: {m['error']}", flush=True)
+                else:
+                    print(f"peer S={S} P={a.sp} {form:8} compile={str(comp):5} fwd {m['forward_ms']:8.2f} ms  bwd "
+                          f"{m['backward_ms']:8.2f} ms  block {m['block_ms']:8.2f} ms  peak "
+                          f"{m['peak_bytes'] / 2**30:6.2f} GiB  {m['attention_kernels'][:2]}", flush=True)
+                if a.out:
+                    with open(a.out, "w") as f:
+                        json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

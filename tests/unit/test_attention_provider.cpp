@@ -1,0 +1,103 @@
+// Attention providers: names, the table of measured times, and `auto`'s choice from it (laga's kernels where
+// the table has no point of the shape's dtype and head dims, or the shape is not MHA).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "laga/attention_provider.hpp"
+#include "laga/errors.hpp"
+
+namespace laga {
+namespace {
+
+const char* kTable = R"({
+  "about": "test",
+  "points": [
+    {"dtype": "bfloat16", "d_qk": 192, "d_v": 128, "heads": 16, "q_len": 4096, "kv_len": 4096,
+     "laga_fwd_ms": 1.0, "laga_bwd_ms": 3.0, "cudnn_fwd_ms": 0.8, "cudnn_bwd_ms": 2.0,
+     "cudnn_workspace_bytes": 536870912},
+    {"dtype": "bfloat16", "d_qk": 192, "d_v": 128, "heads": 128, "q_len": 2048, "kv_len": 16384,
+     "laga_fwd_ms": 1.0, "laga_bwd_ms": 2.0, "cudnn_fwd_ms": 1.5, "cudnn_bwd_ms": 2.0},
+    {"dtype": "bfloat16", "d_qk": 192, "d_v": 128, "heads": 16, "q_len": 32768, "kv_len": 32768,
+     "laga_fwd_ms": 50.0, "laga_bwd_ms": 150.0, "cudnn_fwd_ms": 0, "cudnn_bwd_ms": 0}
+  ]})";
+
+AttentionShape mha(std::int64_t heads, std::int64_t q_len, std::int64_t kv_len) {
+  return AttentionShape{.dtype = DType::bf16, .d_qk = 192, .d_v = 128, .q_heads = heads, .kv_heads = heads,
+                        .q_len = q_len, .kv_len = kv_len};
+}
+
+TEST(AttentionProvider, NamesRoundTripAndBadNamesAreRefused) {
+  for (auto p : {AttentionProvider::automatic, AttentionProvider::laga, AttentionProvider::cudnn})
+    EXPECT_EQ(parse_attention_provider(attention_provider_name(p)), p);
+  try {
+    parse_attention_provider("flash");
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'flash'"), std::string::npos) << m;
+    EXPECT_NE(m.find("auto, laga, cudnn"), std::string::npos) << m;
+  }
+}
+
+TEST(AttentionProvider, AutoTakesTheNearestPointsFasterProvider) {
+  const auto t = AttentionProviderTable::from_json(kTable);
+  ASSERT_EQ(t.points.size(), 3u);
+  // At a measured point, and near it (S 6000 is nearer 4k than 32k in log terms).
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096)), AttentionProvider::cudnn);
+  EXPECT_EQ(t.choose(mha(16, 6000, 6000)), AttentionProvider::cudnn);
+  // all_gather-like shape: laga's total 3.0 ms < cuDNN's 3.5 ms.
+  EXPECT_EQ(t.choose(mha(128, 2048, 16384)), AttentionProvider::laga);
+  // cuDNN did not run the nearest point: laga.
+  EXPECT_EQ(t.choose(mha(16, 32768, 32768)), AttentionProvider::laga);
+  // Head dims, dtype or MQA the table does not cover: laga.
+  AttentionShape other = mha(16, 4096, 4096);
+  other.d_qk = 576, other.d_v = 512;
+  EXPECT_EQ(t.nearest(other), nullptr);
+  EXPECT_EQ(t.choose(other), AttentionProvider::laga);
+  AttentionShape f32 = mha(16, 4096, 4096);
+  f32.dtype = DType::f32;
+  EXPECT_EQ(t.choose(f32), AttentionProvider::laga);
+  AttentionShape mqa = mha(16, 4096, 4096);
+  mqa.kv_heads = 1;
+  EXPECT_EQ(t.choose(mqa), AttentionProvider::laga);
+  // cuDNN's workspace scales with heads x q_len x kv_len; auto keeps it under the cap it is given.
+  EXPECT_EQ(t.cudnn_workspace(mha(16, 4096, 4096)), 536870912);
+  EXPECT_EQ(t.cudnn_workspace(mha(16, 8192, 8192)), 4 * 536870912LL);
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096), 536870912), AttentionProvider::cudnn);
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096), 536870911), AttentionProvider::laga);
+  EXPECT_EQ(t.choose(mha(16, 6000, 6000), 1LL << 30), AttentionProvider::laga);  // 1.07 GiB > 1 GiB
+  // An empty table: laga everywhere.
+  EXPECT_EQ(AttentionProviderTable{}.choose(mha(16, 4096, 4096)), AttentionProvider::laga);
+}
+
+TEST(AttentionProvider, MalformedTablesNameTheField) {
+  auto message = [](const std::string& text) {
+    try {
+      AttentionProviderTable::from_json(text);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("not json").find("not JSON"), std::string::npos);
+  EXPECT_NE(message("{}").find("'points'"), std::string::npos);
+  EXPECT_NE(message(R"({"points": [{"dtype": "bfloat16", "d_qk": 192}]})").find("points[0].d_v"), std::string::npos);
+  EXPECT_NE(message(R"({"points": [{"dtype": "bfloat16", "d_qk": 192, "d_v": 128, "heads": 16, "q_len": 8,
+    "kv_len": 8, "laga_fwd_ms": -1, "laga_bwd_ms": 1, "cudnn_fwd_ms": 0, "cudnn_bwd_ms": 0}]})")
+                .find("points[0].laga_fwd_ms"),
+            std::string::npos);
+}
+
+// The table compiled into the binary parses (bench/attention-providers.json), and every point of it is a
+// 192/128 bfloat16 MHA shape with laga's times measured.
+TEST(AttentionProvider, BuiltInTableParses) {
+  const auto& t = builtin_attention_provider_table();
+  for (const auto& p : t.points) {
+    EXPECT_EQ(p.dtype, "bfloat16");
+    EXPECT_GT(p.laga_fwd_ms + p.laga_bwd_ms, 0);
+  }
+}
+
+}  // namespace
+}  // namespace laga

@@ -1,0 +1,241 @@
+// `laga bench-attention`: each attention provider's fused forward and backward, timed on the GPU at the
+// shapes a sequence-parallel rank of the model runs (bf16, causal, batch 1), written as the table that
+// `--attention-provider auto` chooses from (laga/attention_provider.hpp; the repo keeps it as
+// bench/attention-providers.json, compiled in at the next build).
+//
+// Shapes per (S, P), heads H the model's: a2a (H / P heads over the whole sequence, q_offset 0) and
+// all_gather (H heads, the last rank's S / P queries over S keys, q_offset S - S / P).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "format.hpp"
+#include "laga/attention_provider.hpp"
+#include "laga/config.hpp"
+#include "laga/cuda.hpp"
+#include "laga/errors.hpp"
+#include "laga_build_commit.hpp"
+#include "laga/measure.hpp"
+#include "provider.hpp"
+
+namespace laga::cli {
+namespace {
+
+using nlohmann::json;
+using i64 = std::int64_t;
+
+struct BenchAttentionOptions {
+  std::string model = "deepseek-v3";
+  std::vector<i64> seq{4096, 16384, 32768};
+  std::vector<int> sp{8};
+  std::vector<std::string> layout{"a2a", "all_gather"};
+  int repeat = 5, warmup = 2, gpu = 0;
+  std::string out;
+};
+
+struct Shape {
+  std::string layout;
+  i64 heads, q_len, kv_len, q_offset, S;
+  int P;
+};
+
+// A [rows, cols] bf16 tensor: 256 random rows uploaded once, repeated down by the backend's broadcast copy.
+Tensor random_rows(Backend& be, i64 rows, i64 cols, std::mt19937_64& rng) {
+  const i64 block = std::min<i64>(rows, 256);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<std::uint16_t> host(std::size_t(block * cols));
+  for (auto& h : host) {
+    const float f = u(rng);
+    std::uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    h = std::uint16_t(bits >> 16);
+  }
+  Tensor src(be.allocator(), DType::bf16, {block, cols}, "rows", MemoryKind::external);
+  be.copy_from_host(src, host.data());
+  Tensor t(be.allocator(), DType::bf16, {rows, cols}, "t", MemoryKind::external);
+  const i64 full = rows / block, tail = rows - full * block;
+  be.copy(CopyArgs{.dtype = DType::bf16, .batch = full, .rows = block, .cols = cols, .src = src.data(),
+                   .src_ld = cols, .src_batch_stride = 0, .dst = t.data(), .dst_ld = cols,
+                   .dst_batch_stride = block * cols});
+  if (tail > 0)
+    be.copy(CopyArgs{.dtype = DType::bf16, .rows = tail, .cols = cols, .src = src.data(), .src_ld = cols,
+                     .dst = static_cast<char*>(t.data()) + full * block * cols * 2, .dst_ld = cols});
+  be.synchronize();
+  return t;
+}
+
+template <typename F>
+double median_ms(Backend& be, F&& f, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    be.reset_marks();
+    const int a = be.mark();
+    f();
+    const int b = be.mark();
+    be.synchronize();
+    ms.push_back(be.elapsed(a, b) * 1e3);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int run_bench_attention(const BenchAttentionOptions& o) {
+  const MlaConfig cfg = resolve_model(o.model);
+  LAGA_REQUIRE(cuda_available(), "bench-attention: no usable GPU (or laga was built without CUDA)");
+  LAGA_REQUIRE(o.repeat >= 1 && o.warmup >= 0, "repeat = ", o.repeat, ", warmup = ", o.warmup,
+               ": repeat must be >= 1 and warmup >= 0");
+  const i64 d_qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, d_v = cfg.v_head_dim, H = cfg.num_attention_heads;
+  std::vector<Shape> shapes;
+  for (i64 S : o.seq)
+    for (int P : o.sp) {
+      LAGA_REQUIRE(S > 0 && P > 0 && S % P == 0, "seq = ", S, ", sp = ", P, ": S must be a positive multiple of P");
+      for (const auto& l : o.layout) {
+        LAGA_REQUIRE(l == "a2a" || l == "all_gather", "layout = '", l, "': must be a2a or all_gather");
+        if (l == "a2a") {
+          LAGA_REQUIRE(H % P == 0, "sp = ", P, ": a2a needs the heads (", H, ") divisible by P");
+          shapes.push_back({l, H / P, S, S, 0, S, P});
+        } else {
+          shapes.push_back({l, H, S / P, S, S - S / P, S, P});
+        }
+      }
+    }
+  const CudnnInfo cudnn = cuda_cudnn_info();
+  std::printf("laga bench-attention: %s, d_qk %ld, d_v %ld, bf16, causal, batch 1; cuDNN %s\n",
+              cuda_device_name(o.gpu).c_str(), long(d_qk), long(d_v),
+              cudnn.loaded ? std::to_string(cudnn.version).c_str() : cudnn.error.c_str());
+  std::fflush(stdout);
+  auto be = make_cuda_backend(o.gpu);
+  std::mt19937_64 rng(1);
+  json points = json::array();
+  Table table({"layout", "S", "P", "heads", "q_len", "kv_len", "laga fwd ms", "laga bwd ms", "cudnn fwd ms",
+               "cudnn bwd ms", "TFLOP/s laga f/b", "TFLOP/s cudnn f/b", "auto"});
+  for (const Shape& s : shapes) {
+    Tensor q = random_rows(*be, s.q_len, s.heads * d_qk, rng);
+    Tensor k = random_rows(*be, s.kv_len, s.heads * d_qk, rng);
+    Tensor v = random_rows(*be, s.kv_len, s.heads * d_v, rng);
+    Tensor dout = random_rows(*be, s.q_len, s.heads * d_v, rng);
+    Tensor out(be->allocator(), DType::bf16, {s.q_len, s.heads * d_v}, "o", MemoryKind::external);
+    Tensor dq(be->allocator(), DType::bf16, {s.q_len, s.heads * d_qk}, "dq", MemoryKind::external);
+    Tensor dk(be->allocator(), DType::bf16, {s.kv_len, s.heads * d_qk}, "dk", MemoryKind::external);
+    Tensor dv(be->allocator(), DType::bf16, {s.kv_len, s.heads * d_v}, "dv", MemoryKind::external);
+    Tensor lse(be->allocator(), DType::f32, {s.heads, s.q_len}, "lse", MemoryKind::external);
+    AttentionBwdParams p;
+    p.dtype = DType::bf16, p.kernel = AttentionKernel::fused, p.batch = 1, p.q_len = s.q_len, p.kv_len = s.kv_len;
+    p.q_heads = p.kv_heads = s.heads, p.d_qk = d_qk, p.d_v = d_v, p.q_offset = s.q_offset;
+    p.scale = 1.0 / std::sqrt(double(d_qk));
+    auto view = [&](const Tensor& t, i64 d, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
+      ts = bs = t.dim(1), hs = d;
+    };
+    p.q = q.data(), view(q, d_qk, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
+    p.k = k.data(), view(k, d_qk, p.k_token_stride, p.k_batch_stride, p.k_head_stride);
+    p.v = v.data(), view(v, d_v, p.v_token_stride, p.v_batch_stride, p.v_head_stride);
+    p.o = out.data(), view(out, d_v, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
+    p.dout = dout.data(), view(dout, d_v, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
+    p.dq = dq.data(), view(dq, d_qk, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
+    p.dk = dk.data(), view(dk, d_qk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
+    p.dv = dv.data(), view(dv, d_v, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+    p.lse = lse.data();
+    // Unmasked (query, key, head) triples: query i sees keys 0 .. min(kv_len - 1, i + q_offset).
+    double pairs = 0;
+    for (i64 i = 0; i < s.q_len; ++i) pairs += double(std::min(s.kv_len, i + s.q_offset + 1));
+    pairs *= double(s.heads);
+    const double fwd_flops = 2.0 * double(d_qk + d_v) * pairs, bwd_flops = 2.0 * double(3 * d_qk + 2 * d_v) * pairs;
+
+    AttentionTiming t{.dtype = "bfloat16", .d_qk = d_qk, .d_v = d_v, .heads = s.heads, .q_len = s.q_len,
+                      .kv_len = s.kv_len};
+    cuda_set_attention_provider(*be, AttentionProvider::laga);
+    t.laga_fwd_ms = median_ms(*be, [&] { be->attention_forward(p); }, o.warmup, o.repeat);
+    t.laga_bwd_ms = median_ms(*be, [&] { be->attention_backward(p); }, o.warmup, o.repeat);
+    std::string cudnn_error;
+    if (cudnn.loaded) {
+      cuda_reset_scratch_peak(*be, /*release=*/true);
+      cuda_set_attention_provider(*be, AttentionProvider::cudnn);
+      try {
+        t.cudnn_fwd_ms = median_ms(*be, [&] { be->attention_forward(p); }, o.warmup, o.repeat);
+        t.cudnn_bwd_ms = median_ms(*be, [&] { be->attention_backward(p); }, o.warmup, o.repeat);
+        for (const auto& slot : cuda_scratch_info(*be).slots)
+          if (slot.name == "cudnn_workspace") t.cudnn_workspace_bytes = std::int64_t(slot.peak_bytes);
+      } catch (const InvalidArgument& e) {  // cuDNN has no plan for this shape
+        t.cudnn_fwd_ms = t.cudnn_bwd_ms = 0;
+        cudnn_error = e.what();
+      }
+    } else {
+      cudnn_error = cudnn.error;
+    }
+    json j = {{"layout", s.layout},         {"S", s.S},
+              {"P", s.P},                   {"q_offset", s.q_offset},
+              {"dtype", t.dtype},           {"d_qk", t.d_qk},
+              {"d_v", t.d_v},               {"heads", t.heads},
+              {"q_len", t.q_len},           {"kv_len", t.kv_len},
+              {"laga_fwd_ms", t.laga_fwd_ms}, {"laga_bwd_ms", t.laga_bwd_ms},
+              {"cudnn_fwd_ms", t.cudnn_fwd_ms}, {"cudnn_bwd_ms", t.cudnn_bwd_ms},
+              {"cudnn_workspace_bytes", t.cudnn_workspace_bytes},
+              {"laga_fwd_tflops", fwd_flops / t.laga_fwd_ms * 1e-9}, {"laga_bwd_tflops", bwd_flops / t.laga_bwd_ms * 1e-9},
+              {"faster", attention_provider_name(t.faster())}};
+    if (t.cudnn_fwd_ms > 0) {
+      j["cudnn_fwd_tflops"] = fwd_flops / t.cudnn_fwd_ms * 1e-9;
+      j["cudnn_bwd_tflops"] = bwd_flops / t.cudnn_bwd_ms * 1e-9;
+    }
+    if (!cudnn_error.empty()) j["cudnn_error"] = cudnn_error;
+    points.push_back(j);
+    auto tf = [&](double f, double ms) { return ms > 0 ? fmt("%.0f", f / ms * 1e-9) : std::string("-"); };
+    table.add({s.layout, std::to_string(s.S), std::to_string(s.P), std::to_string(s.heads), std::to_string(s.q_len),
+               std::to_string(s.kv_len), fmt("%.3f", t.laga_fwd_ms), fmt("%.3f", t.laga_bwd_ms),
+               t.cudnn_fwd_ms > 0 ? fmt("%.3f", t.cudnn_fwd_ms) : "-", t.cudnn_bwd_ms > 0 ? fmt("%.3f", t.cudnn_bwd_ms) : "-",
+               tf(fwd_flops, t.laga_fwd_ms) + " / " + tf(bwd_flops, t.laga_bwd_ms),
+               tf(fwd_flops, t.cudnn_fwd_ms) + " / " + tf(bwd_flops, t.cudnn_bwd_ms), attention_provider_name(t.faster())});
+    std::printf("done: %s S=%ld P=%d%s\n", s.layout.c_str(), long(s.S), s.P,
+                cudnn_error.empty() ? "" : (" (cuDNN: " + cudnn_error + ")").c_str());
+    std::fflush(stdout);
+  }
+  table.print();
+  if (!o.out.empty()) {
+    std::string seqs, sps, layouts;
+    for (i64 S : o.seq) seqs += (seqs.empty() ? "" : ",") + std::to_string(S);
+    for (int P : o.sp) sps += (sps.empty() ? "" : ",") + std::to_string(P);
+    for (const auto& l : o.layout) layouts += (layouts.empty() ? "" : ",") + l;
+    json doc = {{"about", "Median forward and backward milliseconds of each attention provider per shape (bf16, causal, "
+                          "batch 1, FLOPs 2 (d_qk + d_v) forward and 2 (3 d_qk + 2 d_v) backward per unmasked (query, "
+                          "key, head)): the table `--attention-provider auto` chooses from, by forward + backward of "
+                          "the nearest point. Regenerate on the GPU with the command below."},
+                {"command", "laga bench-attention --model " + o.model + " --seq " + seqs + " --sp " + sps +
+                                " --layout " + layouts + " --repeat " + std::to_string(o.repeat) + " --warmup " +
+                                std::to_string(o.warmup) + " --out FILE"},
+                {"machine", {{"device_name", cuda_device_name(o.gpu)}, {"cudnn", cudnn_report()}}},
+                {"commit", LAGA_BUILD_COMMIT},
+                {"dirty", LAGA_BUILD_DIRTY < 0 ? json(nullptr) : json(LAGA_BUILD_DIRTY == 1)},
+                {"points", points}};
+    std::ofstream f(o.out);
+    LAGA_REQUIRE(f.good(), "out = '", o.out, "': cannot open for writing");
+    f << doc.dump(2) << "\n";
+    std::printf("wrote %s\n", o.out.c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+std::function<int()> add_bench_attention(CLI::App& app, CLI::App*& sub) {
+  auto o = std::make_shared<BenchAttentionOptions>();
+  sub = app.add_subcommand("bench-attention",
+                           "Time laga's and cuDNN's fused attention at a model's per-rank shapes on the GPU; --out "
+                           "writes the table --attention-provider auto chooses from (bench/attention-providers.json)");
+  sub->add_option("--model", o->model, "Preset or path to a config.json (head dims and heads)")->capture_default_str();
+  sub->add_option("--seq", o->seq, "Sequence lengths S, comma separated")->delimiter(',')->capture_default_str();
+  sub->add_option("--sp", o->sp, "Sequence-parallel ranks P, comma separated")->delimiter(',')->capture_default_str();
+  sub->add_option("--layout", o->layout, "a2a, all_gather (comma separated)")->delimiter(',')->capture_default_str();
+  sub->add_option("--repeat", o->repeat, "Timed repeats (median)")->capture_default_str();
+  sub->add_option("--warmup", o->warmup, "Untimed runs first")->capture_default_str();
+  sub->add_option("--gpu", o->gpu, "CUDA device index")->capture_default_str();
+  sub->add_option("--out", o->out, "The table as JSON");
+  return [o] { return run_bench_attention(*o); };
+}
+
+}  // namespace laga::cli
