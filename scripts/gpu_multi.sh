@@ -69,6 +69,6 @@ if [[ $parts == *2* ]]; then
       done
     done
   done
-  python3 scripts/multi_gpu_table.py "${docs[@]}" --json "$out/multi-gpu-dsv3.json"
+  python3 scripts/multi_gpu_table.py "${docs[@]}" --laga "$LAGA" --json "$out/multi-gpu-dsv3.json"
   echo "part 2 ($(( $(date +%s) - t )) s)"
 fi

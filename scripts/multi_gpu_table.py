@@ -2,28 +2,44 @@
 """Tables of `laga run --json` documents from real multi-GPU runs (scripts/gpu_multi.sh): the block's time
 per form, the collectives' time and bus bandwidth, LAGA's speed-up over explicit, and what the alpha-beta
 time model (include/laga/bench.hpp; NVLink 450 GB/s per direction and 2 us per step, all ranks on one node)
-predicts for the same points from the measured compute.
+predicts for the same points from the measured compute (`laga plan --json`: the collectives of the same
+configuration priced at the "node" placement, all ranks of the group on one node).
 
-    python3 scripts/multi_gpu_table.py run1.json run2.json ... [--json out.json]
+    python3 scripts/multi_gpu_table.py run1.json run2.json ... [--laga build/laga] [--json out.json]
 """
 import argparse
 import json
+import os
+import subprocess
 import sys
+import tempfile
 
-NVLINK_BW, NVLINK_ALPHA = 450e9, 2e-6  # the model's defaults (default_time_model)
+
+def plan_of(laga, d):
+    """`laga plan --json` of a run document's configuration and variant: (the variant's plan, the time model)."""
+    o, r = d["options"], d["runs"][0]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "config.json")
+        with open(model, "w") as f:
+            json.dump(d["config"], f)
+        cmd = [laga, "plan", "--model", model, "--seq", str(o["seq"]), "--sp", str(o["sp"]), "--batch", str(o["batch"]),
+               "--layout", r["layout"], "--kernel", r["kernel"], "--dtype", r["dtype"], "--json"]
+        cmd += ["--kv-grad-reduce-in-fp32"] if r.get("kv_grad_reduce_in_fp32") else []
+        doc = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return doc["points"][0]["variants"][r["variant"]], doc["time_model"]
 
 
-def modeled_comm(rank, P):
-    # Ring all-gather / reduce-scatter and pairwise all-to-all: P-1 steps, bytes_sent / bandwidth.
-    return sum(c["calls"] * (P - 1) * NVLINK_ALPHA + c["bytes_sent"] / NVLINK_BW for c in rank["traffic"])
+def modeled_comm(plan):
+    return next(pl["collective_s"] for pl in plan["modeled"]["placements"] if pl["placement"] == "node")
 
 
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("documents", nargs="+", help="laga run --json documents of multi-GPU runs")
     ap.add_argument("--json", dest="out_json", help="write the points, collectives and speed-ups here")
+    ap.add_argument("--laga", default="build/laga", help="the laga binary (its `laga plan --json` prices the collectives)")
     args = ap.parse_args(argv)
-    points, coll, machine = [], [], None
+    points, coll, machine, tm = [], [], None, None
     for path in args.documents:
         try:
             d = json.load(open(path))
@@ -39,7 +55,8 @@ def main(argv):
         fwd, bwd = slow["seconds_forward_total"], slow["seconds_backward_total"]
         comm = slow["seconds_forward"]["communication"] + slow["seconds_backward"]["communication"]
         compute = fwd + bwd - comm
-        model = compute + modeled_comm(slow, P)
+        plan, tm = plan_of(args.laga, d)
+        model = compute + modeled_comm(plan)
         points.append({"seq": o["seq"], "sp": P, "layout": r["layout"], "form": r["variant"], "kernel": r["kernel"],
                        "forward_s": fwd, "backward_s": bwd, "communication_s": comm, "compute_s": compute,
                        "modeled_block_s": model, "rank": slow["rank"], "communicator": d["machine"]["communicator"],
@@ -78,7 +95,8 @@ def main(argv):
               f"{c['tensor']:10} {c['bytes_sent']/2**20:10.2f} MiB {c['seconds']*1e3:8.3f} ms {c['bus_gbs']:7.1f} GB/s")
     if args.out_json:
         json.dump({"machine": machine, "points": points, "collectives": coll, "speedups": speedups,
-                   "time_model": {"label": "modeled", "bandwidth_bytes_per_s": NVLINK_BW, "latency_s": NVLINK_ALPHA}},
+                   "time_model": {"label": "modeled", "bandwidth_bytes_per_s": tm["intra"]["bandwidth_bytes_per_s"],
+                                  "latency_s": tm["intra"]["latency_s"]}},
                   open(args.out_json, "w"), indent=1)
     return 0
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "laga/bench.hpp"
 #include "laga/plan.hpp"
 
 namespace laga {
@@ -23,6 +24,7 @@ struct PlanQuery {
   std::vector<std::int64_t> sps{8};
   int layers = 1;              // attention layers on the device (the fit)
   double gpu_mem_bytes = 0;    // > 0: recorded in the document as the device memory of the fit
+  TimeModel model = default_time_model();  // prices each variant's collectives ("modeled")
 };
 
 // One (seq, sp) point: the busiest rank's plan of every variant, in kAllVariants order.
@@ -42,10 +44,15 @@ std::vector<PlanPoint> plan_points(const PlanQuery&);
 // the table has no cuDNN time for these head dims. The document gives it per point as cudnn_workspace_bytes.
 std::int64_t plan_cudnn_workspace(const PlanQuery&, const PlanPoint&);
 
-// One rank's plan as the document holds it (saved tensors, peaks, traffic, FLOPs, the device fit).
-nlohmann::json plan_to_json(const RankPlan&, const DeviceFit&);
+// One rank's plan as the document holds it: saved tensors, peaks, traffic (the block's own, on the meta
+// backend) and FLOPs, the device fit, the closed-form traffic (expected_traffic, DESIGN.md section 3), and
+// the collectives priced by the alpha-beta model at each standard placement (labelled "modeled").
+nlohmann::json plan_to_json(const RankPlan&, const DeviceFit&, const TimeModel&);
 
-// The whole document: the model, the base options, and every point with every variant.
+// The alpha-beta model as the documents record it (plan and bench): its links, node size and placements.
+nlohmann::json time_model_json(const TimeModel&);
+
+// The whole document: the model, the base options, the time model, and every point with every variant.
 nlohmann::json plan_document(const PlanQuery&, const std::vector<PlanPoint>&);
 inline nlohmann::json plan_document(const PlanQuery& q) { return plan_document(q, plan_points(q)); }
 

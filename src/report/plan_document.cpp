@@ -13,6 +13,7 @@ std::vector<PlanPoint> plan_points(const PlanQuery& q) {
   for (auto P : q.sps)  // ranks are ints: a larger count must not wrap to another one
     LAGA_REQUIRE(P >= 1 && P <= std::numeric_limits<int>::max(), "sp = ", P, ": must be in [1, ",
                  std::numeric_limits<int>::max(), "]");
+  validate(q.model);
   for (auto S : q.seqs)
     for (auto P : q.sps)
       for (const Variant& v : kAllVariants)
@@ -30,14 +31,60 @@ std::vector<PlanPoint> plan_points(const PlanQuery& q) {
   return points;
 }
 
-nlohmann::json plan_to_json(const RankPlan& p, const DeviceFit& fit) {
+namespace {
+nlohmann::json traffic_json(const std::vector<CollectiveRecord>& records) {
+  nlohmann::json traffic = nlohmann::json::array();
+  for (const auto& c : records)
+    traffic.push_back({{"phase", phase_name(c.phase)}, {"collective", collective_name(c.kind)}, {"tensor", c.tensor},
+                       {"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}});
+  return traffic;
+}
+
+// The closed form of the collectives (DESIGN.md section 3): records and totals.
+nlohmann::json closed_form_json(const RankPlan& p) {
+  const std::vector<CollectiveRecord> records = expected_traffic(p.cfg, p.opts, p.shape);
+  std::size_t sent = 0, received = 0;
+  for (const auto& c : records) sent += c.bytes_sent, received += c.bytes_received;
+  return {{"bytes_sent", sent}, {"bytes_received", received}, {"traffic", traffic_json(records)}};
+}
+
+// The plan's collectives priced by the model at each standard placement.
+nlohmann::json modeled_json(const RankPlan& p, const TimeModel& model) {
+  const int P = p.shape.ranks;
+  nlohmann::json placements = nlohmann::json::array();
+  for (const Placement& pl : standard_placements(model, P))
+    placements.push_back({{"placement", pl.name}, {"ranks_per_node", pl.ranks_per_node},
+                          {"nodes", (P + pl.ranks_per_node - 1) / pl.ranks_per_node},
+                          {"collective_s", communication_seconds(model, p.traffic, P, pl.ranks_per_node)}});
+  return {{"label", "modeled"},
+          {"what", "the collectives of one block (forward + backward) priced by the alpha-beta model; no compute"},
+          {"placements", placements}};
+}
+
+nlohmann::json link_json(const Link& l) {
+  return {{"name", l.name}, {"bandwidth_bytes_per_s", l.bandwidth}, {"latency_s", l.latency}, {"source", l.source}};
+}
+}  // namespace
+
+nlohmann::json time_model_json(const TimeModel& m) {
+  return {{"label", "modeled"},
+          {"description", "alpha-beta model: a collective's time = steps x latency + bytes sent "
+                          "by the rank / bandwidth (ring all-gather/reduce-scatter and pairwise "
+                          "all-to-all: P-1 steps; all-reduce 2(P-1)); across nodes ring collectives "
+                          "go at InfiniBand's pace, all-to-all splits its bytes between NVLink "
+                          "(peers on the node) and InfiniBand, concurrently. docs/bench.md"},
+          {"node_size", m.node_size},
+          {"intra", link_json(m.intra)},
+          {"inter", link_json(m.inter)},
+          {"placements", {{{"name", "node"}, {"ranks_per_node", "min(P, node_size)"}},
+                          {{"name", "cross-node"}, {"ranks_per_node", 1}}}}};
+}
+
+nlohmann::json plan_to_json(const RankPlan& p, const DeviceFit& fit, const TimeModel& model) {
   nlohmann::json saved = nlohmann::json::array();
   for (const auto& t : p.saved)
     saved.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"bytes", t.bytes}});
-  nlohmann::json traffic = nlohmann::json::array();
-  for (const auto& c : p.traffic)
-    traffic.push_back({{"phase", phase_name(c.phase)}, {"collective", collective_name(c.kind)}, {"tensor", c.tensor},
-                       {"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}});
+  const nlohmann::json traffic = traffic_json(p.traffic);
   auto flops = [](const PassStats& s) {
     nlohmann::json j;
     for (int i = 0; i < kOpPhaseCount; ++i) j[op_phase_name(OpPhase(i))] = s.flops[i];
@@ -47,7 +94,8 @@ nlohmann::json plan_to_json(const RankPlan& p, const DeviceFit& fit) {
           {"bytes_sent", p.bytes_sent()}, {"bytes_received", p.bytes_received()}, {"saved", saved}, {"traffic", traffic},
           {"flops_forward", flops(p.fwd)}, {"flops_backward", flops(p.bwd)},
           {"device", {{"activation_peak_bytes", fit.activation_peak}, {"weights_and_grads_bytes", fit.weights_and_grads},
-                      {"total_bytes", fit.total()}}}};
+                      {"total_bytes", fit.total()}}},
+          {"closed_form", closed_form_json(p)}, {"modeled", modeled_json(p, model)}};
 }
 
 std::int64_t plan_cudnn_workspace(const PlanQuery& q, const PlanPoint& pt) {
@@ -69,12 +117,13 @@ nlohmann::json plan_document(const PlanQuery& q, const std::vector<PlanPoint>& p
                         {"dtype", dtype_name(q.base.dtype)},
                         {"batch", q.batch},
                         {"layers", q.layers},
+                        {"time_model", time_model_json(q.model)},
                         {"points", nlohmann::json::array()}};
   if (q.gpu_mem_bytes > 0) doc["gpu_mem_bytes"] = q.gpu_mem_bytes;
   for (const PlanPoint& pt : points) {
     nlohmann::json point = {{"seq", pt.seq}, {"sp", pt.sp}, {"rank", pt.rank}, {"variants", nlohmann::json::object()}};
     for (std::size_t i = 0; i < pt.plans.size(); ++i)
-      point["variants"][kAllVariants[i].label()] = plan_to_json(pt.plans[i], device_fit(pt.plans[i], q.layers));
+      point["variants"][kAllVariants[i].label()] = plan_to_json(pt.plans[i], device_fit(pt.plans[i], q.layers), q.model);
     if (const std::int64_t ws = plan_cudnn_workspace(q, pt); ws > 0) point["cudnn_workspace_bytes"] = ws;
     doc["points"].push_back(std::move(point));
   }

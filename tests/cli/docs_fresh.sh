@@ -12,10 +12,10 @@ failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 
 mkdir -p "$TMP/docs"
-if python3 "$ROOT/scripts/results.py" --no-plots --out "$TMP/docs/results.md" --img "$TMP/docs/img" >/dev/null; then
+if python3 "$ROOT/scripts/results.py" --laga "$LAGA" --no-plots --out "$TMP/docs/results.md" --img "$TMP/docs/img" >/dev/null; then
   diff -q "$TMP/docs/results.md" "$ROOT/docs/results.md" >/dev/null ||
     fail "docs/results.md is not what scripts/results.py makes of bench/results/ (re-run it): $(diff "$TMP/docs/results.md" "$ROOT/docs/results.md" | head -5)"
-  # The closed forms (traffic, and the collectives' modeled time) must agree with every measured point.
+  # laga plan's closed forms (traffic, and the collectives' modeled time) must agree with every measured point.
   for what in "equals the measured bytes at" "prices"; do
     line=$(grep -o "$what [0-9]* of [0-9]*" "$TMP/docs/results.md" | head -1)
     read -r a b <<<"$(echo "$line" | grep -o '[0-9]*' | tr '\n' ' ')"
@@ -32,21 +32,22 @@ else
   fail "scripts/plan_table.py failed"
 fi
 
-# results.py's closed form with --kv-grad-reduce-in-fp32 (no committed document uses it) against laga plan.
+# laga plan --json: the closed form equals the block's own traffic on the meta backend with and without
+# --kv-grad-reduce-in-fp32 (no committed document uses it), which doubles explicit's K/V gradient bytes.
 for kv in "" --kv-grad-reduce-in-fp32; do
-  "$LAGA" plan --model deepseek-v3 --seq 16384 --sp 8 --layout all_gather $kv --json >"$TMP/plan_kv.json" ||
+  "$LAGA" plan --model deepseek-v3 --seq 16384 --sp 8 --layout all_gather $kv --json >"$TMP/plan_kv$kv.json" ||
     fail "laga plan $kv --json exited non-zero"
-  python3 - "$ROOT/scripts" "$TMP/plan_kv.json" "$kv" <<'PY' || fail "results.py closed form $kv != laga plan"
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import results
-d = json.load(open(sys.argv[2]))
-for form, name in (("explicit", "explicit"), ("laga", "laga")):
-    plan = d["points"][0]["variants"][name]["bytes_sent"]
-    cf = results.closed_form_bytes(d["model"], "all_gather", form, 16384, 8, 1, 2, kv_grad_fp32=bool(sys.argv[3]))
-    assert plan == cf, (form, plan, cf)
-PY
 done
+python3 - "$TMP/plan_kv.json" "$TMP/plan_kv--kv-grad-reduce-in-fp32.json" <<'PY' || fail "laga plan --json: closed form != plan"
+import json, sys
+bf16, fp32 = (json.load(open(p))["points"][0]["variants"] for p in sys.argv[1:3])
+for v in (bf16, fp32):
+    for name in ("explicit", "laga"):
+        assert v[name]["closed_form"]["bytes_sent"] == v[name]["bytes_sent"], (name, v[name]["closed_form"]["bytes_sent"])
+        assert all(pl["collective_s"] > 0 for pl in v[name]["modeled"]["placements"]), name
+kv = lambda v: sum(r["bytes_sent"] for r in v["explicit"]["closed_form"]["traffic"] if r["collective"] == "reduce_scatter")
+assert fp32["laga"]["bytes_sent"] == bf16["laga"]["bytes_sent"] and kv(fp32) == 2 * kv(bf16), (kv(bf16), kv(fp32))
+PY
 
 # check_table.py and multi_gpu_table.py on documents of thread ranks (the GPU scripts feed them NCCL runs).
 for form in explicit laga; do
@@ -62,7 +63,7 @@ assert d["schema"] == "laga-checks/1" and [r["form"] for r in d["runs"]] == ["ex
 for r in d["runs"]:
     assert r["sp"] == 2 and r["model"] == "tiny" and r["checks"] and all(c["ok"] for c in r["checks"]), r
 PY
-python3 "$ROOT/scripts/multi_gpu_table.py" "$TMP/explicit.json" "$TMP/laga.json" --json "$TMP/multi.json" >"$TMP/multi.txt" ||
+python3 "$ROOT/scripts/multi_gpu_table.py" "$TMP/explicit.json" "$TMP/laga.json" --laga "$LAGA" --json "$TMP/multi.json" >"$TMP/multi.txt" ||
   fail "multi_gpu_table.py failed"
 python3 - "$TMP/multi.json" <<'PY' || fail "multi_gpu_table.py --json is not as expected"
 import json, sys

@@ -14,10 +14,12 @@ for form in "explicit" "absorbed (mqa)" "absorbed (expanded)" "laga" "laga +reco
 done
 grep -q "fits 141GB" <<<"$out" || fail "plan output lacks the fit column"
 
-json=$("$laga" plan --model tiny --seq 64,128 --sp 1,2 --dtype float32 --json) || fail "plan --json exited $?"
+json=$(mktemp)
+trap 'rm -f "$json"' EXIT
+"$laga" plan --model tiny --seq 64,128 --sp 1,2 --dtype float32 --json >"$json" || fail "plan --json exited $?"
 python3 - "$json" <<'PY' || fail "plan --json is not the expected document"
 import json, sys
-d = json.loads(sys.argv[1])
+d = json.load(open(sys.argv[1]))
 assert len(d["points"]) == 4, d["points"]
 for p in d["points"]:
     assert set(p["variants"]) == {"explicit", "absorbed (mqa)", "absorbed (expanded)", "laga", "laga +recompute kv"}

@@ -18,6 +18,7 @@ TEST(PlanDocument, EveryPointAndVariantAsPlanned) {
   EXPECT_EQ(doc["layers"], 3);
   EXPECT_EQ(doc["gpu_mem_bytes"], 1e9);
   EXPECT_EQ(doc["model"]["num_attention_heads"], q.cfg.num_attention_heads);
+  EXPECT_EQ(doc["time_model"]["node_size"], 8);
   ASSERT_EQ(doc["points"].size(), 4u);
   std::size_t i = 0;
   for (auto S : q.seqs)
@@ -31,7 +32,12 @@ TEST(PlanDocument, EveryPointAndVariantAsPlanned) {
         const BlockShape shape{.batch = 2, .seq = S, .ranks = int(P), .rank = int(P) - 1};
         const RankPlan plan = plan_rank(q.cfg, with_variant(q.base, v), shape);
         const nlohmann::json& j = pt["variants"][v.label()];
-        EXPECT_EQ(j, plan_to_json(plan, device_fit(plan, 3))) << v.label();
+        EXPECT_EQ(j, plan_to_json(plan, device_fit(plan, 3), q.model)) << v.label();
+        EXPECT_EQ(j["closed_form"]["bytes_sent"], plan.bytes_sent()) << v.label();
+        const nlohmann::json& node = j["modeled"]["placements"][0];
+        EXPECT_EQ(node["placement"], "node");
+        EXPECT_EQ(node["collective_s"], communication_seconds(q.model, plan.traffic, int(P), int(std::min<std::int64_t>(P, 8))));
+        if (P > 1) EXPECT_GT(node["collective_s"].get<double>(), 0.0);
         EXPECT_EQ(j["saved_bytes"], plan.saved_bytes);
         EXPECT_EQ(j["bytes_sent"], plan.bytes_sent());
         EXPECT_EQ(j["traffic"].size(), plan.traffic.size());

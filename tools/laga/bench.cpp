@@ -25,6 +25,7 @@
 #include "laga/errors.hpp"
 #include "laga/gemm_probe.hpp"
 #include "laga/measure.hpp"
+#include "laga/report.hpp"
 #include "laga/timed_comm.hpp"
 
 namespace laga::cli {
@@ -51,8 +52,7 @@ struct BenchOptions {
   std::string attention_provider = "auto";
   std::uint64_t seed = 1;
   std::string out;
-  int node_size = 8;
-  double nvlink_gbs = 450, ib_gbs = 50, nvlink_latency_us = 2, ib_latency_us = 5;
+  TimeModelOptions time_model;
 };
 
 // ---------------------------------------------------------------- parsing the sweep
@@ -601,10 +601,6 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
   return pr;
 }
 
-json link_json(const Link& l) {
-  return {{"name", l.name}, {"bandwidth_bytes_per_s", l.bandwidth}, {"latency_s", l.latency}, {"source", l.source}};
-}
-
 std::string canonical_command(const BenchOptions& o, const std::string& dtype) {
   std::ostringstream c;
   c << "laga bench --model " << o.model << " --device " << o.device << " --dtype " << dtype << " --seq "
@@ -666,13 +662,7 @@ std::string configure(const BenchOptions& o, Bench& b) {
   LAGA_REQUIRE(o.repeat >= 1, "repeat = ", o.repeat, ": must be >= 1");
   LAGA_REQUIRE(o.warmup >= 0, "warmup = ", o.warmup, ": must be >= 0");
   b.cfg = resolve_model(o.model);
-  b.model = default_time_model();
-  b.model.node_size = o.node_size;
-  b.model.intra.bandwidth = o.nvlink_gbs * 1e9;
-  b.model.inter.bandwidth = o.ib_gbs * 1e9;
-  b.model.intra.latency = o.nvlink_latency_us / 1e6;
-  b.model.inter.latency = o.ib_latency_us / 1e6;
-  validate(b.model);
+  b.model = time_model_of(o.time_model);
   return dtype_text;
 }
 
@@ -767,17 +757,7 @@ json bench_document(const Bench& b, json config) {
            }() : json(machine_inventory())},
           {"build", json(build_report())},
           {"config", std::move(config)},
-          {"time_model", {{"label", "modeled"},
-                          {"description", "alpha-beta model: a collective's time = steps x latency + bytes sent "
-                                          "by the rank / bandwidth (ring all-gather/reduce-scatter and pairwise "
-                                          "all-to-all: P-1 steps; all-reduce 2(P-1)); across nodes ring collectives "
-                                          "go at InfiniBand's pace, all-to-all splits its bytes between NVLink "
-                                          "(peers on the node) and InfiniBand, concurrently. docs/bench.md"},
-                          {"node_size", b.model.node_size},
-                          {"intra", link_json(b.model.intra)},
-                          {"inter", link_json(b.model.inter)},
-                          {"placements", {{{"name", "node"}, {"ranks_per_node", "min(P, node_size)"}},
-                                          {{"name", "cross-node"}, {"ranks_per_node", 1}}}}}},
+          {"time_model", json(time_model_json(b.model))},
           {"points", json::array()}};
 }
 
@@ -936,12 +916,7 @@ std::function<int()> add_bench(CLI::App& app, CLI::App*& sub) {
                 "all_gather: explicit reduce-scatters its K/V gradients in float32 (as `laga run`)");
   sub->add_option("--seed", o->seed, "Seed of the deterministic weights and inputs")->capture_default_str();
   sub->add_option("--out", o->out, "The JSON document (rewritten after every point; complete: true at the end)");
-  sub->add_option("--node-size", o->node_size, "Model: GPUs a node")->capture_default_str();
-  sub->add_option("--nvlink-gbs", o->nvlink_gbs, "Model: NVLink GB/s per GPU per direction")->capture_default_str();
-  sub->add_option("--ib-gbs", o->ib_gbs, "Model: InfiniBand GB/s per GPU per direction (50 = 400 Gb/s)")
-      ->capture_default_str();
-  sub->add_option("--nvlink-latency-us", o->nvlink_latency_us, "Model: NVLink latency a step, us")->capture_default_str();
-  sub->add_option("--ib-latency-us", o->ib_latency_us, "Model: InfiniBand latency a step, us")->capture_default_str();
+  add_time_model_options(sub, o->time_model);
   return [o] { return run_bench(*o); };
 }
 

@@ -1,5 +1,6 @@
 // `laga plan`: memory, traffic and FLOPs per rank for any configuration, at any size, in well under a
-// second (the block's own orchestration on the meta backend; see include/laga/plan.hpp).
+// second (the block's own orchestration on the meta backend; see include/laga/plan.hpp). --json adds the
+// closed-form traffic and the collectives priced by the alpha-beta model (include/laga/report.hpp).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -25,6 +26,7 @@ struct PlanOptions {
   bool json = false;
   bool kv_grad_reduce_fp32 = false;
   std::string out;
+  TimeModelOptions time_model;
 };
 
 // One point's table: every variant's memory, traffic and FLOPs, then its largest saved tensors.
@@ -74,7 +76,8 @@ int run_plan(const PlanOptions& o) {
   PlanQuery q{.cfg = resolve_model(o.model),
               .base = {.layout = parse_layout(o.layout), .kernel = parse_kernel(o.kernel), .dtype = parse_dtype(o.dtype),
                        .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32},
-              .batch = o.batch, .seqs = {}, .sps = {}, .layers = o.layers, .gpu_mem_bytes = 0};
+              .batch = o.batch, .seqs = {}, .sps = {}, .layers = o.layers, .gpu_mem_bytes = 0,
+              .model = time_model_of(o.time_model)};
   LAGA_REQUIRE(o.layers >= 1, "layers = ", o.layers, ": must be >= 1");
   LAGA_REQUIRE(o.batch >= 1, "batch = ", o.batch, ": must be >= 1");
   if (!o.gpu_mem.empty()) q.gpu_mem_bytes = parse_bytes(o.gpu_mem);
@@ -121,6 +124,7 @@ std::function<int()> add_plan(CLI::App& app, CLI::App*& sub) {
                 "all_gather: explicit reduce-scatters its K/V gradients in float32 (default: in the dtype, as "
                 "TransformerEngine does)");
   sub->add_option("--out", o->out, "Also write the JSON document to FILE");
+  add_time_model_options(sub, o->time_model);
   return [o] { return run_plan(*o); };
 }
 

@@ -478,6 +478,32 @@ int agree_on_input(Communicator& host, int code) {
   return verdict[0] > 0 ? kExitInvalidInput : kExitRuntimeError;
 }
 
+// Under mpirun, step 2: the ranks agree on what they run (one small collective): a config file or flag that
+// differs on one node would otherwise run mismatched collectives (a hang) or a mismatched computation.
+// Returns kExitInvalidInput (every rank has printed) when they differ, kExitOk to go on.
+int agree_on_run(const RunOptions& o, const Prepared& p, Communicator& host, int rank, int world) {
+  auto on_off = [](bool b) -> std::string { return b ? "on" : "off"; };
+  try {
+    Fingerprint fp = run_fingerprint(p.cfg, p.opts, p.sh);
+    for (auto& [name, value] : std::initializer_list<std::pair<const char*, std::string>>{
+             {"device", o.device}, {"comm", o.comm}, {"seed", std::to_string(o.seed)},
+             {"warmup", std::to_string(o.warmup)}, {"check", on_off(o.check)},
+             {"tolerance", std::to_string(o.tolerance)}, {"verbose", on_off(o.verbose)},
+             {"json", on_off(!o.json_path.empty())}, {"save", on_off(!o.save_dir.empty())},
+             {"load", on_off(!o.load_dir.empty())}})
+      fp.add(name, value);
+    require_agreement(host, fp);
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "laga: error: %s\n", e.what());
+    std::fflush(stderr);
+    host.barrier();  // every rank has printed before any exits
+    return kExitInvalidInput;
+  } catch (const std::exception& e) {
+    fail_all_ranks(e, rank, world);
+  }
+  return kExitOk;
+}
+
 // Under mpirun: each process is a rank.
 int run_mpi(const RunOptions& o, const MpiSession& mpi) {
   const int world = mpi.size(), rank = mpi.rank();
@@ -517,26 +543,8 @@ int run_mpi(const RunOptions& o, const MpiSession& mpi) {
   } catch (const std::exception& e) {
     fail_all_ranks(e, rank, world);
   }
-  // 2. The ranks agree on what they run (one small collective): a config file or flag that differs on one
-  //    node would otherwise run mismatched collectives (a hang) or a mismatched computation.
-  try {
-    Fingerprint fp = run_fingerprint(p.cfg, p.opts, p.sh);
-    for (auto& [name, value] : std::initializer_list<std::pair<const char*, std::string>>{
-             {"device", o.device}, {"comm", o.comm}, {"seed", std::to_string(o.seed)},
-             {"warmup", std::to_string(o.warmup)}, {"check", o.check ? "on" : "off"},
-             {"tolerance", std::to_string(o.tolerance)}, {"verbose", o.verbose ? "on" : "off"},
-             {"json", o.json_path.empty() ? "off" : "on"}, {"save", o.save_dir.empty() ? "off" : "on"},
-             {"load", o.load_dir.empty() ? "off" : "on"}})
-      fp.add(name, value);
-    require_agreement(*host, fp);
-  } catch (const InvalidArgument& e) {
-    std::fprintf(stderr, "laga: error: %s\n", e.what());
-    std::fflush(stderr);
-    host->barrier();  // every rank has printed before any exits
-    return kExitInvalidInput;
-  } catch (const std::exception& e) {
-    fail_all_ranks(e, rank, world);
-  }
+  // 2. The ranks agree on what they run (one small collective).
+  if (const int refused = agree_on_run(o, p, *host, rank, world); refused != kExitOk) return refused;
   // 3. The run. From here a failure on one rank ends all of them (MpiSession::abort): the exception must
   //    not unwind through ~MpiSession, whose MPI_Finalize would wait for ranks stuck in a collective.
   try {
