@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The README's second command: install what is missing, build, and run every test suite (unit, CLI, MPI;
-# GPU tests report as skipped on a machine without a GPU), then the Python package's (scripts/test_python.sh).
+# The README's second command: install what is missing, build, and run every test suite (unit, CLI, MPI,
+# fuzz; GPU tests report as skipped on a machine without a GPU), then the Python package's
+# (scripts/test_python.sh), then the unit, CLI and fuzz suites again under AddressSanitizer and
+# UndefinedBehaviorSanitizer (scripts/sanitize.sh, build-asan/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
@@ -10,4 +12,5 @@ set +e
 ctest_rc=$?
 set -e
 bash scripts/test_python.sh
+bash scripts/sanitize.sh
 exit "$ctest_rc"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The unit, CLI and fuzz suites under AddressSanitizer and UndefinedBehaviorSanitizer (every report is an
+# error: -fno-sanitize-recover=all), CPU only, in build-asan/: an -O1 build of laga and the unit tests.
+# scripts/test.sh runs it after the main suites.   usage: bash scripts/sanitize.sh [ctest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+flags="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLAGA_WITH_CUDA=OFF "${launcher[@]}" \
+  "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" >/dev/null
+ninja -C build-asan -j "$(nproc)" laga laga_unit_tests
+export OPENBLAS_NUM_THREADS=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export LAGA_TIME_SCALE=10  # time bounds of the CLI tests, for a build several times slower
+cd build-asan
+# The unit tests with leak detection; the CLI without: every laga process starts MPI, whose plugins are
+# unloaded at exit, so their allocations cannot be told from the program's.
+ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 \
+  ctest --output-on-failure --parallel "$(nproc)" --timeout 900 -L '^unit$' "$@"
+ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 \
+  ctest --output-on-failure --parallel "$(nproc)" --timeout 900 -L '^(cli|fuzz)$' "$@"
