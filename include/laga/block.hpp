@@ -61,6 +61,16 @@ struct BlockOptions {
   // treats the data-parallel gradients). No effect elsewhere (a2a sends no K/V gradient sums; float32 and
   // float64 runs sum in their own dtype).
   bool kv_grad_reduce_fp32 = false;
+  // Collectives under compute: each is started (Communicator::start_*) as soon as its input exists and waited
+  // for only where its result is needed. Forward: LAGA's and absorbed's latent all-gather runs under the
+  // query path (down-projection, RMSNorm, up-projection, RoPE), explicit's K/V exchange likewise, and the
+  // queries' all-to-all under LAGA's K/V up-projection. Backward: the output gradient's all-to-all runs under
+  // W_O's weight gradient; the latent gradient's reduce-scatter (LAGA, absorbed) and the query gradient's
+  // all-to-all under the up-projections' weight-gradient GEMMs; explicit's query gradient all-to-all under
+  // its up-projection backward. The same ops on the same data: results are bitwise those without overlap;
+  // the order of allocations changes, so peaks may differ (the plan runs the same orchestration). Off by
+  // default.
+  bool overlap = false;
 };
 
 // Whether explicit's K/V gradients are summed over `ranks` ranks in float32 under these options: only where
@@ -86,6 +96,7 @@ struct Variant {
 inline BlockOptions with_variant(BlockOptions base, const Variant& v) {
   BlockOptions o = v.options(base.layout, base.kernel, base.dtype);
   o.kv_grad_reduce_fp32 = base.kv_grad_reduce_fp32;
+  o.overlap = base.overlap;
   return o;
 }
 // The variant a set of options runs (the absorbed attention choice only matters for the absorbed form).

@@ -15,6 +15,31 @@ namespace laga {
 
 class Backend;
 
+// A collective in flight (Communicator::start_*). wait() orders the caller's work after it: a device
+// communicator makes the backend's stream wait for it (the host does not wait), a host communicator
+// blocks the calling thread until it is complete. The buffers must stay alive and unchanged until then.
+// An empty request (the default, and what a blocking start returns) is complete. Every request must be
+// waited for: destroying a pending one does not wait (a nonblocking MPI collective cannot be cancelled).
+class CollectiveRequest {
+ public:
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual void wait() = 0;
+  };
+  CollectiveRequest() = default;
+  explicit CollectiveRequest(std::unique_ptr<Pending> pending) : pending_(std::move(pending)) {}
+  bool pending() const { return pending_ != nullptr; }
+  void wait() {
+    if (!pending_) return;
+    std::unique_ptr<Pending> p = std::move(pending_);
+    p->wait();
+  }
+
+ private:
+  std::unique_ptr<Pending> pending_;
+};
+
 // Counts are elements per rank chunk. Buffers live on the device the communicator serves.
 class Communicator {
  public:
@@ -31,6 +56,21 @@ class Communicator {
   virtual void all_to_all(const void* send, void* recv, std::size_t count, DType) = 0;
   // In-place sum over ranks.
   virtual void all_reduce(void* buf, std::size_t count, DType) = 0;
+  // The same collectives started without waiting for them; wait() on the request orders the caller's work
+  // after them. Every rank starts the same collectives in the same order (blocking ones included). The
+  // default runs the blocking call and returns a complete request, so every communicator has them.
+  virtual CollectiveRequest start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+    all_gather(send, recv, count, dtype);
+    return {};
+  }
+  virtual CollectiveRequest start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype) {
+    reduce_scatter(send, recv, count, dtype);
+    return {};
+  }
+  virtual CollectiveRequest start_all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
+    all_to_all(send, recv, count, dtype);
+    return {};
+  }
   virtual void barrier() = 0;
   // True when collectives really move data between processes (false for phantom ranks).
   virtual bool performs_traffic() const { return true; }
@@ -90,6 +130,9 @@ class CountingCommunicator final : public Communicator {
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType) override;
   void all_to_all(const void* send, void* recv, std::size_t count, DType) override;
   void all_reduce(void* buf, std::size_t count, DType) override;
+  CollectiveRequest start_all_gather(const void* send, void* recv, std::size_t count, DType) override;
+  CollectiveRequest start_reduce_scatter(const void* send, void* recv, std::size_t count, DType) override;
+  CollectiveRequest start_all_to_all(const void* send, void* recv, std::size_t count, DType) override;
   void barrier() override { inner_.barrier(); }
 
   // Calls with the same (phase, kind, tensor) are merged, in order of first appearance.

@@ -19,13 +19,18 @@ class CommClock {
  public:
   virtual ~CommClock() = default;
   virtual const char* name() const = 0;
-  // Holds the caller's queue for `seconds` (>= 0), in line with its work: the host clock blocks the calling
-  // thread; the CUDA clock queues a one-thread kernel spinning on %globaltimer on the backend's stream (the
-  // host does not wait).
-  virtual void hold(double seconds) = 0;
+  // Holds the clock's communication queue for `seconds` (>= 0), after the caller's work queued so far and
+  // after the holds started before it (one queue, as a communicator's collectives run one after another);
+  // the request's wait() orders the caller's work after the hold. The host clock's queue is a deadline the
+  // calling thread waits for; the CUDA clock's is a stream of its own, where a hold is a one-thread kernel
+  // spinning on %globaltimer (events order it after the backend's stream and the backend's stream after it;
+  // the host never waits).
+  virtual CollectiveRequest start_hold(double seconds) = 0;
+  // The blocking form: start_hold(seconds).wait().
+  void hold(double seconds) { start_hold(seconds).wait(); }
 };
 
-// The calling thread waits (sleeps, then spins on the steady clock for the last fraction of a
+// The calling thread waits at wait() (sleeps, then spins on the steady clock for the last half
 // millisecond, so short holds stay accurate).
 std::unique_ptr<CommClock> make_host_comm_clock();
 
@@ -43,8 +48,9 @@ struct TimedLinks {
 // whole buffer) among `ranks` ranks: collective_seconds of the bytes CountingCommunicator counts.
 double timed_collective_seconds(const TimedLinks&, CollectiveKind, std::size_t chunk_bytes, int ranks);
 
-// Rank `rank` of `size` alone: collectives return the phantom's data (make_phantom_communicator) and then
-// hold `clock` for timed_collective_seconds. `backend` and `clock` must outlive it. Throws InvalidArgument
+// Rank `rank` of `size` alone: collectives return the phantom's data (make_phantom_communicator, in line on
+// the backend) and then hold `clock` for timed_collective_seconds; the start_* forms start the hold
+// (CommClock::start_hold) and return its request. `backend` and `clock` must outlive it. Throws InvalidArgument
 // for a rank outside [0, size), an invalid model or ranks_per_node outside [1, min(size, node_size)].
 std::unique_ptr<Communicator> make_timed_phantom_communicator(Backend& backend, int rank, int size,
                                                               const TimedLinks& links, CommClock& clock);

@@ -95,6 +95,25 @@ void CountingCommunicator::all_reduce(void* buf, std::size_t count, DType dtype)
   record(CollectiveKind::all_reduce, count * dtype_size(dtype));
 }
 
+CollectiveRequest CountingCommunicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  CollectiveRequest req = inner_.start_all_gather(send, recv, count, dtype);
+  record(CollectiveKind::all_gather, count * dtype_size(dtype));
+  return req;
+}
+
+CollectiveRequest CountingCommunicator::start_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                                             DType dtype) {
+  CollectiveRequest req = inner_.start_reduce_scatter(send, recv, count, dtype);
+  record(CollectiveKind::reduce_scatter, count * dtype_size(dtype));
+  return req;
+}
+
+CollectiveRequest CountingCommunicator::start_all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
+  CollectiveRequest req = inner_.start_all_to_all(send, recv, count, dtype);
+  record(CollectiveKind::all_to_all, count * dtype_size(dtype));
+  return req;
+}
+
 std::size_t CountingCommunicator::total_sent(Phase phase) const {
   std::size_t total = 0;
   for (const CollectiveRecord& r : records_)

@@ -176,6 +176,18 @@ bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_b
 const char* at(const void* p, std::size_t bytes) { return static_cast<const char*>(p) + bytes; }
 char* at(void* p, std::size_t bytes) { return static_cast<char*>(p) + bytes; }
 
+// A nonblocking collective: wait() is MPI_Wait. Not waited for, it is left to complete (MPI forbids freeing
+// or cancelling the request of a nonblocking collective).
+class MpiRequest final : public CollectiveRequest::Pending {
+ public:
+  MpiRequest() = default;
+  MPI_Request* out() { return &request_; }
+  void wait() override { LAGA_MPI_CHECK(MPI_Wait(&request_, MPI_STATUS_IGNORE)); }
+
+ private:
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(std::size_t max_count) : max_count_(max_count) {
@@ -229,8 +241,10 @@ class MpiCommunicator final : public Communicator {
     const std::size_t elem = dtype_size(dtype);
     const std::size_t chunk = count * elem;
     LAGA_CHECK(!overlaps(send, chunk * size_, recv, chunk), "reduce_scatter: send and recv overlap");
+    // The nonblocking form, waited for: the same reduction algorithm (and so the same bits at any P) as
+    // start_reduce_scatter; MPI_Reduce_scatter_block may sum in another order than MPI_Ireduce_scatter_block.
     if (count <= max_count_) {
-      LAGA_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, static_cast<int>(count), type, MPI_SUM, comm_));
+      start_reduce_scatter(send, recv, count, dtype).wait();
       return;
     }
     for (std::size_t off = 0; off < count; off += max_count_) {
@@ -275,6 +289,42 @@ class MpiCommunicator final : public Communicator {
       const int n = static_cast<int>(std::min(max_count_, count - off));
       LAGA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, at(buf, off * elem), n, type, MPI_SUM, comm_));
     }
+  }
+
+  // Nonblocking (MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ialltoall) for counts up to max_count, with
+  // the same buffer rules as the blocking forms; larger counts run the blocking split form.
+  CollectiveRequest start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) override {
+    const MPI_Datatype type = mpi_type(dtype);
+    const std::size_t chunk = count * dtype_size(dtype);
+    const bool in_place = send == at(recv, static_cast<std::size_t>(rank_) * chunk);
+    LAGA_CHECK(in_place || !overlaps(send, chunk, recv, chunk * size_),
+               "all_gather: send overlaps recv without being this rank's chunk of it");
+    if (count > max_count_) return Communicator::start_all_gather(send, recv, count, dtype);
+    auto req = std::make_unique<MpiRequest>();
+    LAGA_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), type, recv,
+                                  static_cast<int>(count), type, comm_, req->out()));
+    return CollectiveRequest(std::move(req));
+  }
+  CollectiveRequest start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype) override {
+    const MPI_Datatype type = mpi_type(dtype);
+    const std::size_t chunk = count * dtype_size(dtype);
+    LAGA_CHECK(!overlaps(send, chunk * size_, recv, chunk), "reduce_scatter: send and recv overlap");
+    if (count > max_count_) return Communicator::start_reduce_scatter(send, recv, count, dtype);
+    auto req = std::make_unique<MpiRequest>();
+    LAGA_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), type, MPI_SUM, comm_, req->out()));
+    return CollectiveRequest(std::move(req));
+  }
+  CollectiveRequest start_all_to_all(const void* send, void* recv, std::size_t count, DType dtype) override {
+    const MPI_Datatype type = mpi_type(dtype);
+    const std::size_t chunk = count * dtype_size(dtype);
+    const bool in_place = send == recv && count > 0;
+    LAGA_CHECK(in_place || !overlaps(send, chunk * size_, recv, chunk * size_),
+               "all_to_all: send and recv overlap without being the same buffer");
+    if (count > max_count_) return Communicator::start_all_to_all(send, recv, count, dtype);
+    auto req = std::make_unique<MpiRequest>();
+    LAGA_MPI_CHECK(MPI_Ialltoall(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), type, recv,
+                                 static_cast<int>(count), type, comm_, req->out()));
+    return CollectiveRequest(std::move(req));
   }
 
   void barrier() override { LAGA_MPI_CHECK(MPI_Barrier(comm_)); }

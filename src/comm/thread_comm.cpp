@@ -1,7 +1,12 @@
 // In-process ranks: P threads exchange host buffers directly. Each collective publishes the send pointers,
 // waits, reads the peers' buffers, and waits again so no buffer is reused while a peer still reads it.
+// A started collective (start_*) is performed when it is waited for, after the ones started before it, and
+// before any later blocking collective: every rank issues the same sequence, so the ranks still meet in
+// the same order, and a caller that read a result before waiting or changed a send buffer would see it.
 #include <barrier>
 #include <cstring>
+#include <deque>
+#include <memory>
 #include <vector>
 
 #include "laga/comm.hpp"
@@ -43,6 +48,67 @@ class ThreadCommunicator final : public Communicator {
   const char* name() const override { return "threads"; }
 
   void all_gather(const void* send, void* recv, std::size_t count, DType dt) override {
+    flush();
+    gather(send, recv, count, dt);
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dt) override {
+    flush();
+    reduce(send, recv, count, dt);
+  }
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dt) override {
+    flush();
+    exchange(send, recv, count, dt);
+  }
+  CollectiveRequest start_all_gather(const void* send, void* recv, std::size_t count, DType dt) override {
+    return defer(CollectiveKind::all_gather, send, recv, count, dt);
+  }
+  CollectiveRequest start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dt) override {
+    return defer(CollectiveKind::reduce_scatter, send, recv, count, dt);
+  }
+  CollectiveRequest start_all_to_all(const void* send, void* recv, std::size_t count, DType dt) override {
+    return defer(CollectiveKind::all_to_all, send, recv, count, dt);
+  }
+
+ private:
+  struct Deferred {
+    CollectiveKind kind;
+    const void* send;
+    void* recv;
+    std::size_t count;
+    DType dt;
+    bool done = false;
+  };
+  class Pending final : public CollectiveRequest::Pending {
+   public:
+    Pending(ThreadCommunicator& comm, std::shared_ptr<Deferred> op) : comm_(comm), op_(std::move(op)) {}
+    void wait() override {
+      while (!op_->done) comm_.run_next();
+    }
+
+   private:
+    ThreadCommunicator& comm_;
+    std::shared_ptr<Deferred> op_;
+  };
+  CollectiveRequest defer(CollectiveKind kind, const void* send, void* recv, std::size_t count, DType dt) {
+    queue_.push_back(std::make_shared<Deferred>(Deferred{kind, send, recv, count, dt}));
+    return CollectiveRequest(std::make_unique<Pending>(*this, queue_.back()));
+  }
+  void run_next() {
+    std::shared_ptr<Deferred> op = queue_.front();
+    queue_.pop_front();
+    switch (op->kind) {
+      case CollectiveKind::all_gather: gather(op->send, op->recv, op->count, op->dt); break;
+      case CollectiveKind::reduce_scatter: reduce(op->send, op->recv, op->count, op->dt); break;
+      case CollectiveKind::all_to_all: exchange(op->send, op->recv, op->count, op->dt); break;
+      case CollectiveKind::all_reduce: LAGA_CHECK(false, "all_reduce is never deferred");
+    }
+    op->done = true;
+  }
+  void flush() {
+    while (!queue_.empty()) run_next();
+  }
+
+  void gather(const void* send, void* recv, std::size_t count, DType dt) {
     const std::size_t bytes = count * dtype_size(dt);
     publish(send);
     if (recv)
@@ -50,12 +116,12 @@ class ThreadCommunicator final : public Communicator {
         if (sh_->send[p]) std::memcpy(static_cast<char*>(recv) + p * bytes, sh_->send[p], bytes);
     sh_->bar.arrive_and_wait();
   }
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dt) override {
+  void reduce(const void* send, void* recv, std::size_t count, DType dt) {
     publish(send);
     if (recv) sum_into(dt, sh_->send, std::size_t(rank_) * count, count, recv);
     sh_->bar.arrive_and_wait();
   }
-  void all_to_all(const void* send, void* recv, std::size_t count, DType dt) override {
+  void exchange(const void* send, void* recv, std::size_t count, DType dt) {
     const std::size_t bytes = count * dtype_size(dt);
     publish(send);
     if (recv)
@@ -64,14 +130,20 @@ class ThreadCommunicator final : public Communicator {
           std::memcpy(static_cast<char*>(recv) + p * bytes, static_cast<const char*>(sh_->send[p]) + rank_ * bytes, bytes);
     sh_->bar.arrive_and_wait();
   }
+
+ public:
   void all_reduce(void* buf, std::size_t count, DType dt) override {
+    flush();
     std::vector<char> sum(count * dtype_size(dt));
     publish(buf);
     if (buf) sum_into(dt, sh_->send, 0, count, sum.data());
     sh_->bar.arrive_and_wait();  // every rank has read every buffer before any is overwritten
     if (buf) std::memcpy(buf, sum.data(), sum.size());
   }
-  void barrier() override { sh_->bar.arrive_and_wait(); }
+  void barrier() override {
+    flush();
+    sh_->bar.arrive_and_wait();
+  }
 
  private:
   void publish(const void* send) {
@@ -80,6 +152,7 @@ class ThreadCommunicator final : public Communicator {
   }
   std::shared_ptr<Shared> sh_;
   int rank_;
+  std::deque<std::shared_ptr<Deferred>> queue_;
 };
 
 }  // namespace

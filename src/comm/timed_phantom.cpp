@@ -1,4 +1,5 @@
 // The timed phantom communicator and the host clock (include/laga/timed_comm.hpp).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -11,19 +12,38 @@ namespace laga {
 
 namespace {
 
+using SteadyClock = std::chrono::steady_clock;
+
+// Sleeping overshoots by tens of microseconds: sleep to within half a millisecond, then spin.
+void wait_until(SteadyClock::time_point until) {
+  constexpr auto kSpin = std::chrono::microseconds(500);
+  if (until - SteadyClock::now() > kSpin) std::this_thread::sleep_until(until - kSpin);
+  while (SteadyClock::now() < until) {
+  }
+}
+
+class HostHold final : public CollectiveRequest::Pending {
+ public:
+  explicit HostHold(SteadyClock::time_point until) : until_(until) {}
+  void wait() override { wait_until(until_); }
+
+ private:
+  SteadyClock::time_point until_;
+};
+
+// The queue is the time it is busy until: a hold starts when the one before it ends (or now).
 class HostCommClock final : public CommClock {
  public:
   const char* name() const override { return "host"; }
-  void hold(double seconds) override {
+  CollectiveRequest start_hold(double seconds) override {
     LAGA_REQUIRE(std::isfinite(seconds) && seconds >= 0, "hold: seconds = ", seconds, ": must be >= 0");
-    using clock = std::chrono::steady_clock;
-    const auto until = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
-    // Sleeping overshoots by tens of microseconds: sleep to within half a millisecond, then spin.
-    constexpr auto kSpin = std::chrono::microseconds(500);
-    if (until - clock::now() > kSpin) std::this_thread::sleep_until(until - kSpin);
-    while (clock::now() < until) {
-    }
+    busy_until_ = std::max(SteadyClock::now(), busy_until_) +
+                  std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(seconds));
+    return CollectiveRequest(std::make_unique<HostHold>(busy_until_));
   }
+
+ private:
+  SteadyClock::time_point busy_until_{};
 };
 
 class TimedPhantomCommunicator final : public Communicator {
@@ -56,12 +76,25 @@ class TimedPhantomCommunicator final : public Communicator {
     phantom_->all_reduce(buf, count, dtype);
     hold(CollectiveKind::all_reduce, count, dtype);
   }
+  CollectiveRequest start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) override {
+    phantom_->all_gather(send, recv, count, dtype);
+    return start(CollectiveKind::all_gather, count, dtype);
+  }
+  CollectiveRequest start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype) override {
+    phantom_->reduce_scatter(send, recv, count, dtype);
+    return start(CollectiveKind::reduce_scatter, count, dtype);
+  }
+  CollectiveRequest start_all_to_all(const void* send, void* recv, std::size_t count, DType dtype) override {
+    phantom_->all_to_all(send, recv, count, dtype);
+    return start(CollectiveKind::all_to_all, count, dtype);
+  }
   void barrier() override {}
 
  private:
-  void hold(CollectiveKind kind, std::size_t count, DType dtype) {
-    clock_.hold(timed_collective_seconds(links_, kind, count * dtype_size(dtype), size()));
+  CollectiveRequest start(CollectiveKind kind, std::size_t count, DType dtype) {
+    return clock_.start_hold(timed_collective_seconds(links_, kind, count * dtype_size(dtype), size()));
   }
+  void hold(CollectiveKind kind, std::size_t count, DType dtype) { start(kind, count, dtype).wait(); }
   std::unique_ptr<Communicator> phantom_;
   TimedLinks links_;
   CommClock& clock_;

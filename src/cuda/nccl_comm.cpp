@@ -2,8 +2,10 @@
 // includes nccl.h. Bootstrapped over any host communicator (MPI in the CLI): rank 0 makes the unique id and
 // every rank receives it through an all_gather of host bytes, so no MPI call is made here.
 //
-// Every collective is queued on the CUDA backend's stream, ordered with the block's ops; nothing waits
-// for the host except barrier(). Error policy as in mpi_comm.cpp: every NCCL and CUDA call goes through a
+// Every collective is queued on the communicator's own stream (one stream, so this rank's NCCL calls run
+// in the order they were issued), after the work queued on the CUDA backend's stream; the blocking forms
+// make the backend's stream wait for it at once, the start_* forms at CollectiveRequest::wait(), so compute
+// queued in between runs under the collective. Nothing waits for the host except barrier(). Error policy as in mpi_comm.cpp: every NCCL and CUDA call goes through a
 // check macro that throws RuntimeError naming the call, file:line and NCCL's own message; the caller
 // decides what to do (the CLI ends every rank, since the others may be inside a collective).
 #include <cuda_runtime.h>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/stream_order.hpp"
 #include "laga/backend.hpp"
 #include "laga/comm.hpp"
 #include "laga/cuda.hpp"
@@ -76,19 +79,24 @@ class NcclCommunicator final : public Communicator {
     bootstrap_.all_gather(mine.data(), all.data(), kIdDoubles, DType::f64);
     std::memcpy(&id, all.data(), sizeof id);  // rank 0's chunk
     LAGA_CUDA_CHECK(cudaSetDevice(device_));
+    comm_stream_ = cuda_detail::make_comm_stream();
     LAGA_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
   }
 
   ~NcclCommunicator() override {
-    if (!comm_) return;
     cudaSetDevice(device_);
-    // Unwinding an exception: peers may never reach their matching calls, so do not wait for them.
-    if (std::uncaught_exceptions() > 0) {
-      ncclCommAbort(comm_);
-      return;
+    if (comm_) {
+      // Unwinding an exception: peers may never reach their matching calls, so do not wait for them.
+      if (std::uncaught_exceptions() > 0) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+      } else {
+        cudaStreamSynchronize(stream_);
+        cudaStreamSynchronize(comm_stream_);
+        ncclCommDestroy(comm_);  // a destructor must not throw; errors here are ignored
+      }
     }
-    cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);  // a destructor must not throw; errors here are ignored
+    if (comm_stream_ && !std::uncaught_exceptions()) cudaStreamDestroy(comm_stream_);
   }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -97,58 +105,72 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   const char* name() const override { return "nccl"; }
 
-  // In place when send is this rank's chunk of recv (as NCCL defines it); any other overlap is refused.
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype) override {
-    if (count == 0) return;
+    start_all_gather(send, recv, count, dtype).wait();
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype) override {
+    start_reduce_scatter(send, recv, count, dtype).wait();
+  }
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype) override {
+    start_all_to_all(send, recv, count, dtype).wait();
+  }
+
+  // In place when send is this rank's chunk of recv (as NCCL defines it); any other overlap is refused.
+  CollectiveRequest start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) override {
+    if (count == 0) return {};
     const std::size_t chunk = count * dtype_size(dtype);
     const bool in_place = send == at(recv, static_cast<std::size_t>(rank_) * chunk);
     LAGA_CHECK(in_place || !overlaps(send, chunk, recv, chunk * size_),
                "all_gather: send overlaps recv without being this rank's chunk of it");
-    LAGA_CUDA_CHECK(cudaSetDevice(device_));
-    LAGA_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, stream_));
+    const cudaStream_t cs = begin();
+    LAGA_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, cs));
+    return end();
   }
 
   // In place when recv is this rank's chunk of send (as NCCL defines it); any other overlap is refused.
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype) override {
-    if (count == 0) return;
+  CollectiveRequest start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype) override {
+    if (count == 0) return {};
     const std::size_t chunk = count * dtype_size(dtype);
     const bool in_place = recv == at(send, static_cast<std::size_t>(rank_) * chunk);
     LAGA_CHECK(in_place || !overlaps(send, chunk * size_, recv, chunk), "reduce_scatter: send and recv overlap");
-    LAGA_CUDA_CHECK(cudaSetDevice(device_));
-    LAGA_NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(dtype), ncclSum, comm_, stream_));
+    const cudaStream_t cs = begin();
+    LAGA_NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(dtype), ncclSum, comm_, cs));
+    return end();
   }
 
   // A group of P sends and P receives (the chunk to and from this rank included). In place (send == recv)
   // goes through a temporary device copy of send; any other overlap is refused.
-  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype) override {
-    if (count == 0) return;
+  CollectiveRequest start_all_to_all(const void* send, void* recv, std::size_t count, DType dtype) override {
+    if (count == 0) return {};
     const std::size_t chunk = count * dtype_size(dtype);
     const std::size_t total = chunk * static_cast<std::size_t>(size_);
     const bool in_place = send == recv;
     LAGA_CHECK(in_place || !overlaps(send, total, recv, total),
                "all_to_all: send and recv overlap without being the same buffer");
-    LAGA_CUDA_CHECK(cudaSetDevice(device_));
+    const cudaStream_t cs = begin();
     void* copy = nullptr;
     if (in_place) {
-      LAGA_CUDA_CHECK(cudaMallocAsync(&copy, total, stream_));
-      LAGA_CUDA_CHECK(cudaMemcpyAsync(copy, send, total, cudaMemcpyDeviceToDevice, stream_));
+      LAGA_CUDA_CHECK(cudaMallocAsync(&copy, total, cs));
+      LAGA_CUDA_CHECK(cudaMemcpyAsync(copy, send, total, cudaMemcpyDeviceToDevice, cs));
       send = copy;
     }
     const ncclDataType_t type = nccl_type(dtype);
     LAGA_NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < size_; ++p) {
       const std::size_t off = static_cast<std::size_t>(p) * chunk;
-      LAGA_NCCL_CHECK(ncclSend(at(send, off), count, type, p, comm_, stream_));
-      LAGA_NCCL_CHECK(ncclRecv(at(recv, off), count, type, p, comm_, stream_));
+      LAGA_NCCL_CHECK(ncclSend(at(send, off), count, type, p, comm_, cs));
+      LAGA_NCCL_CHECK(ncclRecv(at(recv, off), count, type, p, comm_, cs));
     }
     LAGA_NCCL_CHECK(ncclGroupEnd());
-    if (copy) LAGA_CUDA_CHECK(cudaFreeAsync(copy, stream_));
+    if (copy) LAGA_CUDA_CHECK(cudaFreeAsync(copy, cs));
+    return end();
   }
 
   void all_reduce(void* buf, std::size_t count, DType dtype) override {
     if (count == 0) return;
-    LAGA_CUDA_CHECK(cudaSetDevice(device_));
-    LAGA_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, comm_, stream_));
+    const cudaStream_t cs = begin();
+    LAGA_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, comm_, cs));
+    end().wait();
   }
 
   // Waits for this rank's queued work, reports an asynchronous NCCL error if one occurred, then meets the
@@ -156,6 +178,7 @@ class NcclCommunicator final : public Communicator {
   void barrier() override {
     LAGA_CUDA_CHECK(cudaSetDevice(device_));
     LAGA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    LAGA_CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
     ncclResult_t async = ncclSuccess;
     LAGA_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
     LAGA_NCCL_CHECK(async);
@@ -163,9 +186,21 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // The communication stream, ordered after the backend's stream's work so far.
+  cudaStream_t begin() {
+    LAGA_CUDA_CHECK(cudaSetDevice(device_));
+    cuda_detail::order_after(comm_stream_, stream_);
+    return comm_stream_;
+  }
+  // The request the backend's stream waits on for what was just queued.
+  CollectiveRequest end() {
+    return CollectiveRequest(std::make_unique<cuda_detail::StreamWait>(device_, stream_, comm_stream_));
+  }
+
   Communicator& bootstrap_;
   int device_;
   cudaStream_t stream_;
+  cudaStream_t comm_stream_ = nullptr;
   int rank_;
   int size_;
   ncclComm_t comm_ = nullptr;

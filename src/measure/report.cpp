@@ -78,7 +78,8 @@ json options_report(const BlockOptions& opts) {
           {"recompute", recompute_name(opts.recompute)},
           {"absorbed_attention", absorbed_attention_name(opts.absorbed_attention)},
           {"dtype", dtype_name(opts.dtype)},
-          {"kv_grad_reduce_in_fp32", opts.kv_grad_reduce_fp32}};
+          {"kv_grad_reduce_in_fp32", opts.kv_grad_reduce_fp32},
+          {"overlap", opts.overlap}};
 }
 
 json check_report(const std::vector<CheckResult>& checks) {

@@ -7,6 +7,8 @@
 //   a2a:        S tokens x H = n_h/P heads (heads h0 = rank*H ...), q_offset 0
 //   all_gather: s tokens x n_h heads, keys over all S tokens, q_offset = rank*s
 
+#include <functional>
+
 #include "laga/block.hpp"
 #include "laga/errors.hpp"
 
@@ -48,12 +50,16 @@ struct BlockImpl {
   // Times one op on the backend's queue; the marks are read once per pass (finish_timing), so timing a
   // device backend does not synchronize after every op.
   // A collective's timer also charges its time to the communicator's record of the call.
+  // `record` >= 0 charges the time to that record (a wait for a collective started earlier).
   struct Timer {
     BlockImpl& self;
     OpPhase ph;
     bool collective = false;
+    int record = -1;
     int start = self.be.mark();
-    ~Timer() { self.marks.push_back({ph, start, self.be.mark(), collective ? self.comm.last_record() : -1}); }
+    ~Timer() {
+      self.marks.push_back({ph, start, self.be.mark(), record >= 0 ? record : collective ? self.comm.last_record() : -1});
+    }
   };
   struct Mark {
     OpPhase ph;
@@ -180,6 +186,91 @@ struct BlockImpl {
     return local;
   }
 
+  // ---------------------------------------------------------------- collectives under compute (opts.overlap)
+  // A collective started before compute that does not need it. `out` may be read only after finish(), which
+  // also releases `keep` (its input, which must not change while it runs). Starting and waiting are both
+  // timed as communication (on a device, the wait is the time the queue stood still: the exposed part).
+  struct InFlight {
+    CollectiveRequest req;
+    Tensor keep;
+    Tensor out;
+    int record = -1;
+  };
+  Tensor finish(InFlight& f) {
+    if (f.req.pending()) {
+      Timer timer{*this, OpPhase::communication, false, f.record};
+      f.req.wait();
+    }
+    f.keep = Tensor();
+    return std::move(f.out);
+  }
+  // Starts comm's collective `start` (a member such as &Communicator::start_all_gather), labelled `what`.
+  template <typename Start>
+  void start(InFlight& f, Start start, const std::string& what, const void* send, void* recv, std::int64_t count,
+             DType dtype) {
+    comm.label(phase, what);
+    Timer timer{*this, OpPhase::communication, true};
+    f.req = (comm.*start)(send, recv, std::size_t(count), dtype);
+    f.record = comm.last_record();
+  }
+  // As scatter_heads; the packed send buffer lives until finish().
+  InFlight start_scatter_heads(const Tensor& local, std::int64_t w, const std::string& what) {
+    InFlight f;
+    if (!a2a()) {
+      f.out = local;
+      return f;
+    }
+    const std::int64_t chunk = T * H * w;
+    f.keep = empty({P, chunk}, what + ".a2a_send");
+    copy(OpPhase::communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = local.data(), .src_ld = nh * w,
+                                          .src_batch_stride = H * w, .dst = f.keep.data(), .dst_ld = H * w,
+                                          .dst_batch_stride = chunk});
+    f.out = empty({Tk, H * w}, what + ".a2a");
+    start(f, &Communicator::start_all_to_all, what, f.keep.data(), f.out.data(), chunk, dt);
+    return f;
+  }
+  // As gather_heads: finish_gather_heads unpacks the received chunks.
+  InFlight start_gather_heads(const Tensor& att, std::int64_t w, const std::string& what) {
+    InFlight f;
+    f.keep = att;
+    if (!a2a()) {
+      f.out = att;
+      return f;
+    }
+    const std::int64_t chunk = T * H * w;
+    f.out = empty({P, chunk}, what + ".a2a_recv");
+    start(f, &Communicator::start_all_to_all, what, att.data(), f.out.data(), chunk, dt);
+    return f;
+  }
+  Tensor finish_gather_heads(InFlight& f, std::int64_t w, const std::string& what) {
+    Tensor recv = finish(f);
+    if (!a2a()) return recv;
+    const std::int64_t chunk = T * H * w;
+    Tensor local = empty({T, nh * w}, what + ".local");
+    copy(OpPhase::communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = recv.data(), .src_ld = H * w,
+                                          .src_batch_stride = chunk, .dst = local.data(), .dst_ld = nh * w,
+                                          .dst_batch_stride = H * w});
+    return local;
+  }
+  InFlight start_all_gather(const Tensor& local, std::int64_t w, const std::string& what) {
+    InFlight f;
+    f.keep = local;
+    f.out = empty({Tk, w}, what + ".gathered");
+    start(f, &Communicator::start_all_gather, what, local.data(), f.out.data(), T * w, dt);
+    return f;
+  }
+  InFlight start_reduce_scatter(const Tensor& full, std::int64_t w, const std::string& what) {
+    InFlight f;
+    f.keep = full;
+    f.out = Tensor(be.allocator(), full.dtype(), {T, w}, what + ".scattered");
+    start(f, &Communicator::start_reduce_scatter, what, full.data(), f.out.data(), T * w, full.dtype());
+    return f;
+  }
+  // Explicit's K or V to the attention layout: an all-to-all of heads (a2a) or an all-gather of all heads.
+  InFlight start_kv_exchange(const Tensor& local, std::int64_t w, const std::string& what) {
+    return a2a() ? start_scatter_heads(local, w, what) : start_all_gather(local, nh * w, what);
+  }
+
   // ---------------------------------------------------------------- RoPE
   RopeArgs rope_args(std::int64_t heads, const void* x, std::int64_t x_row, const void* y, std::int64_t y_row,
                      std::int64_t head_stride) {
@@ -304,9 +395,11 @@ struct BlockImpl {
     linear(OpPhase::up_projections, rows, rkv, heads * dv, latent.data(), dl, w.w_uv.at(first * dv), nh * dv, v.data(),
            heads * dv);
   }
-  // The transpose: accumulates into dlatent [rows, dl] and the weight gradients of those heads.
+  // The transpose: accumulates into dlatent [rows, dl] and the weight gradients of those heads. `between`
+  // (may be empty) runs once dlatent is complete, before the weight-gradient GEMMs.
   void up_project_backward(const Tensor& dk, const Tensor& dvv, const Tensor& latent, std::int64_t rows,
-                           std::int64_t first, std::int64_t heads, const MlaWeights& w, MlaGrads& g, Tensor& dlatent) {
+                           std::int64_t first, std::int64_t heads, const MlaWeights& w, MlaGrads& g, Tensor& dlatent,
+                           const std::function<void()>& between = {}) {
     // dK/dV in the block's dtype, or in float32 (explicit's sums under kv_grad_reduce_fp32): then the GEMMs run
     // in float32 on float32 copies of the weights' slices and of the latent, so that the summed gradient is
     // never rounded to the storage dtype (LAGA never forms it: it applies the up-projection to each rank's
@@ -339,14 +432,15 @@ struct BlockImpl {
                       .src_batch_stride = dqk, .dst = dlatent.at(rkv), .dst_ld = dl, .dst_batch_stride = 0,
                       .mode = CopyMode::accumulate, .dst_dtype = dlatent.dtype()},
          op);
+    if (between) between();
     linear_dw(ph, rows, rkv, heads * dv, lat, dl, dvv.data(), heads * dv, g.w_uv.at(first * dv), nh * dv, op);
     linear_dw(ph, rows, rkv, heads * dn, lat, dl, dk_nope.data(), heads * dn, g.w_uk.at(first * dn), nh * dn, op);
   }
 
   // ---------------------------------------------------------------- forward
-  Tensor forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
+  // Queries: q = RMSNorm(x W_DQ) W_UQ (or x W_Q), RoPE on the rope part, at global positions. [T, n_h * d_qk]
+  Tensor query_path(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     const void* xp = x.data();
-    // Queries: q = RMSNorm(x W_DQ) W_UQ (or x W_Q), RoPE on the rope part, at global positions.
     Tensor q_pre = empty({T, nh * dqk}, "q_pre");
     if (cfg.q_lora_rank) {
       Tensor q_down = empty({T, rq_in}, "q_down");
@@ -374,11 +468,13 @@ struct BlockImpl {
       Timer timer{*this, OpPhase::projections};
       be.rope_forward(rope_args(nh, q_pre.at(dn), nh * dqk, q.at(dn), nh * dqk, dqk));
     }
-    q_pre = Tensor();
+    return q;
+  }
 
-    // Latent: [c_kv | k_pe] = x W_DKV; c_kv = RMSNorm(c_kv); RoPE on k_pe.
+  // Latent: [c_kv | k_pe] = x W_DKV; c_kv = RMSNorm(c_kv); RoPE on k_pe. [T, dl]
+  Tensor latent_path(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     Tensor kv_down = empty({T, dl}, "kv_down");
-    linear(OpPhase::projections, T, d, dl, xp, d, w.w_dkv.data(), dl, kv_down.data(), dl);
+    linear(OpPhase::projections, T, d, dl, x.data(), d, w.w_dkv.data(), dl, kv_down.data(), dl);
     Tensor kv_rstd = Tensor(be.allocator(), accum_dtype(dt), {T}, "kv_rstd");
     Tensor latent = empty({T, dl}, "latent");
     {
@@ -390,6 +486,13 @@ struct BlockImpl {
     }
     ctx.save("kv_down", kv_down);
     ctx.save("kv_rstd", kv_rstd);
+    return latent;
+  }
+
+  Tensor forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
+    if (opts.overlap) return forward_overlapped(ctx, x, w);
+    Tensor q = query_path(ctx, x, w);
+    Tensor latent = latent_path(ctx, x, w);
 
     // Queries to the attention layout.
     Tensor q_att = scatter_heads(q, dqk, "q");
@@ -406,11 +509,7 @@ struct BlockImpl {
         k_loc = Tensor();
         Tensor v_att = a2a() ? scatter_heads(v_loc, dv, "v") : all_gather(v_loc, nh * dv, "v");
         v_loc = Tensor();
-        Attn a = attention_forward(q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, "o_att");
-        save_attention(ctx, a);
-        ctx.save("k_att", k_att);
-        ctx.save("v_att", v_att);
-        o_att = a.o;
+        o_att = explicit_attention(ctx, q_att, k_att, v_att);
         break;
       }
       case Form::Laga: {
@@ -419,53 +518,121 @@ struct BlockImpl {
         ctx.save("latent_gathered", lat_full);
         Tensor k_att, v_att;
         up_project(lat_full, Tk, h0, H, w, k_att, v_att);
-        Attn a = attention_forward(q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, "o_att");
-        save_attention(ctx, a);
-        if (opts.recompute == Recompute::None) {
-          ctx.save("k_att", k_att);
-          ctx.save("v_att", v_att);
-        }
-        o_att = a.o;
+        o_att = laga_attention(ctx, q_att, k_att, v_att);
         break;
       }
       case Form::Absorbed: {
         Tensor lat_full = all_gather(latent, dl, "kv_latent");
         latent = Tensor();
-        Tensor q_abs = absorb_query(q_att, w);
-        Tensor o_lat;
-        if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
-          Attn a = attention_forward(q_abs, lat_full, dl, nullptr, dl, 1, dl, rkv, "o_lat");
-          save_attention(ctx, a);
-          ctx.save("latent_gathered", lat_full);
-          o_lat = a.o;
-        } else {
-          Tensor k_exp = empty({Tk, H * dl}, "k_expanded");
-          Tensor v_exp = empty({Tk, H * rkv}, "v_expanded");
-          copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = dl, .src = lat_full.data(), .src_ld = dl,
-                                                 .src_batch_stride = 0, .dst = k_exp.data(), .dst_ld = H * dl,
-                                                 .dst_batch_stride = dl});
-          copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = rkv, .src = lat_full.data(), .src_ld = dl,
-                                                 .src_batch_stride = 0, .dst = v_exp.data(), .dst_ld = H * rkv,
-                                                 .dst_batch_stride = rkv});
-          lat_full = Tensor();
-          Attn a = attention_forward(q_abs, k_exp, H * dl, &v_exp, H * rkv, H, dl, rkv, "o_lat");
-          save_attention(ctx, a);
-          ctx.save("k_expanded", k_exp);
-          ctx.save("v_expanded", v_exp);
-          o_lat = a.o;
-        }
-        ctx.save("q_abs", q_abs);
-        if (!ctx.tensors.count("o_lat")) ctx.save("o_lat", o_lat);  // eager keeps probs, W_UV's backward needs o_lat
-        // o_h = o_lat_h W_UV[h]
-        o_att = empty({Tq, H * dv}, "o_att");
-        gemm(OpPhase::up_projections,
-             GemmArgs{.m = Tq, .n = dv, .k = rkv, .batch = H, .a = o_lat.data(), .lda = H * rkv, .stride_a = rkv,
-                      .b = w.w_uv.at(h0 * dv), .ldb = nh * dv, .stride_b = dv, .c = o_att.data(), .ldc = H * dv,
-                      .stride_c = dv});
+        o_att = absorbed_attention(ctx, q_att, std::move(lat_full), w);
         break;
       }
     }
+    return output(ctx, std::move(o_att), w);
+  }
 
+  // The same steps with each collective started as soon as its input exists (BlockOptions::overlap).
+  Tensor forward_overlapped(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
+    Tensor latent = latent_path(ctx, x, w);
+    Tensor o_att;
+    switch (opts.form) {
+      case Form::Explicit: {
+        Tensor k_loc, v_loc;
+        up_project(latent, T, 0, nh, w, k_loc, v_loc);
+        ctx.save("latent", latent);
+        latent = Tensor();
+        InFlight k = start_kv_exchange(k_loc, dqk, "k");
+        k_loc = Tensor();
+        InFlight v = start_kv_exchange(v_loc, dv, "v");
+        v_loc = Tensor();
+        InFlight q = start_scatter_heads(query_path(ctx, x, w), dqk, "q");  // the query path under K and V's exchange
+        Tensor k_att = finish(k), v_att = finish(v), q_att = finish(q);
+        ctx.save("q_att", q_att);
+        o_att = explicit_attention(ctx, q_att, k_att, v_att);
+        break;
+      }
+      case Form::Laga: {
+        InFlight lat = start_all_gather(latent, dl, "kv_latent");
+        latent = Tensor();
+        InFlight q = start_scatter_heads(query_path(ctx, x, w), dqk, "q");  // the query path under the all-gather
+        Tensor lat_full = finish(lat);
+        ctx.save("latent_gathered", lat_full);
+        Tensor k_att, v_att;
+        up_project(lat_full, Tk, h0, H, w, k_att, v_att);  // K/V under the queries' all-to-all
+        Tensor q_att = finish(q);
+        ctx.save("q_att", q_att);
+        o_att = laga_attention(ctx, q_att, k_att, v_att);
+        break;
+      }
+      case Form::Absorbed: {
+        InFlight lat = start_all_gather(latent, dl, "kv_latent");
+        latent = Tensor();
+        InFlight q = start_scatter_heads(query_path(ctx, x, w), dqk, "q");  // the query path under the all-gather
+        Tensor lat_full = finish(lat);
+        Tensor q_att = finish(q);
+        ctx.save("q_att", q_att);
+        o_att = absorbed_attention(ctx, q_att, std::move(lat_full), w);
+        break;
+      }
+    }
+    return output(ctx, std::move(o_att), w);
+  }
+
+  Tensor explicit_attention(SavedContext& ctx, const Tensor& q_att, const Tensor& k_att, const Tensor& v_att) {
+    Attn a = attention_forward(q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, "o_att");
+    save_attention(ctx, a);
+    ctx.save("k_att", k_att);
+    ctx.save("v_att", v_att);
+    return a.o;
+  }
+
+  Tensor laga_attention(SavedContext& ctx, const Tensor& q_att, const Tensor& k_att, const Tensor& v_att) {
+    Attn a = attention_forward(q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, "o_att");
+    save_attention(ctx, a);
+    if (opts.recompute == Recompute::None) {
+      ctx.save("k_att", k_att);
+      ctx.save("v_att", v_att);
+    }
+    return a.o;
+  }
+
+  Tensor absorbed_attention(SavedContext& ctx, const Tensor& q_att, Tensor lat_full, const MlaWeights& w) {
+    Tensor q_abs = absorb_query(q_att, w);
+    Tensor o_lat;
+    if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
+      Attn a = attention_forward(q_abs, lat_full, dl, nullptr, dl, 1, dl, rkv, "o_lat");
+      save_attention(ctx, a);
+      ctx.save("latent_gathered", lat_full);
+      o_lat = a.o;
+    } else {
+      Tensor k_exp = empty({Tk, H * dl}, "k_expanded");
+      Tensor v_exp = empty({Tk, H * rkv}, "v_expanded");
+      copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = dl, .src = lat_full.data(), .src_ld = dl,
+                                             .src_batch_stride = 0, .dst = k_exp.data(), .dst_ld = H * dl,
+                                             .dst_batch_stride = dl});
+      copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = rkv, .src = lat_full.data(), .src_ld = dl,
+                                             .src_batch_stride = 0, .dst = v_exp.data(), .dst_ld = H * rkv,
+                                             .dst_batch_stride = rkv});
+      lat_full = Tensor();
+      Attn a = attention_forward(q_abs, k_exp, H * dl, &v_exp, H * rkv, H, dl, rkv, "o_lat");
+      save_attention(ctx, a);
+      ctx.save("k_expanded", k_exp);
+      ctx.save("v_expanded", v_exp);
+      o_lat = a.o;
+    }
+    ctx.save("q_abs", q_abs);
+    if (!ctx.tensors.count("o_lat")) ctx.save("o_lat", o_lat);  // eager keeps probs, W_UV's backward needs o_lat
+    // o_h = o_lat_h W_UV[h]
+    Tensor o_att = empty({Tq, H * dv}, "o_att");
+    gemm(OpPhase::up_projections,
+         GemmArgs{.m = Tq, .n = dv, .k = rkv, .batch = H, .a = o_lat.data(), .lda = H * rkv, .stride_a = rkv,
+                  .b = w.w_uv.at(h0 * dv), .ldb = nh * dv, .stride_b = dv, .c = o_att.data(), .ldc = H * dv,
+                  .stride_c = dv});
+    return o_att;
+  }
+
+  // o [T, n_h * d_v] back to the local tokens (a2a), saved for backward; y = o W_O.
+  Tensor output(SavedContext& ctx, Tensor o_att, const MlaWeights& w) {
     Tensor o = gather_heads(o_att, dv, "o");
     o_att = Tensor();
     ctx.save("o", o);
@@ -511,17 +678,28 @@ struct BlockImpl {
     for (auto& [name, t] : g.named()) be.fill(*t, 0.0);
 
     // y = o W_O
-    Tensor o = ctx.get("o");
-    linear_dw(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, dy.data(), d, g.w_o.data(), d);
-    Tensor d_o = empty({T, nh * dv}, "d_o");
-    linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.w_o.data(), d, d_o.data(), nh * dv);
-    o = Tensor();
-    ctx.tensors.erase("o");
-    Tensor do_att = scatter_heads(d_o, dv, "o");
-    d_o = Tensor();
+    Tensor do_att;
+    if (opts.overlap) {  // the output gradient's all-to-all under W_O's weight gradient
+      Tensor d_o = empty({T, nh * dv}, "d_o");
+      linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.w_o.data(), d, d_o.data(), nh * dv);
+      InFlight dof = start_scatter_heads(d_o, dv, "o");
+      d_o = Tensor();
+      linear_dw(OpPhase::projections, T, nh * dv, d, ctx.get("o").data(), nh * dv, dy.data(), d, g.w_o.data(), d);
+      ctx.tensors.erase("o");
+      do_att = finish(dof);
+    } else {
+      Tensor o = ctx.get("o");
+      linear_dw(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, dy.data(), d, g.w_o.data(), d);
+      Tensor d_o = empty({T, nh * dv}, "d_o");
+      linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.w_o.data(), d, d_o.data(), nh * dv);
+      o = Tensor();
+      ctx.tensors.erase("o");
+      do_att = scatter_heads(d_o, dv, "o");
+    }
 
     Tensor q_att = ctx.get("q_att");
     Tensor dq_att;
+    InFlight dq_flight;  // with overlap: the query gradient's all-to-all, started as soon as dq_att is complete
     Tensor dlatent;  // [T, dl]: this rank's latent gradient
     switch (opts.form) {
       case Form::Explicit: {
@@ -537,10 +715,22 @@ struct BlockImpl {
           ag.dk = converted(OpPhase::communication, ag.dk.data(), Tk, nh * dqk, nh * dqk, accum_dtype(dt), "d_k_att.f32");
           ag.dv = converted(OpPhase::communication, ag.dv.data(), Tk, nh * dv, nh * dv, accum_dtype(dt), "d_v_att.f32");
         }
-        Tensor dk_loc = a2a() ? gather_heads(ag.dk, dqk, "k") : reduce_scatter(ag.dk, nh * dqk, "k");
-        ag.dk = Tensor();
-        Tensor dv_loc = a2a() ? gather_heads(ag.dv, dv, "v") : reduce_scatter(ag.dv, nh * dv, "v");
-        ag.dv = Tensor();
+        Tensor dk_loc, dv_loc;
+        if (opts.overlap) {  // the query gradient's all-to-all under the up-projection's backward
+          InFlight dk_flight = a2a() ? start_gather_heads(ag.dk, dqk, "k") : start_reduce_scatter(ag.dk, nh * dqk, "k");
+          ag.dk = Tensor();
+          InFlight dv_flight = a2a() ? start_gather_heads(ag.dv, dv, "v") : start_reduce_scatter(ag.dv, nh * dv, "v");
+          ag.dv = Tensor();
+          dq_flight = start_gather_heads(dq_att, dqk, "q");
+          dq_att = ag.dq = Tensor();
+          dk_loc = a2a() ? finish_gather_heads(dk_flight, dqk, "k") : finish(dk_flight);
+          dv_loc = a2a() ? finish_gather_heads(dv_flight, dv, "v") : finish(dv_flight);
+        } else {
+          dk_loc = a2a() ? gather_heads(ag.dk, dqk, "k") : reduce_scatter(ag.dk, nh * dqk, "k");
+          ag.dk = Tensor();
+          dv_loc = a2a() ? gather_heads(ag.dv, dv, "v") : reduce_scatter(ag.dv, nh * dv, "v");
+          ag.dv = Tensor();
+        }
         dlatent = latent_grad(T, "d_latent");
         up_project_backward(dk_loc, dv_loc, ctx.get("latent"), T, 0, nh, w, g, dlatent);
         release(ctx, {"latent"});
@@ -562,11 +752,24 @@ struct BlockImpl {
         release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
         dq_att = ag.dq;
         Tensor dlat_full = latent_grad(Tk, "d_latent_gathered");
-        up_project_backward(ag.dk, ag.dv, lat_full, Tk, h0, H, w, g, dlat_full);
+        InFlight rs;
+        std::function<void()> between;
+        if (opts.overlap)  // the latent gradient's reduce-scatter and the query gradient's all-to-all under dW_UV, dW_UK
+          between = [&] {
+            rs = start_reduce_scatter(dlat_full, dl, "kv_latent");
+            dq_flight = start_gather_heads(dq_att, dqk, "q");
+            dq_att = Tensor();
+          };
+        up_project_backward(ag.dk, ag.dv, lat_full, Tk, h0, H, w, g, dlat_full, between);
         ag = AttnGrads();
         lat_full = Tensor();
         release(ctx, {"latent_gathered"});
-        dlatent = reduce_scatter(dlat_full, dl, "kv_latent");
+        if (opts.overlap) {
+          dlat_full = Tensor();
+          dlatent = finish(rs);
+        } else {
+          dlatent = reduce_scatter(dlat_full, dl, "kv_latent");
+        }
         break;
       }
       case Form::Absorbed: {
@@ -611,6 +814,11 @@ struct BlockImpl {
         do_lat = o_lat = q_abs = Tensor();
         a = Attn();
         release(ctx, {"probs", "lse", "o_lat", "latent_gathered", "k_expanded", "v_expanded"});
+        InFlight rs;
+        if (opts.overlap) {  // the latent gradient's reduce-scatter under the query's up-projection backward
+          rs = start_reduce_scatter(dlat_full, dl, "kv_latent");
+          dlat_full = Tensor();
+        }
         // q_abs = [q_nope W_UK[h]^T | q_pe]
         dq_att = empty({Tq, H * dqk}, "d_q_att");
         gemm(OpPhase::up_projections,
@@ -620,19 +828,23 @@ struct BlockImpl {
         copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = dq_abs.at(rkv), .src_ld = H * dl,
                                                .src_batch_stride = dl, .dst = dq_att.at(dn), .dst_ld = H * dqk,
                                                .dst_batch_stride = dqk});
+        if (opts.overlap) {  // the query gradient's all-to-all under dW_UK
+          dq_flight = start_gather_heads(dq_att, dqk, "q");
+          dq_att = Tensor();
+        }
         gemm(OpPhase::up_projections,
              GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = dn, .k = Tq, .batch = H, .a = dq_abs.data(), .lda = H * dl,
                       .stride_a = dl, .b = q_att.data(), .ldb = H * dqk, .stride_b = dqk, .c = g.w_uk.at(h0 * dn),
                       .ldc = nh * dn, .stride_c = dn, .beta = 1.0, .c_dtype = accum_dtype(dt)});
         dq_abs = Tensor();
         release(ctx, {"q_abs"});
-        dlatent = reduce_scatter(dlat_full, dl, "kv_latent");
+        dlatent = opts.overlap ? finish(rs) : reduce_scatter(dlat_full, dl, "kv_latent");
         break;
       }
     }
     q_att = Tensor();
     release(ctx, {"q_att"});
-    Tensor dq = gather_heads(dq_att, dqk, "q");
+    Tensor dq = opts.overlap ? finish_gather_heads(dq_flight, dqk, "q") : gather_heads(dq_att, dqk, "q");
     dq_att = Tensor();
 
     Tensor dx = Tensor(be.allocator(), dt, {s, B, d}, "dx", MemoryKind::external);

@@ -115,6 +115,7 @@ nlohmann::json plan_document(const PlanQuery& q, const std::vector<PlanPoint>& p
                         {"layout", layout_name(q.base.layout)},
                         {"kernel", kernel_name(q.base.kernel)},
                         {"dtype", dtype_name(q.base.dtype)},
+                        {"overlap", q.base.overlap},
                         {"batch", q.batch},
                         {"layers", q.layers},
                         {"time_model", time_model_json(q.model)},

@@ -13,8 +13,10 @@
 // main() is in test_mpi_comm.cpp; its exit code is the AND over ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <tuple>
 #include <map>
 #include <ostream>
 #include <memory>
@@ -52,12 +54,15 @@ struct Case {
   Layout layout = Layout::A2A;
   Variant variant;
   AttentionKernel kernel = AttentionKernel::fused;
+  DType dtype = DType::f32;
+  bool overlap = false;
   BlockOptions options() const {
     return BlockOptions{.form = variant.form, .layout = layout, .kernel = kernel, .recompute = variant.recompute,
-                        .absorbed_attention = variant.absorbed, .dtype = DType::f32};
+                        .absorbed_attention = variant.absorbed, .dtype = dtype, .overlap = overlap};
   }
   std::string name() const {
-    return std::string(layout_name(layout)) + "_" + variant.name() + "_" + kernel_name(kernel);
+    return std::string(layout_name(layout)) + "_" + variant.name() + "_" + kernel_name(kernel) +
+           (dtype == DType::f32 ? "" : "_f64") + (overlap ? "_overlap" : "");
   }
 };
 
@@ -336,6 +341,43 @@ TEST_P(MpiForms, LagaMatchesExplicitAndRecomputeIsBitIdenticalWithFewerSavedByte
     EXPECT_LT(lg_sent, ex_sent);
   }
 }
+
+// ---------------------------------------------------------------- collectives under compute
+
+// BlockOptions::overlap starts each collective (nonblocking MPI) before the compute that does not need it:
+// the same bits on every rank as the blocking order, in float32 and float64, and the same collectives.
+class MpiOverlap : public ::testing::TestWithParam<Case> {};
+
+TEST_P(MpiOverlap, BitwiseTheBlockingResult) {
+  Case c = GetParam();
+  auto blocking = outcome(c);
+  c.overlap = true;
+  auto overlapped = outcome(c);
+  EXPECT_TRUE(overlapped->local_raw == blocking->local_raw) << "overlap changed this rank's result";
+  EXPECT_TRUE(overlapped->global.y == blocking->global.y);
+  EXPECT_TRUE(overlapped->global.dx == blocking->global.dx);
+  EXPECT_TRUE(overlapped->global.grads == blocking->global.grads);
+  auto sorted = [](std::vector<CollectiveRecord> v) {
+    std::sort(v.begin(), v.end(), [](const CollectiveRecord& a, const CollectiveRecord& b) {
+      return std::tie(a.phase, a.kind, a.tensor) < std::tie(b.phase, b.kind, b.tensor);
+    });
+    return v;
+  };
+  expect_same_traffic(sorted(overlapped->run.traffic), sorted(blocking->run.traffic), "overlap moves the same bytes");
+}
+
+std::vector<Case> overlap_cases() {
+  std::vector<Case> out;
+  for (DType dt : {DType::f32, DType::f64})
+    for (Layout l : kAllLayouts)
+      for (const Variant& v : all_variants())
+        for (AttentionKernel k : kAllKernels)
+          if (dt == DType::f32 || k == AttentionKernel::fused) out.push_back(Case{l, v, k, dt});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Mpi, MpiOverlap, ::testing::ValuesIn(overlap_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 
 INSTANTIATE_TEST_SUITE_P(
     Mpi, MpiForms,

@@ -20,7 +20,10 @@ using namespace laga;
 class RecordingClock final : public CommClock {
  public:
   const char* name() const override { return "recording"; }
-  void hold(double seconds) override { holds.push_back(seconds); }
+  CollectiveRequest start_hold(double seconds) override {
+    holds.push_back(seconds);
+    return {};
+  }
   std::vector<double> holds;
 };
 

@@ -50,6 +50,7 @@ struct BenchOptions {
   bool gemm_check = false;
   bool kv_grad_reduce_fp32 = false;
   std::string attention_provider = "auto";
+  bool overlap = false;
   std::uint64_t seed = 1;
   std::string out;
   TimeModelOptions time_model;
@@ -177,7 +178,8 @@ struct Bench {
   }
 
   BlockOptions options(const Point& p) const {
-    return with_variant({.layout = p.layout, .kernel = p.kernel, .dtype = dtype, .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32},
+    return with_variant({.layout = p.layout, .kernel = p.kernel, .dtype = dtype, .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32,
+                         .overlap = o.overlap},
                         kAllVariants[p.variant]);
   }
 
@@ -613,6 +615,7 @@ std::string canonical_command(const BenchOptions& o, const std::string& dtype) {
   if (o.gemm_check) c << " --gemm-check";
   if (o.kv_grad_reduce_fp32) c << " --kv-grad-reduce-in-fp32";
   if (o.device == "cuda") c << " --attention-provider " << o.attention_provider;
+  if (o.overlap) c << " --overlap";
   if (o.device == "cuda") c << " --gpu " << o.gpu;
   return c.str();
 }
@@ -733,6 +736,7 @@ json config_json(const BenchOptions& o, const Bench& b, const Grid& g, const std
                  {"check", o.check},
                  {"gemm_check", o.gemm_check},
                  {"kv_grad_reduce_in_fp32", o.kv_grad_reduce_fp32},
+                 {"overlap", o.overlap},
                  {"phantom_comm", o.phantom_comm},
                  {"phantom_links", o.phantom_comm == "timed" ? json(o.phantom_link) : json::array()}};
   if (b.device == Device::cuda) {
@@ -914,6 +918,8 @@ std::function<int()> add_bench(CLI::App& app, CLI::App*& sub) {
                   "the scratch cap), laga or cudnn")->capture_default_str();
   sub->add_flag("--kv-grad-reduce-in-fp32", o->kv_grad_reduce_fp32,
                 "all_gather: explicit reduce-scatters its K/V gradients in float32 (as `laga run`)");
+  sub->add_flag("--overlap", o->overlap, "Start each collective as soon as its input exists, computing what does not "
+                                         "need it meanwhile (as laga run --overlap)");
   sub->add_option("--seed", o->seed, "Seed of the deterministic weights and inputs")->capture_default_str();
   sub->add_option("--out", o->out, "The JSON document (rewritten after every point; complete: true at the end)");
   add_time_model_options(sub, o->time_model);

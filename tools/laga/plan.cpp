@@ -25,6 +25,7 @@ struct PlanOptions {
   std::string gpu_mem;
   bool json = false;
   bool kv_grad_reduce_fp32 = false;
+  bool overlap = false;
   std::string out;
   TimeModelOptions time_model;
 };
@@ -75,7 +76,7 @@ void print_point(const PlanOptions& o, const PlanQuery& q, const PlanPoint& pt) 
 int run_plan(const PlanOptions& o) {
   PlanQuery q{.cfg = resolve_model(o.model),
               .base = {.layout = parse_layout(o.layout), .kernel = parse_kernel(o.kernel), .dtype = parse_dtype(o.dtype),
-                       .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32},
+                       .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32, .overlap = o.overlap},
               .batch = o.batch, .seqs = {}, .sps = {}, .layers = o.layers, .gpu_mem_bytes = 0,
               .model = time_model_of(o.time_model)};
   LAGA_REQUIRE(o.layers >= 1, "layers = ", o.layers, ": must be >= 1");
@@ -123,6 +124,8 @@ std::function<int()> add_plan(CLI::App& app, CLI::App*& sub) {
   sub->add_flag("--kv-grad-reduce-in-fp32", o->kv_grad_reduce_fp32,
                 "all_gather: explicit reduce-scatters its K/V gradients in float32 (default: in the dtype, as "
                 "TransformerEngine does)");
+  sub->add_flag("--overlap", o->overlap, "Plan the block with its collectives started under compute (as laga run "
+                                         "--overlap; the same bytes, other peaks)");
   sub->add_option("--out", o->out, "Also write the JSON document to FILE");
   add_time_model_options(sub, o->time_model);
   return [o] { return run_plan(*o); };

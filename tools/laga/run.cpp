@@ -56,6 +56,7 @@ struct RunOptions {
   bool check = false;
   bool verbose = false;
   bool kv_grad_reduce_fp32 = false;
+  bool overlap = false;
   std::string save_dir, load_dir, json_path;
   double tolerance = 0;  // 0: the dtype's default (default_tolerance)
 };
@@ -194,7 +195,8 @@ void check_options(const RunOptions& o, Prepared& p, int ranks, int rank) {
   p.opts = BlockOptions{.form = parse_form(o.form), .layout = parse_layout(o.layout), .kernel = parse_kernel(o.kernel),
                         .recompute = parse_recompute(o.recompute),
                         .absorbed_attention = parse_absorbed_attention(o.absorbed_attention),
-                        .dtype = parse_dtype(dtype_text(o)), .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32};
+                        .dtype = parse_dtype(dtype_text(o)), .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32,
+                        .overlap = o.overlap};
   p.sh = BlockShape{.batch = o.batch, .seq = o.seq, .ranks = ranks, .rank = rank};
   validate(p.cfg, p.opts, p.sh);
   require_dtype_runs_on(p.opts.dtype, p.device);
@@ -578,6 +580,7 @@ std::vector<BlockOptions> phantom_variants(const RunOptions& o, DType dtype) {
         f.kernel = k;
         f.dtype = dtype;
         f.kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32;
+        f.overlap = o.overlap;
         out.push_back(f);
       }
   return out;
@@ -828,6 +831,9 @@ std::function<int()> add_run(CLI::App& app, CLI::App*& sub, int* argc, char*** a
                 "all_gather, bfloat16, P > 1: explicit widens its partial K/V gradients to float32 before the "
                 "reduce-scatter (twice that traffic) and up-projects the float32 sums; default: reduce-scatter in "
                 "bfloat16, as TransformerEngine does");
+  sub->add_flag("--overlap", o->overlap, "Start each collective as soon as its input exists and compute what does "
+                                         "not need it meanwhile (latent all-gather under the query path, reduce-scatter "
+                                         "under the weight-gradient GEMMs); results are bitwise the same");
   sub->add_flag("--verbose", o->verbose, "List the saved tensors and the FLOPs and time by phase");
   sub->add_option("--save", o->save_dir, "Write inputs, weights, output and gradients as .npy files to DIR");
   sub->add_option("--load", o->load_dir, "Read x.npy, weights (and dy.npy if present) from DIR");
