@@ -646,6 +646,35 @@ void print_phantom_details(const BlockOptions& v, const Measurement& m) {
   f.print();
 }
 
+// Refuses a phantom sweep whose variants (one at a time) do not fit the device or the host.
+void require_phantom_fits(const RunOptions& o, const MlaConfig& cfg, const BlockShape& shape, Device device, int gpu,
+                          const std::vector<BlockOptions>& variants) {
+  Prepared fit;
+  fit.cfg = cfg;
+  fit.sh = shape;
+  fit.device = device;
+  fit.gpu = gpu;
+  for (const BlockOptions& v : variants) {
+    fit.opts = v;
+    require_run_fits(o, fit, 1);
+  }
+}
+
+// One variant of a phantom sweep: its line (or its details), and its entry in the document.
+json phantom_entry(const BlockOptions& v, const Measurement& m, Backend& be, int r, int gpu, bool details) {
+  std::string line;
+  for (const auto& cell : phantom_row(v, m)) line += (line.empty() ? "" : " | ") + cell;
+  if (details) print_phantom_details(v, m);
+  else std::printf("done: %s\n", line.c_str());
+  json entry = options_report(v);
+  entry["ranks"] = json::array({rank_report(m.run, r, m.memory, gpu)});
+  if (be.device() == Device::cuda) {
+    entry["attention_calls"] = attention_calls_report(be);
+    if (details) std::printf("attention calls: %s\n", entry["attention_calls"].dump().c_str());
+  }
+  return entry;
+}
+
 // Rank r of P alone: collectives return correctly sized, deterministic data and move nothing.
 int run_phantom(const RunOptions& o) {
   const int P = o.sp == 0 ? 1 : o.sp;
@@ -658,17 +687,7 @@ int run_phantom(const RunOptions& o) {
   const bool cuda = device == Device::cuda;
   if (cuda) require_cuda_usable();
   const int gpu = cuda ? 0 : -1;
-  {
-    Prepared fit;  // one variant runs at a time
-    fit.cfg = cfg;
-    fit.sh = shape;
-    fit.device = device;
-    fit.gpu = gpu;
-    for (const BlockOptions& v : variants) {
-      fit.opts = v;
-      require_run_fits(o, fit, 1);
-    }
-  }
+  require_phantom_fits(o, cfg, shape, device, gpu, variants);
   auto make_backend = [&] {
     if (!cuda) return make_cpu_backend();
     auto be = make_cuda_backend(gpu);
@@ -713,19 +732,8 @@ int run_phantom(const RunOptions& o) {
     std::unique_ptr<CommClock> clock = cuda ? make_cuda_comm_clock(*be) : make_host_comm_clock();
     auto comm = timed ? make_timed_phantom_communicator(*be, r, P, links, *clock) : make_phantom_communicator(*be, r, P);
     const Measurement m = measure(cfg, v, shape, *be, *comm, o.seed, o.warmup, data.inputs());
-    const std::vector<std::string> row = phantom_row(v, m);
-    summary.add(row);
-    std::string line;
-    for (const auto& cell : row) line += (line.empty() ? "" : " | ") + cell;
-    if (details) print_phantom_details(v, m);
-    else std::printf("done: %s\n", line.c_str());
-    json entry = options_report(v);
-    entry["ranks"] = json::array({rank_report(m.run, r, m.memory, gpu)});
-    if (cuda) {
-      entry["attention_calls"] = attention_calls_report(*be);
-      if (details) std::printf("attention calls: %s\n", entry["attention_calls"].dump().c_str());
-    }
-    doc["runs"].push_back(entry);
+    summary.add(phantom_row(v, m));
+    doc["runs"].push_back(phantom_entry(v, m, *be, r, gpu, details));
     // Rewritten after every variant: a sweep stopped part way still leaves what it measured.
     if (!o.json_path.empty()) write_json(o.json_path, doc);
     std::fflush(stdout);
