@@ -8,8 +8,9 @@ start=$(date +%s%N)
 out=$("$laga" plan --model deepseek-v3 --seq 16384 --sp 8 --layout a2a --kernel eager --gpu-mem 141GB --layers 61) ||
   fail "plan exited $?"
 ms=$(( ($(date +%s%N) - start) / 1000000 ))
-# LAGA_TIME_SCALE stretches the bound for slowed builds (scripts/sanitize.sh: AddressSanitizer).
-[ "$ms" -lt $((1000 * ${LAGA_TIME_SCALE:-1})) ] || fail "plan took $ms ms (expected well under a second)"
+# A guard against a plan that walks the sequence token by token (tens of seconds), not a timing: room is left
+# for a loaded machine. LAGA_TIME_SCALE stretches it for slowed builds (scripts/sanitize.sh: AddressSanitizer).
+[ "$ms" -lt $((10000 * ${LAGA_TIME_SCALE:-1})) ] || fail "plan took $ms ms (expected about a second at most)"
 for form in "explicit" "absorbed (mqa)" "absorbed (expanded)" "laga" "laga +recompute kv"; do
   grep -qF "$form" <<<"$out" || fail "plan output lacks '$form'"
 done
