@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "commands.hpp"
@@ -86,12 +87,8 @@ double median_ms(Backend& be, F&& f, int warmup, int reps) {
   return ms[ms.size() / 2];
 }
 
-int run_bench_attention(const BenchAttentionOptions& o) {
-  const MlaConfig cfg = resolve_model(o.model);
-  LAGA_REQUIRE(cuda_available(), "bench-attention: no usable GPU (or laga was built without CUDA)");
-  LAGA_REQUIRE(o.repeat >= 1 && o.warmup >= 0, "repeat = ", o.repeat, ", warmup = ", o.warmup,
-               ": repeat must be >= 1 and warmup >= 0");
-  const i64 d_qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, d_v = cfg.v_head_dim, H = cfg.num_attention_heads;
+// The shapes of every (S, P, layout) asked for, validated before any runs.
+std::vector<Shape> shapes_of(const BenchAttentionOptions& o, i64 H) {
   std::vector<Shape> shapes;
   for (i64 S : o.seq)
     for (int P : o.sp) {
@@ -106,31 +103,26 @@ int run_bench_attention(const BenchAttentionOptions& o) {
         }
       }
     }
-  const CudnnInfo cudnn = cuda_cudnn_info();
-  std::printf("laga bench-attention: %s, d_qk %ld, d_v %ld, bf16, causal, batch 1; cuDNN %s\n",
-              cuda_device_name(o.gpu).c_str(), long(d_qk), long(d_v),
-              cudnn.loaded ? std::to_string(cudnn.version).c_str() : cudnn.error.c_str());
-  std::fflush(stdout);
-  auto be = make_cuda_backend(o.gpu);
-  std::mt19937_64 rng(1);
-  json points = json::array();
-  Table table({"layout", "S", "P", "heads", "q_len", "kv_len", "laga fwd ms", "laga bwd ms", "cudnn fwd ms",
-               "cudnn bwd ms", "TFLOP/s laga f/b", "TFLOP/s cudnn f/b", "auto"});
-  for (const Shape& s : shapes) {
-    Tensor q = random_rows(*be, s.q_len, s.heads * d_qk, rng);
-    Tensor k = random_rows(*be, s.kv_len, s.heads * d_qk, rng);
-    Tensor v = random_rows(*be, s.kv_len, s.heads * d_v, rng);
-    Tensor dout = random_rows(*be, s.q_len, s.heads * d_v, rng);
-    Tensor out(be->allocator(), DType::bf16, {s.q_len, s.heads * d_v}, "o", MemoryKind::external);
-    Tensor dq(be->allocator(), DType::bf16, {s.q_len, s.heads * d_qk}, "dq", MemoryKind::external);
-    Tensor dk(be->allocator(), DType::bf16, {s.kv_len, s.heads * d_qk}, "dk", MemoryKind::external);
-    Tensor dv(be->allocator(), DType::bf16, {s.kv_len, s.heads * d_v}, "dv", MemoryKind::external);
-    Tensor lse(be->allocator(), DType::f32, {s.heads, s.q_len}, "lse", MemoryKind::external);
-    AttentionBwdParams p;
+  return shapes;
+}
+
+// One shape's random inputs, outputs and gradients on the GPU, as the attention calls see them.
+struct ShapeBuffers {
+  Tensor q, k, v, dout, out, dq, dk, dv, lse;
+  AttentionBwdParams p;
+
+  ShapeBuffers(Backend& be, const Shape& s, i64 d_qk, i64 d_v, std::mt19937_64& rng)
+      : q(random_rows(be, s.q_len, s.heads * d_qk, rng)), k(random_rows(be, s.kv_len, s.heads * d_qk, rng)),
+        v(random_rows(be, s.kv_len, s.heads * d_v, rng)), dout(random_rows(be, s.q_len, s.heads * d_v, rng)),
+        out(be.allocator(), DType::bf16, {s.q_len, s.heads * d_v}, "o", MemoryKind::external),
+        dq(be.allocator(), DType::bf16, {s.q_len, s.heads * d_qk}, "dq", MemoryKind::external),
+        dk(be.allocator(), DType::bf16, {s.kv_len, s.heads * d_qk}, "dk", MemoryKind::external),
+        dv(be.allocator(), DType::bf16, {s.kv_len, s.heads * d_v}, "dv", MemoryKind::external),
+        lse(be.allocator(), DType::f32, {s.heads, s.q_len}, "lse", MemoryKind::external) {
     p.dtype = DType::bf16, p.kernel = AttentionKernel::fused, p.batch = 1, p.q_len = s.q_len, p.kv_len = s.kv_len;
     p.q_heads = p.kv_heads = s.heads, p.d_qk = d_qk, p.d_v = d_v, p.q_offset = s.q_offset;
     p.scale = 1.0 / std::sqrt(double(d_qk));
-    auto view = [&](const Tensor& t, i64 d, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
+    auto view = [](const Tensor& t, i64 d, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
       ts = bs = t.dim(1), hs = d;
     };
     p.q = q.data(), view(q, d_qk, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
@@ -142,81 +134,126 @@ int run_bench_attention(const BenchAttentionOptions& o) {
     p.dk = dk.data(), view(dk, d_qk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
     p.dv = dv.data(), view(dv, d_v, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
     p.lse = lse.data();
-    // Unmasked (query, key, head) triples: query i sees keys 0 .. min(kv_len - 1, i + q_offset).
-    double pairs = 0;
-    for (i64 i = 0; i < s.q_len; ++i) pairs += double(std::min(s.kv_len, i + s.q_offset + 1));
-    pairs *= double(s.heads);
-    const double fwd_flops = 2.0 * double(d_qk + d_v) * pairs, bwd_flops = 2.0 * double(3 * d_qk + 2 * d_v) * pairs;
+  }
+};
 
-    AttentionTiming t{.dtype = "bfloat16", .d_qk = d_qk, .d_v = d_v, .heads = s.heads, .q_len = s.q_len,
-                      .kv_len = s.kv_len};
-    cuda_set_attention_provider(*be, AttentionProvider::laga);
-    t.laga_fwd_ms = median_ms(*be, [&] { be->attention_forward(p); }, o.warmup, o.repeat);
-    t.laga_bwd_ms = median_ms(*be, [&] { be->attention_backward(p); }, o.warmup, o.repeat);
-    std::string cudnn_error;
-    if (cudnn.loaded) {
-      cuda_reset_scratch_peak(*be, /*release=*/true);
-      cuda_set_attention_provider(*be, AttentionProvider::cudnn);
-      try {
-        t.cudnn_fwd_ms = median_ms(*be, [&] { be->attention_forward(p); }, o.warmup, o.repeat);
-        t.cudnn_bwd_ms = median_ms(*be, [&] { be->attention_backward(p); }, o.warmup, o.repeat);
-        for (const auto& slot : cuda_scratch_info(*be).slots)
-          if (slot.name == "cudnn_workspace") t.cudnn_workspace_bytes = std::int64_t(slot.peak_bytes);
-      } catch (const InvalidArgument& e) {  // cuDNN has no plan for this shape
-        t.cudnn_fwd_ms = t.cudnn_bwd_ms = 0;
-        cudnn_error = e.what();
-      }
-    } else {
-      cudnn_error = cudnn.error;
-    }
-    json j = {{"layout", s.layout},         {"S", s.S},
-              {"P", s.P},                   {"q_offset", s.q_offset},
-              {"dtype", t.dtype},           {"d_qk", t.d_qk},
-              {"d_v", t.d_v},               {"heads", t.heads},
-              {"q_len", t.q_len},           {"kv_len", t.kv_len},
-              {"laga_fwd_ms", t.laga_fwd_ms}, {"laga_bwd_ms", t.laga_bwd_ms},
-              {"cudnn_fwd_ms", t.cudnn_fwd_ms}, {"cudnn_bwd_ms", t.cudnn_bwd_ms},
-              {"cudnn_workspace_bytes", t.cudnn_workspace_bytes},
-              {"laga_fwd_tflops", fwd_flops / t.laga_fwd_ms * 1e-9}, {"laga_bwd_tflops", bwd_flops / t.laga_bwd_ms * 1e-9},
-              {"faster", attention_provider_name(t.faster())}};
-    if (t.cudnn_fwd_ms > 0) {
-      j["cudnn_fwd_tflops"] = fwd_flops / t.cudnn_fwd_ms * 1e-9;
-      j["cudnn_bwd_tflops"] = bwd_flops / t.cudnn_bwd_ms * 1e-9;
-    }
-    if (!cudnn_error.empty()) j["cudnn_error"] = cudnn_error;
-    points.push_back(j);
-    auto tf = [&](double f, double ms) { return ms > 0 ? fmt("%.0f", f / ms * 1e-9) : std::string("-"); };
-    table.add({s.layout, std::to_string(s.S), std::to_string(s.P), std::to_string(s.heads), std::to_string(s.q_len),
-               std::to_string(s.kv_len), fmt("%.3f", t.laga_fwd_ms), fmt("%.3f", t.laga_bwd_ms),
-               t.cudnn_fwd_ms > 0 ? fmt("%.3f", t.cudnn_fwd_ms) : "-", t.cudnn_bwd_ms > 0 ? fmt("%.3f", t.cudnn_bwd_ms) : "-",
-               tf(fwd_flops, t.laga_fwd_ms) + " / " + tf(bwd_flops, t.laga_bwd_ms),
-               tf(fwd_flops, t.cudnn_fwd_ms) + " / " + tf(bwd_flops, t.cudnn_bwd_ms), attention_provider_name(t.faster())});
-    std::printf("done: %s S=%ld P=%d%s\n", s.layout.c_str(), long(s.S), s.P,
-                cudnn_error.empty() ? "" : (" (cuDNN: " + cudnn_error + ")").c_str());
-    std::fflush(stdout);
+// Unmasked (query, key, head) triples: query i sees keys 0 .. min(kv_len - 1, i + q_offset).
+double unmasked_pairs(const Shape& s) {
+  double pairs = 0;
+  for (i64 i = 0; i < s.q_len; ++i) pairs += double(std::min(s.kv_len, i + s.q_offset + 1));
+  return pairs * double(s.heads);
+}
+
+// cuDNN's forward and backward times (and its workspace) into `t`; the reason when it cannot run the shape.
+std::string time_cudnn(Backend& be, const CudnnInfo& cudnn, const AttentionBwdParams& p, AttentionTiming& t,
+                       const BenchAttentionOptions& o) {
+  if (!cudnn.loaded) return cudnn.error;
+  cuda_reset_scratch_peak(be, /*release=*/true);
+  cuda_set_attention_provider(be, AttentionProvider::cudnn);
+  try {
+    t.cudnn_fwd_ms = median_ms(be, [&] { be.attention_forward(p); }, o.warmup, o.repeat);
+    t.cudnn_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o.warmup, o.repeat);
+    for (const auto& slot : cuda_scratch_info(be).slots)
+      if (slot.name == "cudnn_workspace") t.cudnn_workspace_bytes = std::int64_t(slot.peak_bytes);
+  } catch (const InvalidArgument& e) {  // cuDNN has no plan for this shape
+    t.cudnn_fwd_ms = t.cudnn_bwd_ms = 0;
+    return e.what();
   }
+  return "";
+}
+
+// One shape timed with each provider: its point of the document, and its row of the table.
+json time_shape(Backend& be, const CudnnInfo& cudnn, const Shape& s, i64 d_qk, i64 d_v, std::mt19937_64& rng,
+                const BenchAttentionOptions& o, Table& table) {
+  ShapeBuffers buf(be, s, d_qk, d_v, rng);
+  const AttentionBwdParams& p = buf.p;
+  const double pairs = unmasked_pairs(s);
+  const double fwd_flops = 2.0 * double(d_qk + d_v) * pairs, bwd_flops = 2.0 * double(3 * d_qk + 2 * d_v) * pairs;
+
+  AttentionTiming t{.dtype = "bfloat16", .d_qk = d_qk, .d_v = d_v, .heads = s.heads, .q_len = s.q_len,
+                    .kv_len = s.kv_len};
+  cuda_set_attention_provider(be, AttentionProvider::laga);
+  t.laga_fwd_ms = median_ms(be, [&] { be.attention_forward(p); }, o.warmup, o.repeat);
+  t.laga_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o.warmup, o.repeat);
+  const std::string cudnn_error = time_cudnn(be, cudnn, p, t, o);
+  json j = {{"layout", s.layout},         {"S", s.S},
+            {"P", s.P},                   {"q_offset", s.q_offset},
+            {"dtype", t.dtype},           {"d_qk", t.d_qk},
+            {"d_v", t.d_v},               {"heads", t.heads},
+            {"q_len", t.q_len},           {"kv_len", t.kv_len},
+            {"laga_fwd_ms", t.laga_fwd_ms}, {"laga_bwd_ms", t.laga_bwd_ms},
+            {"cudnn_fwd_ms", t.cudnn_fwd_ms}, {"cudnn_bwd_ms", t.cudnn_bwd_ms},
+            {"cudnn_workspace_bytes", t.cudnn_workspace_bytes},
+            {"laga_fwd_tflops", fwd_flops / t.laga_fwd_ms * 1e-9}, {"laga_bwd_tflops", bwd_flops / t.laga_bwd_ms * 1e-9},
+            {"faster", attention_provider_name(t.faster())}};
+  if (t.cudnn_fwd_ms > 0) {
+    j["cudnn_fwd_tflops"] = fwd_flops / t.cudnn_fwd_ms * 1e-9;
+    j["cudnn_bwd_tflops"] = bwd_flops / t.cudnn_bwd_ms * 1e-9;
+  }
+  if (!cudnn_error.empty()) j["cudnn_error"] = cudnn_error;
+  auto tf = [&](double f, double ms) { return ms > 0 ? fmt("%.0f", f / ms * 1e-9) : std::string("-"); };
+  auto ms_text = [](double ms) { return ms > 0 ? fmt("%.3f", ms) : std::string("-"); };
+  table.add({s.layout, std::to_string(s.S), std::to_string(s.P), std::to_string(s.heads), std::to_string(s.q_len),
+             std::to_string(s.kv_len), fmt("%.3f", t.laga_fwd_ms), fmt("%.3f", t.laga_bwd_ms), ms_text(t.cudnn_fwd_ms),
+             ms_text(t.cudnn_bwd_ms), tf(fwd_flops, t.laga_fwd_ms) + " / " + tf(bwd_flops, t.laga_bwd_ms),
+             tf(fwd_flops, t.cudnn_fwd_ms) + " / " + tf(bwd_flops, t.cudnn_bwd_ms), attention_provider_name(t.faster())});
+  std::printf("done: %s S=%ld P=%d%s\n", s.layout.c_str(), long(s.S), s.P,
+              cudnn_error.empty() ? "" : (" (cuDNN: " + cudnn_error + ")").c_str());
+  std::fflush(stdout);
+  return j;
+}
+
+template <typename T>
+std::string joined(const std::vector<T>& values) {
+  std::string text;
+  for (const T& v : values) {
+    if (!text.empty()) text += ",";
+    if constexpr (std::is_same_v<T, std::string>) text += v; else text += std::to_string(v);
+  }
+  return text;
+}
+
+// The table `--attention-provider auto` chooses from, as the repo keeps it.
+void write_document(const BenchAttentionOptions& o, const json& points) {
+  json doc = {{"about", "Median forward and backward milliseconds of each attention provider per shape (bf16, causal, "
+                        "batch 1, FLOPs 2 (d_qk + d_v) forward and 2 (3 d_qk + 2 d_v) backward per unmasked (query, "
+                        "key, head)): the table `--attention-provider auto` chooses from, by forward + backward of "
+                        "the nearest point. Regenerate on the GPU with the command below."},
+              {"command", "laga bench-attention --model " + o.model + " --seq " + joined(o.seq) + " --sp " +
+                              joined(o.sp) + " --layout " + joined(o.layout) + " --repeat " +
+                              std::to_string(o.repeat) + " --warmup " + std::to_string(o.warmup) + " --out FILE"},
+              {"machine", {{"device_name", cuda_device_name(o.gpu)}, {"cudnn", cudnn_report()}}},
+              {"commit", LAGA_BUILD_COMMIT},
+              {"dirty", LAGA_BUILD_DIRTY < 0 ? json(nullptr) : json(LAGA_BUILD_DIRTY == 1)},
+              {"points", points}};
+  std::ofstream f(o.out);
+  LAGA_REQUIRE(f.good(), "out = '", o.out, "': cannot open for writing");
+  f << doc.dump(2) << "\n";
+  f.close();
+  LAGA_REQUIRE(f.good(), "out = '", o.out, "': the write failed");
+  std::printf("wrote %s\n", o.out.c_str());
+}
+
+int run_bench_attention(const BenchAttentionOptions& o) {
+  const MlaConfig cfg = resolve_model(o.model);
+  LAGA_REQUIRE(cuda_available(), "bench-attention: no usable GPU (or laga was built without CUDA)");
+  LAGA_REQUIRE(o.repeat >= 1 && o.warmup >= 0, "repeat = ", o.repeat, ", warmup = ", o.warmup,
+               ": repeat must be >= 1 and warmup >= 0");
+  const i64 d_qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, d_v = cfg.v_head_dim;
+  const std::vector<Shape> shapes = shapes_of(o, cfg.num_attention_heads);
+  const CudnnInfo cudnn = cuda_cudnn_info();
+  std::printf("laga bench-attention: %s, d_qk %ld, d_v %ld, bf16, causal, batch 1; cuDNN %s\n",
+              cuda_device_name(o.gpu).c_str(), long(d_qk), long(d_v),
+              cudnn.loaded ? std::to_string(cudnn.version).c_str() : cudnn.error.c_str());
+  std::fflush(stdout);
+  auto be = make_cuda_backend(o.gpu);
+  std::mt19937_64 rng(1);
+  json points = json::array();
+  Table table({"layout", "S", "P", "heads", "q_len", "kv_len", "laga fwd ms", "laga bwd ms", "cudnn fwd ms",
+               "cudnn bwd ms", "TFLOP/s laga f/b", "TFLOP/s cudnn f/b", "auto"});
+  for (const Shape& s : shapes) points.push_back(time_shape(*be, cudnn, s, d_qk, d_v, rng, o, table));
   table.print();
-  if (!o.out.empty()) {
-    std::string seqs, sps, layouts;
-    for (i64 S : o.seq) seqs += (seqs.empty() ? "" : ",") + std::to_string(S);
-    for (int P : o.sp) sps += (sps.empty() ? "" : ",") + std::to_string(P);
-    for (const auto& l : o.layout) layouts += (layouts.empty() ? "" : ",") + l;
-    json doc = {{"about", "Median forward and backward milliseconds of each attention provider per shape (bf16, causal, "
-                          "batch 1, FLOPs 2 (d_qk + d_v) forward and 2 (3 d_qk + 2 d_v) backward per unmasked (query, "
-                          "key, head)): the table `--attention-provider auto` chooses from, by forward + backward of "
-                          "the nearest point. Regenerate on the GPU with the command below."},
-                {"command", "laga bench-attention --model " + o.model + " --seq " + seqs + " --sp " + sps +
-                                " --layout " + layouts + " --repeat " + std::to_string(o.repeat) + " --warmup " +
-                                std::to_string(o.warmup) + " --out FILE"},
-                {"machine", {{"device_name", cuda_device_name(o.gpu)}, {"cudnn", cudnn_report()}}},
-                {"commit", LAGA_BUILD_COMMIT},
-                {"dirty", LAGA_BUILD_DIRTY < 0 ? json(nullptr) : json(LAGA_BUILD_DIRTY == 1)},
-                {"points", points}};
-    std::ofstream f(o.out);
-    LAGA_REQUIRE(f.good(), "out = '", o.out, "': cannot open for writing");
-    f << doc.dump(2) << "\n";
-    std::printf("wrote %s\n", o.out.c_str());
-  }
+  if (!o.out.empty()) write_document(o, points);
   return kExitOk;
 }
 
