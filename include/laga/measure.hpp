@@ -160,6 +160,10 @@ nlohmann::json machine_inventory();
 // whether CUDA was built.
 nlohmann::json build_report();
 
+// The fields of `s` between separators `sep` (an empty field where two separators meet; none after a
+// trailing one): the machine record's nvidia-smi lines, the command line's lists.
+std::vector<std::string> split(const std::string& s, char sep);
+
 // ---------------------------------------------------------------- communicators and ranks
 
 // Which communicator GPU ranks use.

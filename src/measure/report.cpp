@@ -146,7 +146,6 @@ json attention_calls_report(Backend& be) {
   return j;
 }
 
-namespace {
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::string cur;
@@ -154,6 +153,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
   while (std::getline(is, cur, sep)) out.push_back(cur);
   return out;
 }
+
+namespace {
 
 std::string run_capture(const std::string& cmd) {
   std::string out;

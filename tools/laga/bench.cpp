@@ -58,14 +58,6 @@ struct BenchOptions {
 
 // ---------------------------------------------------------------- parsing the sweep
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  std::istringstream is(s);
-  while (std::getline(is, cur, sep)) out.push_back(cur);
-  return out;
-}
-
 std::string join(const std::vector<std::string>& v, const char* sep = ",") {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
