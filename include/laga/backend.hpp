@@ -126,6 +126,25 @@ struct AttentionBwdParams : AttentionFwdParams {
   std::int64_t dv_token_stride = 0, dv_batch_stride = 0, dv_head_stride = 0;
 };
 
+// Ring attention's merge of a partial result into the running one: the same queries attended over another
+// block of keys. Per (query, batch, head) row, with m = max(lse, lse_part):
+//   lse' = m + log(exp(lse - m) + exp(lse_part - m)),  o' = o exp(lse - lse') + o_part exp(lse_part - lse').
+// o and lse are updated in place. A row whose partial lse is -inf (no visible key) is left as it is; a row
+// whose running lse is -inf takes the partial's values. lse and lse_part are [batch, heads, q_len] in
+// accum_dtype(dtype), as the fused attention kernel writes them.
+struct AttentionMergeArgs {
+  DType dtype = DType::f32;  // o_part's dtype
+  std::int64_t batch = 0, q_len = 0, heads = 0, d_v = 0;
+  void* o = nullptr;  // [q_len, batch, heads, d_v] with the strides below
+  std::int64_t o_token_stride = 0, o_batch_stride = 0, o_head_stride = 0;
+  void* lse = nullptr;
+  const void* o_part = nullptr;  // like o
+  std::int64_t part_token_stride = 0, part_batch_stride = 0, part_head_stride = 0;
+  const void* lse_part = nullptr;
+  // o's dtype when it differs from o_part's: a float32 running output of a bfloat16 run. Unset: dtype.
+  std::optional<DType> o_dtype;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -142,6 +161,7 @@ class Backend {
   virtual void rope_backward(const RopeArgs&) = 0;
   virtual void attention_forward(const AttentionFwdParams&) = 0;
   virtual void attention_backward(const AttentionBwdParams&) = 0;
+  virtual void attention_merge(const AttentionMergeArgs&) = 0;
   // Raw transfers of t.bytes() between host memory and a tensor of this backend (memcpy for host backends,
   // nothing on the meta device).
   virtual void copy_from_host(const Tensor& dst, const void* host);

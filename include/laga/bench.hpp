@@ -73,9 +73,10 @@ std::vector<Placement> standard_placements(const TimeModel&, int ranks);
 // `bytes_sent` bytes from this rank, as CountingCommunicator counts them ((P-1)/P of the buffer for
 // all-gather, reduce-scatter and all-to-all; 2(P-1)/P for all-reduce). Classic cost model (Thakur,
 // Rabenseifner & Gropp 2005): ring all-gather / reduce-scatter and pairwise-exchange all-to-all take P-1
-// steps, all-reduce (reduce-scatter + all-gather) 2(P-1); time = steps x alpha + bytes_sent / bandwidth.
+// steps, all-reduce (reduce-scatter + all-gather) 2(P-1), a ring shift (each rank sends one chunk to its
+// successor) one; time = steps x alpha + bytes_sent / bandwidth.
 //  - all ranks on one node: NVLink alpha and bandwidth.
-//  - across nodes, ring collectives run at the pace of their slowest link (NCCL's bus bandwidth across nodes
+//  - across nodes, ring collectives and ring shifts run at the pace of their slowest link (NCCL's bus bandwidth across nodes
 //    is the NIC's): every step costs InfiniBand's alpha, all bytes go at InfiniBand's bandwidth.
 //  - across nodes, all-to-all sends (k-1)/(P-1) of its bytes to the k-1 peers on its node over NVLink and the
 //    rest over InfiniBand, concurrently: (k-1) alpha_intra + (P-k) alpha_inter + max(intra bytes / intra bw,

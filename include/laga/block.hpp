@@ -23,6 +23,8 @@ enum class Form {
 enum class Layout {
   A2A,        // Ulysses: attention over the full sequence for n_h/P heads
   AllGather,  // context parallel: local queries, keys/values over the whole sequence
+  P2P,        // ring (context parallel): local queries; keys/values pass around the ring chunk by chunk,
+              // causal load balanced by the zigzag of include/laga/token_map.hpp
 };
 enum class Recompute { None, KV };  // KV: LAGA keeps only the gathered latent, rebuilds K/V in backward
 // How the absorbed form runs attention: natively as MQA over the shared latent, or with the latent
@@ -58,8 +60,9 @@ struct BlockOptions {
   // context parallelism does, which rounds the summed K/V gradient once to bfloat16: LAGA, which sums its
   // latent gradient in float32 and never forms that sum, then differs from explicit by ~1e-3..3e-3 relative
   // in the gradients downstream of K/V. On, both sum in float32 (the way Megatron's --grad-reduce-in-fp32
-  // treats the data-parallel gradients). No effect elsewhere (a2a sends no K/V gradient sums; float32 and
-  // float64 runs sum in their own dtype).
+  // treats the data-parallel gradients). p2p likewise: explicit's dK/dV accumulators travel the ring in
+  // bfloat16 (TransformerEngine's ring), or in float32 with this option. No effect elsewhere (a2a sends no
+  // K/V gradient sums; float32 and float64 runs sum in their own dtype).
   bool kv_grad_reduce_fp32 = false;
   // Collectives under compute: each is started (Communicator::start_*) as soon as its input exists and waited
   // for only where its result is needed. Forward: LAGA's and absorbed's latent all-gather runs under the
@@ -69,14 +72,15 @@ struct BlockOptions {
   // all-to-all under the up-projections' weight-gradient GEMMs; explicit's query gradient all-to-all under
   // its up-projection backward. The same ops on the same data: results are bitwise those without overlap;
   // the order of allocations changes, so peaks may differ (the plan runs the same orchestration). Off by
-  // default.
+  // default. No effect on p2p, whose ring always starts the next shift before the chunk in hand's attention.
   bool overlap = false;
 };
 
 // Whether explicit's K/V gradients are summed over `ranks` ranks in float32 under these options: only where
-// there is such a sum (all_gather, P > 1) and only for a storage dtype below its accumulation dtype.
+// there is such a sum (all_gather's reduce-scatter, p2p's accumulators going round the ring; P > 1) and only
+// for a storage dtype below its accumulation dtype.
 inline bool kv_grads_reduced_in_fp32(const BlockOptions& o, int ranks) {
-  return o.kv_grad_reduce_fp32 && o.layout == Layout::AllGather && ranks > 1 && accum_dtype(o.dtype) != o.dtype;
+  return o.kv_grad_reduce_fp32 && o.layout != Layout::A2A && ranks > 1 && accum_dtype(o.dtype) != o.dtype;
 }
 
 // One strategy as reports and tests enumerate them: a form plus the options only some forms take.
@@ -108,6 +112,19 @@ inline constexpr std::array<Variant, 5> kAllVariants = {
     Variant{Form::Explicit}, Variant{Form::Absorbed, Recompute::None, AbsorbedAttention::Mqa},
     Variant{Form::Absorbed, Recompute::None, AbsorbedAttention::Expanded}, Variant{Form::Laga},
     Variant{Form::Laga, Recompute::KV}};
+
+// Whether a layout runs a variant: p2p runs explicit and laga (the fused kernel, no K/V recomputation: its
+// ring rebuilds K/V per chunk anyway); a2a and all_gather run every variant. validate() says why not.
+inline bool layout_supports(Layout l, const Variant& v) {
+  return l != Layout::P2P || (v.form != Form::Absorbed && v.recompute == Recompute::None);
+}
+// The variants of kAllVariants a layout runs, in that order.
+inline std::vector<Variant> variants_for(Layout l) {
+  std::vector<Variant> out;
+  for (const Variant& v : kAllVariants)
+    if (layout_supports(l, v)) out.push_back(v);
+  return out;
+}
 
 // The problem one rank sees: `seq` is the full sequence S; each rank holds s = S / ranks tokens.
 struct BlockShape {

@@ -56,6 +56,10 @@ class Communicator {
   virtual void all_to_all(const void* send, void* recv, std::size_t count, DType) = 0;
   // In-place sum over ranks.
   virtual void all_reduce(void* buf, std::size_t count, DType) = 0;
+  // The ring's step: `count` elements of send go to rank (rank() + 1) % size(), recv receives the `count`
+  // elements rank (rank() - 1 + size()) % size() sent (at P = 1 a copy of send). send and recv must not
+  // overlap. Every rank calls it with the same count.
+  virtual void ring_shift(const void* send, void* recv, std::size_t count, DType) = 0;
   // The same collectives started without waiting for them; wait() on the request orders the caller's work
   // after them. Every rank starts the same collectives in the same order (blocking ones included). The
   // default runs the blocking call and returns a complete request, so every communicator has them.
@@ -69,6 +73,10 @@ class Communicator {
   }
   virtual CollectiveRequest start_all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
     all_to_all(send, recv, count, dtype);
+    return {};
+  }
+  virtual CollectiveRequest start_ring_shift(const void* send, void* recv, std::size_t count, DType dtype) {
+    ring_shift(send, recv, count, dtype);
     return {};
   }
   virtual void barrier() = 0;
@@ -92,12 +100,13 @@ std::vector<std::unique_ptr<Communicator>> make_thread_group(int size);
 enum class Phase { forward, backward };
 const char* phase_name(Phase);
 
-enum class CollectiveKind { all_gather, reduce_scatter, all_to_all, all_reduce };
+enum class CollectiveKind { all_gather, reduce_scatter, all_to_all, all_reduce, ring_shift };
 const char* collective_name(CollectiveKind);
 
 // One collective call as counted. Bytes are the logical bytes that cross between distinct ranks
 // (independent of the algorithm): all_gather and reduce_scatter send and receive (P-1) * chunk;
-// all_to_all sends and receives (P-1) * chunk; all_reduce is counted as reduce_scatter + all_gather.
+// all_to_all sends and receives (P-1) * chunk; all_reduce is counted as reduce_scatter + all_gather;
+// ring_shift sends and receives one chunk (none at P = 1, where it is a copy).
 struct CollectiveRecord {
   Phase phase = Phase::forward;
   CollectiveKind kind = CollectiveKind::all_gather;
@@ -130,9 +139,11 @@ class CountingCommunicator final : public Communicator {
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType) override;
   void all_to_all(const void* send, void* recv, std::size_t count, DType) override;
   void all_reduce(void* buf, std::size_t count, DType) override;
+  void ring_shift(const void* send, void* recv, std::size_t count, DType) override;
   CollectiveRequest start_all_gather(const void* send, void* recv, std::size_t count, DType) override;
   CollectiveRequest start_reduce_scatter(const void* send, void* recv, std::size_t count, DType) override;
   CollectiveRequest start_all_to_all(const void* send, void* recv, std::size_t count, DType) override;
+  CollectiveRequest start_ring_shift(const void* send, void* recv, std::size_t count, DType) override;
   void barrier() override { inner_.barrier(); }
 
   // Calls with the same (phase, kind, tensor) are merged, in order of first appearance.

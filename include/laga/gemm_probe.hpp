@@ -65,6 +65,7 @@ class GemmProbeBackend final : public Backend {
   void rope_backward(const RopeArgs& a) override { inner_.rope_backward(a); }
   void attention_forward(const AttentionFwdParams& p) override { inner_.attention_forward(p); }
   void attention_backward(const AttentionBwdParams& p) override { inner_.attention_backward(p); }
+  void attention_merge(const AttentionMergeArgs& a) override { inner_.attention_merge(a); }
   void copy_from_host(const Tensor& dst, const void* host) override { inner_.copy_from_host(dst, host); }
   void copy_to_host(void* host, const Tensor& src) override { inner_.copy_to_host(host, src); }
   void synchronize() override { inner_.synchronize(); }

@@ -28,8 +28,9 @@ void fill_deterministic(Backend&, const Tensor& t, std::uint64_t seed, std::uint
 
 // Weights (external memory) scaled like a trained model's init: U(-1,1)/sqrt(fan_in); norms 1 + 0.1 U(-1,1).
 MlaWeights make_weights(const MlaConfig&, DType, Backend&, std::uint64_t seed);
-// This rank's shard [s, batch, d] of the global [S, batch, d] tensor of a stream (external memory).
-Tensor make_shard(const MlaConfig&, const BlockShape&, DType, Backend&, std::uint64_t seed, DataStream);
+// This rank's shard [s, batch, d] of the global [S, batch, d] tensor of a stream (external memory): the
+// tokens the layout gives the rank (include/laga/token_map.hpp).
+Tensor make_shard(const MlaConfig&, const BlockShape&, DType, Backend&, std::uint64_t seed, DataStream, Layout);
 
 struct RankRun {
   Tensor y, dx;   // [s, batch, d]
@@ -38,6 +39,7 @@ struct RankRun {
   std::size_t saved_bytes = 0;
   PassStats fwd, bwd;
   std::vector<CollectiveRecord> traffic;
+  Layout layout = Layout::A2A;  // which tokens y and dx hold (include/laga/token_map.hpp)
 };
 
 // Runs forward then backward of one block on this rank. Weights, x and dy default to the deterministic ones.
@@ -45,7 +47,8 @@ RankRun run_rank(const MlaConfig&, const BlockOptions&, const BlockShape&, Backe
                  std::uint64_t seed, const MlaWeights* weights = nullptr, const Tensor* x = nullptr,
                  const Tensor* dy = nullptr);
 
-// The global result of a run: every rank's shard of y and dx in rank order, weight gradients summed over
+// The global result of a run: y and dx of the whole sequence (the ranks' shards put where the run's layout
+// says they belong), weight gradients summed over
 // ranks. A collective over `comm`, which must serve HOST buffers (MPI, threads; not NCCL: pass the MPI
 // communicator beside it); uncounted; every rank receives it. With one rank no collective is made.
 struct GlobalResult {

@@ -32,7 +32,7 @@ struct PlanPoint {
   std::int64_t seq = 0;
   std::int64_t sp = 0;
   int rank = 0;  // the last rank: under causal all_gather its queries see the most keys
-  std::vector<RankPlan> plans;
+  std::vector<RankPlan> plans;  // one per variant the layout runs (variants_for), explicit first
 };
 
 // Validates every point of every variant (InvalidArgument before any is planned), then plans them.

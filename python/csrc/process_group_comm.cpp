@@ -37,6 +37,29 @@ class ProcessGroupCommunicator final : public laga::Communicator {
     std::vector<at::Tensor> t{view(buf, count, dt)};
     pg_->allreduce(t)->wait();
   }
+  // send to the successor, recv from the predecessor (batch_isend_irecv's pair): coalesced into one NCCL group
+  // on the GPU (two ranks sending to each other would otherwise wait on each other), plain on gloo.
+  void ring_shift(const void* send, void* recv, std::size_t count, laga::DType dt) override {
+    if (count == 0) return;
+    const int P = size(), r = rank();
+    if (P == 1) {
+      view(recv, count, dt).copy_(view(send, count, dt));
+      return;
+    }
+    std::vector<at::Tensor> out{view(send, count, dt)}, in{view(recv, count, dt)};
+    constexpr int kTag = 0;
+    if (device_.is_cuda()) {
+      pg_->startCoalescing(c10::DeviceType::CUDA);
+      pg_->send(out, (r + 1) % P, kTag);
+      pg_->recv(in, (r - 1 + P) % P, kTag);
+      pg_->endCoalescing(c10::DeviceType::CUDA)->wait();
+      return;
+    }
+    c10::intrusive_ptr<c10d::Work> sent = pg_->send(out, (r + 1) % P, kTag);
+    c10::intrusive_ptr<c10d::Work> received = pg_->recv(in, (r - 1 + P) % P, kTag);
+    received->wait();
+    sent->wait();
+  }
   void barrier() override { pg_->barrier()->wait(); }
 
  private:

@@ -26,6 +26,7 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::reduce_scatter: return "reduce_scatter";
     case CollectiveKind::all_to_all: return "all_to_all";
     case CollectiveKind::all_reduce: return "all_reduce";
+    case CollectiveKind::ring_shift: return "ring_shift";
   }
   return "unknown";
 }
@@ -44,6 +45,8 @@ std::size_t collective_bytes_sent(CollectiveKind kind, std::size_t chunk_bytes, 
       return others * chunk_bytes;
     case CollectiveKind::all_reduce:
       return 2 * others * chunk_bytes / static_cast<std::size_t>(ranks);
+    case CollectiveKind::ring_shift:
+      return others > 0 ? chunk_bytes : 0;
   }
   throw RuntimeError(detail::concat("collective_bytes_sent: unknown collective kind ", static_cast<int>(kind)));
 }
@@ -93,6 +96,17 @@ void CountingCommunicator::all_to_all(const void* send, void* recv, std::size_t 
 void CountingCommunicator::all_reduce(void* buf, std::size_t count, DType dtype) {
   inner_.all_reduce(buf, count, dtype);
   record(CollectiveKind::all_reduce, count * dtype_size(dtype));
+}
+
+void CountingCommunicator::ring_shift(const void* send, void* recv, std::size_t count, DType dtype) {
+  inner_.ring_shift(send, recv, count, dtype);
+  record(CollectiveKind::ring_shift, count * dtype_size(dtype));
+}
+
+CollectiveRequest CountingCommunicator::start_ring_shift(const void* send, void* recv, std::size_t count, DType dtype) {
+  CollectiveRequest req = inner_.start_ring_shift(send, recv, count, dtype);
+  record(CollectiveKind::ring_shift, count * dtype_size(dtype));
+  return req;
 }
 
 CollectiveRequest CountingCommunicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
@@ -175,6 +189,9 @@ class SingleRankCommunicator final : public Communicator {
     device_copy(backend_, send, recv, count, dtype);
   }
   void all_reduce(void*, std::size_t, DType) override {}  // the sum over one rank is the buffer
+  void ring_shift(const void* send, void* recv, std::size_t count, DType dtype) override {
+    device_copy(backend_, send, recv, count, dtype);
+  }
   void barrier() override {}
 
  private:
@@ -211,6 +228,10 @@ class PhantomCommunicator final : public Communicator {
     }
   }
   void all_reduce(void*, std::size_t, DType) override {}  // the other ranks contribute zeros
+  // As if the previous rank sent what this rank sends.
+  void ring_shift(const void* send, void* recv, std::size_t count, DType dtype) override {
+    device_copy(backend_, send, recv, count, dtype);
+  }
   void barrier() override {}
 
  private:

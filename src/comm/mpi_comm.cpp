@@ -188,6 +188,20 @@ class MpiRequest final : public CollectiveRequest::Pending {
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
 
+// Point-to-point requests (a ring shift's receive and send): wait() is MPI_Waitall.
+class MpiRequests final : public CollectiveRequest::Pending {
+ public:
+  MPI_Request* out(int i) { return &requests_[i]; }
+  void wait() override { LAGA_MPI_CHECK(MPI_Waitall(2, requests_, MPI_STATUSES_IGNORE)); }
+
+ private:
+  MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+};
+
+// The tag of ring shifts (MPI orders messages of one tag between two ranks, so shifts in flight at once
+// match in the order they were started).
+constexpr int kRingTag = 7;
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(std::size_t max_count) : max_count_(max_count) {
@@ -324,6 +338,31 @@ class MpiCommunicator final : public Communicator {
     auto req = std::make_unique<MpiRequest>();
     LAGA_MPI_CHECK(MPI_Ialltoall(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), type, recv,
                                  static_cast<int>(count), type, comm_, req->out()));
+    return CollectiveRequest(std::move(req));
+  }
+
+  // MPI_Sendrecv to the successor from the predecessor; counts above max_count go in pieces.
+  void ring_shift(const void* send, void* recv, std::size_t count, DType dtype) override {
+    const MPI_Datatype type = mpi_type(dtype);
+    const std::size_t elem = dtype_size(dtype);
+    LAGA_CHECK(!overlaps(send, count * elem, recv, count * elem), "ring_shift: send and recv overlap");
+    const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+    for (std::size_t off = 0; off < count; off += max_count_) {
+      const int n = static_cast<int>(std::min(max_count_, count - off));
+      LAGA_MPI_CHECK(MPI_Sendrecv(at(send, off * elem), n, type, next, kRingTag, at(recv, off * elem), n, type, prev,
+                                  kRingTag, comm_, MPI_STATUS_IGNORE));
+    }
+  }
+  // MPI_Irecv from the predecessor and MPI_Isend to the successor; larger counts run the blocking form.
+  CollectiveRequest start_ring_shift(const void* send, void* recv, std::size_t count, DType dtype) override {
+    const MPI_Datatype type = mpi_type(dtype);
+    const std::size_t elem = dtype_size(dtype);
+    LAGA_CHECK(!overlaps(send, count * elem, recv, count * elem), "ring_shift: send and recv overlap");
+    if (count > max_count_) return Communicator::start_ring_shift(send, recv, count, dtype);
+    const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+    auto req = std::make_unique<MpiRequests>();
+    LAGA_MPI_CHECK(MPI_Irecv(recv, static_cast<int>(count), type, prev, kRingTag, comm_, req->out(0)));
+    LAGA_MPI_CHECK(MPI_Isend(send, static_cast<int>(count), type, next, kRingTag, comm_, req->out(1)));
     return CollectiveRequest(std::move(req));
   }
 

@@ -59,6 +59,13 @@ class ThreadCommunicator final : public Communicator {
     flush();
     exchange(send, recv, count, dt);
   }
+  void ring_shift(const void* send, void* recv, std::size_t count, DType dt) override {
+    flush();
+    shift(send, recv, count, dt);
+  }
+  CollectiveRequest start_ring_shift(const void* send, void* recv, std::size_t count, DType dt) override {
+    return defer(CollectiveKind::ring_shift, send, recv, count, dt);
+  }
   CollectiveRequest start_all_gather(const void* send, void* recv, std::size_t count, DType dt) override {
     return defer(CollectiveKind::all_gather, send, recv, count, dt);
   }
@@ -100,6 +107,7 @@ class ThreadCommunicator final : public Communicator {
       case CollectiveKind::all_gather: gather(op->send, op->recv, op->count, op->dt); break;
       case CollectiveKind::reduce_scatter: reduce(op->send, op->recv, op->count, op->dt); break;
       case CollectiveKind::all_to_all: exchange(op->send, op->recv, op->count, op->dt); break;
+      case CollectiveKind::ring_shift: shift(op->send, op->recv, op->count, op->dt); break;
       case CollectiveKind::all_reduce: LAGA_CHECK(false, "all_reduce is never deferred");
     }
     op->done = true;
@@ -128,6 +136,12 @@ class ThreadCommunicator final : public Communicator {
       for (int p = 0; p < size(); ++p)
         if (sh_->send[p])
           std::memcpy(static_cast<char*>(recv) + p * bytes, static_cast<const char*>(sh_->send[p]) + rank_ * bytes, bytes);
+    sh_->bar.arrive_and_wait();
+  }
+  void shift(const void* send, void* recv, std::size_t count, DType dt) {
+    publish(send);
+    const void* from = sh_->send[(rank_ - 1 + size()) % size()];
+    if (recv && from) std::memcpy(recv, from, count * dtype_size(dt));
     sh_->bar.arrive_and_wait();
   }
 

@@ -76,6 +76,14 @@ class TimedPhantomCommunicator final : public Communicator {
     phantom_->all_reduce(buf, count, dtype);
     hold(CollectiveKind::all_reduce, count, dtype);
   }
+  void ring_shift(const void* send, void* recv, std::size_t count, DType dtype) override {
+    phantom_->ring_shift(send, recv, count, dtype);
+    hold(CollectiveKind::ring_shift, count, dtype);
+  }
+  CollectiveRequest start_ring_shift(const void* send, void* recv, std::size_t count, DType dtype) override {
+    phantom_->ring_shift(send, recv, count, dtype);
+    return start(CollectiveKind::ring_shift, count, dtype);
+  }
   CollectiveRequest start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) override {
     phantom_->all_gather(send, recv, count, dtype);
     return start(CollectiveKind::all_gather, count, dtype);

@@ -20,6 +20,7 @@ class MetaBackend final : public Backend {
   void rope_backward(const RopeArgs&) override {}
   void attention_forward(const AttentionFwdParams&) override {}
   void attention_backward(const AttentionBwdParams&) override {}
+  void attention_merge(const AttentionMergeArgs&) override {}
 
  private:
   MetaAllocator alloc_;

@@ -1,7 +1,9 @@
 // CPU backend: float32 and float64, GEMMs through OpenBLAS, the rest as plain loops.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 
 #include "cpu/cpu_attention.hpp"
@@ -140,6 +142,28 @@ void require_one_dtype(const char* op, DType dtype, const std::optional<DType>& 
              dtype_name(dtype), " (the cpu backend needs one dtype)");
 }
 
+template <typename T>
+void attention_merge_impl(const AttentionMergeArgs& a) {
+  T* lse = static_cast<T*>(a.lse);
+  const T* lse_part = static_cast<const T*>(a.lse_part);
+  for (std::int64_t b = 0; b < a.batch; ++b)
+    for (std::int64_t h = 0; h < a.heads; ++h)
+      for (std::int64_t i = 0; i < a.q_len; ++i) {
+        const std::int64_t l = (b * a.heads + h) * a.q_len + i;
+        const T lp = lse_part[l], lo = lse[l];
+        if (lp == -std::numeric_limits<T>::infinity()) continue;
+        T* o = static_cast<T*>(a.o) + i * a.o_token_stride + b * a.o_batch_stride + h * a.o_head_stride;
+        const T* op = static_cast<const T*>(a.o_part) + i * a.part_token_stride + b * a.part_batch_stride +
+                      h * a.part_head_stride;
+        const T m = std::max(lo, lp);
+        const T eo = std::exp(lo - m), ep = std::exp(lp - m);  // exp(-inf) = 0 for an empty running row
+        const T sum = eo + ep;
+        const T wo = eo / sum, wp = ep / sum;
+        for (std::int64_t c = 0; c < a.d_v; ++c) o[c] = o[c] * wo + op[c] * wp;
+        lse[l] = m + std::log(sum);
+      }
+}
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend() = default;
@@ -184,6 +208,10 @@ class CpuBackend final : public Backend {
   }
   void attention_forward(const AttentionFwdParams& p) override { cpu::attention_forward(p); }
   void attention_backward(const AttentionBwdParams& p) override { cpu::attention_backward(p); }
+  void attention_merge(const AttentionMergeArgs& a) override {
+    require_one_dtype("attention merge", a.dtype, a.o_dtype, "o");
+    dispatch(a.dtype, "attention merge", [&](auto t) { attention_merge_impl<decltype(t)>(a); });
+  }
 
  private:
   CpuAllocator own_;

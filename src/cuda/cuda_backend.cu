@@ -311,6 +311,11 @@ class CudaBackend final : public Backend {
     cuda::attention_backward(ctx_, p);
   }
 
+  void attention_merge(const AttentionMergeArgs& a) override {
+    DeviceGuard guard(ctx_.device);
+    attention_merge_op(ctx_, a);
+  }
+
   void set_attention_provider(AttentionProvider p) { provider_ = p; }
   AttentionProvider attention_provider() const { return provider_; }
   AttentionProviderCounts provider_counts() const {

@@ -173,6 +173,32 @@ __global__ void rope_kernel(RopeArgs a, const double* inv_freq) {
   }
 }
 
+
+// ================================================================ attention merge
+
+// One warp per (query, batch, head) row: every lane reads the old log-sum-exp, scales its columns, then lane 0
+// writes the new one. P is o_part's element type, O the running output's; lse is float.
+template <typename P, typename O>
+__global__ void attention_merge_kernel(AttentionMergeArgs a, i64 rows) {
+  const i64 row = (i64(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const i64 h = row % a.heads, bi = (row / a.heads) % a.batch, i = row / (a.heads * a.batch);
+  const i64 l = (bi * a.heads + h) * a.q_len + i;
+  float* lse = static_cast<float*>(a.lse);
+  const float lp = static_cast<const float*>(a.lse_part)[l], lo = lse[l];
+  if (lp == -INFINITY) return;
+  const float m = fmaxf(lo, lp);
+  const float eo = expf(lo - m), ep = expf(lp - m);  // exp(-inf) = 0 for an empty running row
+  const float sum = eo + ep, wo = eo / sum, wp = ep / sum;
+  O* o = static_cast<O*>(a.o) + i * a.o_token_stride + bi * a.o_batch_stride + h * a.o_head_stride;
+  const P* op = static_cast<const P*>(a.o_part) + i * a.part_token_stride + bi * a.part_batch_stride +
+                h * a.part_head_stride;
+  for (i64 c = lane; c < a.d_v; c += 32) o[c] = from_float<O>(to_float(o[c]) * wo + to_float(op[c]) * wp);
+  __syncwarp();
+  if (lane == 0) lse[l] = m + logf(sum);
+}
+
 }  // namespace
 
 // ================================================================ host entry points
@@ -323,6 +349,20 @@ void rope_op(Context& ctx, const RopeArgs& a, const double* inv_freq_device, boo
     }
   });
   LAGA_CUDA_CHECK_LAUNCH("rope_kernel");
+}
+
+void attention_merge_op(Context& ctx, const AttentionMergeArgs& a) {
+  LAGA_REQUIRE(a.batch >= 0 && a.q_len >= 0 && a.heads >= 0 && a.d_v >= 0, "attention merge: negative size");
+  const i64 rows = a.q_len * a.batch * a.heads;
+  if (rows == 0 || a.d_v == 0 || a.o == nullptr) return;
+  dispatch_compute(a.dtype, "attention merge", [](auto) {});
+  constexpr int kRowsPerBlock = kElementwiseThreads / 32;
+  dispatch_pair(a.dtype, a.o_dtype.value_or(a.dtype), "attention merge", [&](auto zp, auto zo) {
+    using P = decltype(zp);
+    using O = decltype(zo);
+    attention_merge_kernel<P, O><<<blocks_for(rows, kRowsPerBlock), kElementwiseThreads, 0, ctx.stream>>>(a, rows);
+  });
+  LAGA_CUDA_CHECK_LAUNCH("attention_merge_kernel");
 }
 
 }  // namespace laga::cuda

@@ -46,5 +46,7 @@ void rmsnorm_forward_op(Context&, const RmsNormArgs&);
 void rmsnorm_backward_op(Context&, const RmsNormArgs&);
 // inv_freq_device: the [dim / 2] frequencies in device memory (double).
 void rope_op(Context&, const RopeArgs&, const double* inv_freq_device, bool backward);
+// Ring attention's merge of a partial output and log-sum-exp into the running ones (Backend::attention_merge).
+void attention_merge_op(Context&, const AttentionMergeArgs&);
 
 }  // namespace laga::cuda

@@ -87,6 +87,14 @@ class HostStagingCommunicator final : public Communicator {
     to_device(send_h_, buf, count, dt);
   }
 
+  void ring_shift(const void* send, void* recv, std::size_t count, DType dt) override {
+    if (count == 0) return;
+    to_host(send, count, dt, send_h_);
+    recv_h_.assign(count * dtype_size(host_dtype(dt)), 0);
+    host_.ring_shift(send_h_.data(), recv_h_.data(), count, host_dtype(dt));
+    to_device(recv_h_, recv, count, dt);
+  }
+
   void barrier() override {
     LAGA_CUDA_CHECK(cudaSetDevice(device_));
     LAGA_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -166,6 +166,27 @@ class NcclCommunicator final : public Communicator {
     return end();
   }
 
+  void ring_shift(const void* send, void* recv, std::size_t count, DType dtype) override {
+    start_ring_shift(send, recv, count, dtype).wait();
+  }
+  // A group of one ncclSend to the successor and one ncclRecv from the predecessor (a device copy at P = 1).
+  CollectiveRequest start_ring_shift(const void* send, void* recv, std::size_t count, DType dtype) override {
+    if (count == 0) return {};
+    const std::size_t bytes = count * dtype_size(dtype);
+    LAGA_CHECK(!overlaps(send, bytes, recv, bytes), "ring_shift: send and recv overlap");
+    const cudaStream_t cs = begin();
+    if (size_ == 1) {
+      LAGA_CUDA_CHECK(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, cs));
+      return end();
+    }
+    const ncclDataType_t type = nccl_type(dtype);
+    LAGA_NCCL_CHECK(ncclGroupStart());
+    LAGA_NCCL_CHECK(ncclSend(send, count, type, (rank_ + 1) % size_, comm_, cs));
+    LAGA_NCCL_CHECK(ncclRecv(recv, count, type, (rank_ - 1 + size_) % size_, comm_, cs));
+    LAGA_NCCL_CHECK(ncclGroupEnd());
+    return end();
+  }
+
   void all_reduce(void* buf, std::size_t count, DType dtype) override {
     if (count == 0) return;
     const cudaStream_t cs = begin();

@@ -11,6 +11,7 @@
 
 #include "laga/block.hpp"
 #include "laga/errors.hpp"
+#include "laga/token_map.hpp"
 
 #include <algorithm>
 
@@ -45,6 +46,7 @@ struct BlockImpl {
         T(s * B), Tq(Sq * B), Tk(S * B), dt(opts.dtype) {}
 
   bool a2a() const { return opts.layout == Layout::A2A; }
+  bool ring() const { return opts.layout == Layout::P2P; }
 
   // ---------------------------------------------------------------- op wrappers: count, time, run
   // Times one op on the backend's queue; the marks are read once per pass (finish_timing), so timing a
@@ -281,6 +283,26 @@ struct BlockImpl {
                     .y_head_stride = head_stride};
   }
 
+  // RoPE at the global positions of this rank's tokens (include/laga/token_map.hpp): one call per span of
+  // consecutive positions (one span, or p2p's two chunks).
+  const std::vector<TokenSpan> spans = rank_tokens(opts.layout, S, P, r);
+  static const void* offset(const void* p, std::int64_t elements, DType dtype) {
+    return p ? static_cast<const char*>(p) + elements * std::int64_t(dtype_size(dtype)) : nullptr;
+  }
+  void apply_rope(const RopeArgs& a, bool backward) {
+    for (const TokenSpan& t : spans) {
+      RopeArgs b = a;
+      b.tokens = t.count;
+      b.pos_offset = t.global;
+      b.x = offset(a.x, t.local * a.x_token_stride, a.x_dtype.value_or(a.dtype));
+      b.y = const_cast<void*>(offset(a.y, t.local * a.y_token_stride, a.dtype));
+      if (backward)
+        be.rope_backward(b);
+      else
+        be.rope_forward(b);
+    }
+  }
+
   // ---------------------------------------------------------------- attention
   AttentionFwdParams attention_params(std::int64_t kv_heads, std::int64_t d_qk, std::int64_t d_v) {
     AttentionFwdParams p;
@@ -466,7 +488,7 @@ struct BlockImpl {
                                         .dst_batch_stride = dqk});
     {
       Timer timer{*this, OpPhase::projections};
-      be.rope_forward(rope_args(nh, q_pre.at(dn), nh * dqk, q.at(dn), nh * dqk, dqk));
+      apply_rope(rope_args(nh, q_pre.at(dn), nh * dqk, q.at(dn), nh * dqk, dqk), false);
     }
     return q;
   }
@@ -482,7 +504,7 @@ struct BlockImpl {
       be.rmsnorm_forward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rkv, .eps = cfg.rms_norm_eps, .x = kv_down.data(),
                                      .x_ld = dl, .gamma = w.kv_norm.data(), .y = latent.data(), .y_ld = dl,
                                      .rstd = kv_rstd.data()});
-      be.rope_forward(rope_args(1, kv_down.at(rkv), dl, latent.at(rkv), dl, 0));
+      apply_rope(rope_args(1, kv_down.at(rkv), dl, latent.at(rkv), dl, 0), false);
     }
     ctx.save("kv_down", kv_down);
     ctx.save("kv_rstd", kv_rstd);
@@ -490,6 +512,7 @@ struct BlockImpl {
   }
 
   Tensor forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
+    if (ring()) return forward_ring(ctx, x, w);
     if (opts.overlap) return forward_overlapped(ctx, x, w);
     Tensor q = query_path(ctx, x, w);
     Tensor latent = latent_path(ctx, x, w);
@@ -673,6 +696,272 @@ struct BlockImpl {
     return q_abs;
   }
 
+
+  // ---------------------------------------------------------------- the ring (p2p)
+  // Each rank holds chunks r and 2P-1-r of c = S/(2P) tokens (the query halves 0 and 1, local rows
+  // [0, cB) and [cB, 2cB)). K/V (explicit) or the latent they are rebuilt from (LAGA) of rank j's two chunks
+  // reach rank r after (r - j) mod P ring shifts; step t works on j = (r - t) mod P while the next shift runs.
+  // Per (query chunk, key chunk) of global indices (gq, gk): gk < gq fully visible, gk == gq causal
+  // (diagonal), gk > gq skipped. A query half sees either only j's first chunk or both: one call each.
+  struct RingCall {
+    int half;                // query half: rows [half * cB, (half + 1) * cB)
+    std::int64_t kv_tokens;  // keys: the first kv_tokens tokens of j's chunk pair (c or 2c)
+    std::int64_t q_offset;   // query i sees key t iff t <= i + q_offset
+  };
+  std::int64_t chunk() const { return s / 2; }
+  std::vector<RingCall> ring_calls(int j) const {
+    const std::int64_t c = chunk();
+    const int last = 2 * P - 1;
+    std::vector<RingCall> calls;
+    for (int half = 0; half < 2; ++half) {
+      const int gq = half == 0 ? r : last - r;
+      const int k0 = j, k1 = last - j;  // k0 < k1 always
+      if (k1 <= gq)  // both of j's chunks: k0 fully visible, k1 diagonal or fully visible
+        calls.push_back({half, 2 * c, k1 == gq ? c : 2 * c});
+      else if (k0 <= gq)
+        calls.push_back({half, c, k0 == gq ? 0 : c});
+    }
+    return calls;
+  }
+  // Unmasked (query, key) pairs of one call (its FLOPs), exactly as causal_pairs counts them.
+  double ring_pairs(const RingCall& call) const {
+    using i128 = __int128;
+    i128 pairs = 0;
+    const std::int64_t c = chunk();
+    for (std::int64_t i = 0; i < c; ++i) pairs += std::clamp<i128>(i128(i) + call.q_offset + 1, 0, call.kv_tokens);
+    return double(pairs) * double(B) * double(nh);
+  }
+  AttentionBwdParams ring_params(const RingCall& call, const Tensor& q, const Tensor& k, const Tensor& v) {
+    const std::int64_t cB = chunk() * B;
+    AttentionBwdParams p;
+    p.dtype = dt;
+    p.kernel = opts.kernel;
+    p.batch = B;
+    p.q_len = chunk();
+    p.kv_len = call.kv_tokens;
+    p.q_heads = p.kv_heads = nh;
+    p.d_qk = dqk;
+    p.d_v = dv;
+    p.q_offset = call.q_offset;
+    p.scale = softmax_scale(cfg);
+    p.q = q.at(call.half * cB * nh * dqk);
+    set_strides(nh, dqk, B, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
+    p.k = k.data();
+    set_strides(nh, dqk, B, p.k_token_stride, p.k_batch_stride, p.k_head_stride);
+    p.v = v.data();
+    set_strides(nh, dv, B, p.v_token_stride, p.v_batch_stride, p.v_head_stride);
+    set_strides(nh, dv, B, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
+    return p;
+  }
+  // dst rows [row0, row0 + rows) += src [rows, cols] (src in the block's dtype, dst in its own).
+  void accumulate(OpPhase ph, Tensor& dst, std::int64_t row0, const Tensor& src, std::int64_t rows, std::int64_t cols) {
+    copy(ph, CopyArgs{.rows = rows, .cols = cols, .src = src.data(), .src_ld = cols, .dst = dst.at(row0 * cols),
+                      .dst_ld = cols, .mode = CopyMode::accumulate, .dst_dtype = dst.dtype()});
+  }
+  // `t` in the block's dtype (itself when it already is).
+  Tensor in_block_dtype(const Tensor& t, const std::string& name) {
+    if (t.dtype() == dt) return t;
+    Tensor out = empty(t.shape(), name);
+    copy(OpPhase::other, CopyArgs{.rows = t.dim(0), .cols = t.numel() / t.dim(0), .src = t.data(), .src_ld = t.numel() / t.dim(0),
+                                  .dst = out.data(), .dst_ld = t.numel() / t.dim(0), .dst_dtype = dt},
+         t.dtype());
+    return out;
+  }
+  // The next ring step of `send` (this rank's chunk to r+1, r-1's into a new buffer), started.
+  InFlight start_ring(const Tensor& send, const std::string& what) {
+    InFlight f;
+    f.keep = send;
+    f.out = Tensor(be.allocator(), send.dtype(), send.shape(), what + ".ring");
+    start(f, &Communicator::start_ring_shift, what, send.data(), f.out.data(), send.numel(), send.dtype());
+    return f;
+  }
+
+  // Forward: queries stay local; P steps over the chunks, partial outputs merged by log-sum-exp into a running
+  // output kept in the accumulation dtype.
+  Tensor forward_ring(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
+    const bool laga = opts.form == Form::Laga;
+    const std::int64_t cB = chunk() * B;
+    Tensor q = query_path(ctx, x, w);
+    Tensor latent = latent_path(ctx, x, w);
+    ctx.save("q_att", q);
+    ctx.save("latent", latent);
+    std::vector<std::pair<std::string, Tensor>> cur;  // what travels: the latent, or K and V
+    if (laga) {
+      cur.emplace_back("kv_latent", latent);
+    } else {
+      Tensor k, v;
+      up_project(latent, T, 0, nh, w, k, v);
+      ctx.save("k_local", k);
+      ctx.save("v_local", v);
+      cur.emplace_back("k", k);
+      cur.emplace_back("v", v);
+    }
+    latent = Tensor();
+    Tensor o_run = zeros_of(accum_dtype(dt), {T, nh * dv}, "o_ring");
+    Tensor lse = Tensor(be.allocator(), accum_dtype(dt), {2, B, nh, chunk()}, "lse");
+    bool seen[2] = {false, false};
+    for (int t = 0; t < P; ++t) {
+      std::vector<InFlight> next;
+      if (t + 1 < P)
+        for (auto& [what, tensor] : cur) next.push_back(start_ring(tensor, what));
+      Tensor k, v;
+      if (laga)
+        up_project(cur[0].second, T, 0, nh, w, k, v);
+      else
+        k = cur[0].second, v = cur[1].second;
+      for (const RingCall& call : ring_calls((r - t + P) % P)) {
+        AttentionBwdParams p = ring_params(call, q, k, v);
+        Tensor o_part = empty({cB, nh * dv}, "o_part");
+        Tensor lse_part = Tensor(be.allocator(), accum_dtype(dt), {B, nh, chunk()}, "lse_part");
+        p.o = o_part.data();
+        p.lse = lse_part.data();
+        stats->flops[int(OpPhase::attention)] += 2.0 * double(dqk + dv) * ring_pairs(call);
+        {
+          Timer timer{*this, OpPhase::attention};
+          be.attention_forward(p);
+        }
+        void* o_half = o_run.at(call.half * cB * nh * dv);
+        void* lse_half = lse.at(call.half * B * nh * chunk());
+        if (!seen[call.half]) {  // the first partial of this half is the running result
+          copy(OpPhase::attention, CopyArgs{.rows = cB, .cols = nh * dv, .src = o_part.data(), .src_ld = nh * dv,
+                                            .dst = o_half, .dst_ld = nh * dv, .dst_dtype = o_run.dtype()});
+          copy(OpPhase::attention, CopyArgs{.rows = 1, .cols = B * nh * chunk(), .src = lse_part.data(),
+                                            .src_ld = B * nh * chunk(), .dst = lse_half, .dst_ld = B * nh * chunk()},
+               lse.dtype());
+          seen[call.half] = true;
+          continue;
+        }
+        AttentionMergeArgs m{.dtype = dt, .batch = B, .q_len = chunk(), .heads = nh, .d_v = dv, .o = o_half,
+                             .lse = lse_half, .o_part = o_part.data(), .lse_part = lse_part.data(),
+                             .o_dtype = o_run.dtype()};
+        set_strides(nh, dv, B, m.o_token_stride, m.o_batch_stride, m.o_head_stride);
+        set_strides(nh, dv, B, m.part_token_stride, m.part_batch_stride, m.part_head_stride);
+        if (m.o_dtype == m.dtype) m.o_dtype.reset();
+        Timer timer{*this, OpPhase::attention};
+        be.attention_merge(m);
+      }
+      k = v = Tensor();
+      if (t + 1 < P) {
+        for (std::size_t i = 0; i < cur.size(); ++i) cur[i].second = finish(next[i]);
+      }
+    }
+    cur.clear();
+    Tensor o = in_block_dtype(o_run, "o_att");
+    o_run = Tensor();
+    ctx.save("lse", lse);
+    ctx.save("o_att", o);
+    return output(ctx, std::move(o), w);
+  }
+
+  // Backward: the same steps; K/V (or the latent) travel round again, and their gradient's accumulator travels
+  // with them back to its owner (P shifts): LAGA's latent gradient in the accumulation dtype, explicit's
+  // K/V gradients in the block's dtype (float32 with kv_grad_reduce_fp32). Each chunk's attention backward
+  // runs with the final output and log-sum-exp, which makes it exact per chunk (FlashAttention's ring backward).
+  void backward_ring(SavedContext& ctx, const MlaWeights& w, MlaGrads& g, Tensor do_att, Tensor& dq_att,
+                     Tensor& dlatent) {
+    const bool laga = opts.form == Form::Laga;
+    const std::int64_t cB = chunk() * B;
+    const Tensor q = ctx.get("q_att"), o = ctx.get("o_att"), lse = ctx.get("lse");
+    Tensor latent = ctx.get("latent");  // explicit's, for the up-projection's backward at the end
+    std::vector<std::pair<std::string, Tensor>> cur;
+    if (laga) {
+      cur.emplace_back("kv_latent_resend", latent);
+      latent = Tensor();
+      release(ctx, {"latent"});
+    } else {
+      cur.emplace_back("k_resend", ctx.get("k_local"));
+      cur.emplace_back("v_resend", ctx.get("v_local"));
+      release(ctx, {"k_local", "v_local"});
+    }
+    // The accumulators that travel: LAGA's latent gradient; explicit's dK and dV.
+    const DType kv_grad = kv_grads_reduced_in_fp32(opts, P) ? accum_dtype(dt) : dt;
+    std::vector<std::pair<std::string, Tensor>> acc;
+    if (laga) {
+      acc.emplace_back("kv_latent", latent_grad(T, "d_latent"));
+    } else {
+      acc.emplace_back("k", zeros_of(kv_grad, {T, nh * dqk}, "d_k"));
+      acc.emplace_back("v", zeros_of(kv_grad, {T, nh * dv}, "d_v"));
+    }
+    Tensor dq_run = zeros_of(accum_dtype(dt), {T, nh * dqk}, "d_q_ring");
+    std::vector<InFlight> acc_flight;
+    for (int t = 0; t < P; ++t) {
+      std::vector<InFlight> next;
+      if (t + 1 < P)
+        for (auto& [what, tensor] : cur) next.push_back(start_ring(tensor, what));
+      Tensor k, v;
+      if (laga)
+        up_project(cur[0].second, T, 0, nh, w, k, v);
+      else
+        k = cur[0].second, v = cur[1].second;
+      // This chunk's dK/dV from every query half that sees it, summed in the accumulation dtype.
+      Tensor dk_c = zeros_of(accum_dtype(dt), {T, nh * dqk}, "d_k_chunk");
+      Tensor dv_c = zeros_of(accum_dtype(dt), {T, nh * dv}, "d_v_chunk");
+      for (const RingCall& call : ring_calls((r - t + P) % P)) {
+        AttentionBwdParams p = ring_params(call, q, k, v);
+        p.o = o.at(call.half * cB * nh * dv);
+        p.lse = lse.at(call.half * B * nh * chunk());
+        p.dout = do_att.at(call.half * cB * nh * dv);
+        set_strides(nh, dv, B, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
+        Tensor dq_part = empty({cB, nh * dqk}, "attn.dq");
+        Tensor dk_part = empty({call.kv_tokens * B, nh * dqk}, "attn.dk");
+        Tensor dv_part = empty({call.kv_tokens * B, nh * dv}, "attn.dv");
+        p.dq = dq_part.data();
+        set_strides(nh, dqk, B, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
+        p.dk = dk_part.data();
+        set_strides(nh, dqk, B, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
+        p.dv = dv_part.data();
+        set_strides(nh, dv, B, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+        stats->flops[int(OpPhase::attention)] += 2.0 * (3.0 * dqk + 2.0 * dv) * ring_pairs(call);
+        {
+          Timer timer{*this, OpPhase::attention};
+          be.attention_backward(p);
+        }
+        accumulate(OpPhase::attention, dq_run, call.half * cB, dq_part, cB, nh * dqk);
+        accumulate(OpPhase::attention, dk_c, 0, dk_part, call.kv_tokens * B, nh * dqk);
+        accumulate(OpPhase::attention, dv_c, 0, dv_part, call.kv_tokens * B, nh * dv);
+      }
+      k = v = Tensor();
+      // The accumulator of this chunk, from the previous rank (this rank's own at the first step).
+      for (std::size_t i = 0; i < acc_flight.size(); ++i) acc[i].second = finish(acc_flight[i]);
+      acc_flight.clear();
+      if (laga) {
+        up_project_backward(in_block_dtype(dk_c, "d_k_chunk.cast"), in_block_dtype(dv_c, "d_v_chunk.cast"),
+                            cur[0].second, T, 0, nh, w, g, acc[0].second);
+      } else {
+        copy(OpPhase::attention, CopyArgs{.rows = T, .cols = nh * dqk, .src = dk_c.data(), .src_ld = nh * dqk,
+                                          .dst = acc[0].second.data(), .dst_ld = nh * dqk, .mode = CopyMode::accumulate,
+                                          .dst_dtype = kv_grad},
+             dk_c.dtype());
+        copy(OpPhase::attention, CopyArgs{.rows = T, .cols = nh * dv, .src = dv_c.data(), .src_ld = nh * dv,
+                                          .dst = acc[1].second.data(), .dst_ld = nh * dv, .mode = CopyMode::accumulate,
+                                          .dst_dtype = kv_grad},
+             dv_c.dtype());
+      }
+      dk_c = dv_c = Tensor();
+      if (P > 1)  // on to the next rank, which works on this chunk next (after the last step: back to its owner)
+        for (auto& [what, tensor] : acc) {
+          acc_flight.push_back(start_ring(tensor, what));
+          tensor = Tensor();
+        }
+      if (t + 1 < P)
+        for (std::size_t i = 0; i < cur.size(); ++i) cur[i].second = finish(next[i]);
+    }
+    for (std::size_t i = 0; i < acc_flight.size(); ++i) acc[i].second = finish(acc_flight[i]);
+    cur.clear();
+    do_att = Tensor();
+    release(ctx, {"o_att", "lse"});
+    dq_att = in_block_dtype(dq_run, "d_q_att");
+    dq_run = Tensor();
+    if (laga) {
+      dlatent = std::move(acc[0].second);
+    } else {
+      dlatent = latent_grad(T, "d_latent");
+      up_project_backward(acc[0].second, acc[1].second, latent, T, 0, nh, w, g, dlatent);
+    }
+    acc.clear();
+    latent = Tensor();
+    release(ctx, {"latent"});
+  }
   // ---------------------------------------------------------------- backward
   Tensor backward(MlaGrads& g, SavedContext& ctx, const Tensor& dy, const Tensor& x, const MlaWeights& w) {
     for (auto& [name, t] : g.named()) be.fill(*t, 0.0);
@@ -701,7 +990,9 @@ struct BlockImpl {
     Tensor dq_att;
     InFlight dq_flight;  // with overlap: the query gradient's all-to-all, started as soon as dq_att is complete
     Tensor dlatent;  // [T, dl]: this rank's latent gradient
-    switch (opts.form) {
+    if (ring()) {
+      backward_ring(ctx, w, g, std::move(do_att), dq_att, dlatent);
+    } else switch (opts.form) {
       case Form::Explicit: {
         Attn a = saved_attention(ctx, "o_att");
         Tensor k_att = ctx.get("k_att"), v_att = ctx.get("v_att");
@@ -844,7 +1135,7 @@ struct BlockImpl {
     }
     q_att = Tensor();
     release(ctx, {"q_att"});
-    Tensor dq = opts.overlap ? finish_gather_heads(dq_flight, dqk, "q") : gather_heads(dq_att, dqk, "q");
+    Tensor dq = opts.overlap && !ring() ? finish_gather_heads(dq_flight, dqk, "q") : gather_heads(dq_att, dqk, "q");
     dq_att = Tensor();
 
     Tensor dx = Tensor(be.allocator(), dt, {s, B, d}, "dx", MemoryKind::external);
@@ -855,7 +1146,7 @@ struct BlockImpl {
       Timer timer{*this, OpPhase::projections};
       RopeArgs rope = rope_args(1, dlatent.at(rkv), dl, dkv_down.at(rkv), dl, 0);
       rope.x_dtype = dlatent.dtype();
-      be.rope_backward(rope);
+      apply_rope(rope, true);
       be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rkv, .eps = cfg.rms_norm_eps, .x = kv_down.data(),
                                       .x_ld = dl, .gamma = w.kv_norm.data(), .rstd = ctx.get("kv_rstd").data(),
                                       .dy = dlatent.data(), .dy_ld = dl, .dx = dkv_down.data(), .dx_ld = dl,
@@ -874,7 +1165,7 @@ struct BlockImpl {
                                         .dst_batch_stride = dqk});
     {
       Timer timer{*this, OpPhase::projections};
-      be.rope_backward(rope_args(nh, dq.at(dn), nh * dqk, dq_pre.at(dn), nh * dqk, dqk));
+      apply_rope(rope_args(nh, dq.at(dn), nh * dqk, dq_pre.at(dn), nh * dqk, dqk), true);
     }
     dq = Tensor();
     if (cfg.q_lora_rank) {

@@ -17,7 +17,14 @@ const char* form_name(Form f) {
   }
   return "?";
 }
-const char* layout_name(Layout l) { return l == Layout::A2A ? "a2a" : "all_gather"; }
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::A2A: return "a2a";
+    case Layout::AllGather: return "all_gather";
+    case Layout::P2P: return "p2p";
+  }
+  return "?";
+}
 const char* kernel_name(AttentionKernel k) { return k == AttentionKernel::eager ? "eager" : "fused"; }
 const char* recompute_name(Recompute r) { return r == Recompute::None ? "none" : "kv"; }
 const char* absorbed_attention_name(AbsorbedAttention a) { return a == AbsorbedAttention::Mqa ? "mqa" : "expanded"; }
@@ -49,7 +56,8 @@ Form parse_form(const std::string& s) {
   return parse_enum<Form, 3>("form", s, {{{"explicit", Form::Explicit}, {"absorbed", Form::Absorbed}, {"laga", Form::Laga}}});
 }
 Layout parse_layout(const std::string& s) {
-  return parse_enum<Layout, 2>("layout", s, {{{"a2a", Layout::A2A}, {"all_gather", Layout::AllGather}}});
+  return parse_enum<Layout, 3>("layout", s,
+                               {{{"a2a", Layout::A2A}, {"all_gather", Layout::AllGather}, {"p2p", Layout::P2P}}});
 }
 AttentionKernel parse_kernel(const std::string& s) {
   return parse_enum<AttentionKernel, 2>("kernel", s,
@@ -79,6 +87,17 @@ void validate(const MlaConfig& cfg, const BlockOptions& opts, const BlockShape& 
   if (opts.layout == Layout::A2A)
     LAGA_REQUIRE(cfg.num_attention_heads % shape.ranks == 0, "num_attention_heads = ", cfg.num_attention_heads,
                  " is not divisible by sp = ", shape.ranks, ": the a2a layout gives each rank n_h/P heads");
+  if (opts.layout == Layout::P2P) {
+    LAGA_REQUIRE(shape.seq % (2 * std::int64_t(shape.ranks)) == 0, "seq = ", shape.seq, " is not divisible by 2 x sp = ",
+                 2 * shape.ranks, ": the p2p layout gives each rank two chunks of S/(2P) tokens (zigzag)");
+    LAGA_REQUIRE(opts.kernel == AttentionKernel::fused, "kernel = ", kernel_name(opts.kernel),
+                 " with layout = p2p: the ring merges partial results by their log-sum-exp, which only the fused "
+                 "kernel keeps");
+    LAGA_REQUIRE(opts.form != Form::Absorbed, "form = absorbed with layout = p2p: the ring is built for the "
+                 "explicit and laga forms (use a2a or all_gather for absorbed)");
+    LAGA_REQUIRE(opts.recompute == Recompute::None, "recompute = kv with layout = p2p: the ring rebuilds K/V per "
+                 "chunk in forward and backward already");
+  }
   LAGA_REQUIRE(opts.recompute == Recompute::None || opts.form == Form::Laga, "recompute = kv with form = ",
                form_name(opts.form), ": K/V recomputation is defined for the laga form only");
   try {

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "laga/errors.hpp"
+#include "laga/token_map.hpp"
 
 namespace laga {
 
@@ -87,12 +88,18 @@ MlaWeights make_weights(const MlaConfig& cfg, DType dtype, Backend& be, std::uin
 }
 
 Tensor make_shard(const MlaConfig& cfg, const BlockShape& shape, DType dtype, Backend& be, std::uint64_t seed,
-                  DataStream stream) {
+                  DataStream stream, Layout layout) {
   const std::int64_t s = shape.local_seq();
   Tensor t(be.allocator(), dtype, {s, shape.batch, cfg.hidden_size}, stream == DataStream::x ? "x" : "dy",
            MemoryKind::external);
-  const std::uint64_t first = std::uint64_t(shape.rank) * std::uint64_t(s * shape.batch * cfg.hidden_size);
-  fill_deterministic(be, t, seed, std::uint64_t(stream), first, 1.0);
+  if (!t.data()) return t;  // the meta device: no values
+  const std::int64_t row = shape.batch * cfg.hidden_size;
+  std::vector<double> v(std::size_t(s * row));
+  for (const TokenSpan& span : rank_tokens(layout, shape.seq, shape.ranks, shape.rank))
+    for (std::int64_t i = 0; i < span.count * row; ++i)
+      v[std::size_t(span.local * row + i)] =
+          deterministic_value(seed, std::uint64_t(stream), std::uint64_t(span.global * row + i));
+  from_host(be, t, v);
   return t;
 }
 
@@ -106,10 +113,11 @@ RankRun run_rank(const MlaConfig& cfg, const BlockOptions& opts, const BlockShap
     own_weights = make_weights(cfg, opts.dtype, be, seed);
     weights = &own_weights;
   }
-  Tensor x = x_in ? *x_in : make_shard(cfg, shape, opts.dtype, be, seed, DataStream::x);
-  Tensor dy = dy_in ? *dy_in : make_shard(cfg, shape, opts.dtype, be, seed, DataStream::dy);
+  Tensor x = x_in ? *x_in : make_shard(cfg, shape, opts.dtype, be, seed, DataStream::x, opts.layout);
+  Tensor dy = dy_in ? *dy_in : make_shard(cfg, shape, opts.dtype, be, seed, DataStream::dy, opts.layout);
 
   RankRun run;
+  run.layout = opts.layout;
   SavedContext ctx;
   run.y = block.forward(ctx, x, *weights);
   run.saved = be.allocator().saved_tensors();
@@ -130,7 +138,8 @@ GlobalResult gather_result(Backend& be, Communicator& comm, const RankRun& run) 
     if (P == 1) return local;
     std::vector<double> full(local.size() * P);
     comm.all_gather(local.data(), full.data(), local.size(), DType::f64);
-    return full;
+    const std::int64_t s = t.dim(0);
+    return assemble_sequence(run.layout, full, s * P, P, t.numel() / s);
   };
   GlobalResult g;
   g.y = gather(run.y);

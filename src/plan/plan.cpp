@@ -32,8 +32,8 @@ RankPlan plan_rank(const MlaConfig& cfg, const BlockOptions& opts, const BlockSh
   CountingCommunicator comm(*phantom);
   MlaBlock block(cfg, opts, shape, *meta, comm);
   const MlaWeights w = allocate_weights(cfg, opts.dtype, meta->allocator());
-  const Tensor x = make_shard(cfg, shape, opts.dtype, *meta, 0, DataStream::x);
-  const Tensor dy = make_shard(cfg, shape, opts.dtype, *meta, 0, DataStream::dy);
+  const Tensor x = make_shard(cfg, shape, opts.dtype, *meta, 0, DataStream::x, opts.layout);
+  const Tensor dy = make_shard(cfg, shape, opts.dtype, *meta, 0, DataStream::dy, opts.layout);
 
   RankPlan plan{.cfg = cfg, .opts = opts, .shape = shape};
   SavedContext ctx;
@@ -70,6 +70,29 @@ std::vector<CollectiveRecord> expected_traffic(const MlaConfig& cfg, const Block
     const std::size_t b = collective_bytes_sent(kind, chunk_elems * (latent_grad ? es_latent_grad : es), P);
     out.push_back({ph, kind, tensor, b, b, 1});
   };
+  // p2p: P - 1 ring shifts of this rank's chunk pair in forward and again in backward, and P shifts of the
+  // gradient's accumulator back round to its owner (none at P = 1).
+  auto ring = [&](Phase ph, const char* tensor, std::size_t elems, std::size_t elem_bytes, int calls) {
+    if (calls == 0 || P == 1) return;
+    const std::size_t b = std::size_t(calls) * collective_bytes_sent(CollectiveKind::ring_shift, elems * elem_bytes, P);
+    out.push_back({ph, CollectiveKind::ring_shift, tensor, b, b, calls});
+  };
+  if (opts.layout == Layout::P2P) {
+    if (latent) {
+      ring(Phase::forward, "kv_latent", T * dl, es, P - 1);
+      ring(Phase::backward, "kv_latent_resend", T * dl, es, P - 1);
+      ring(Phase::backward, "kv_latent", T * dl, es_latent_grad, P);
+    } else {
+      const std::size_t es_grad = kv_grads_reduced_in_fp32(opts, P) ? dtype_size(accum_dtype(opts.dtype)) : es;
+      ring(Phase::forward, "k", T * nh * dqk, es, P - 1);
+      ring(Phase::forward, "v", T * nh * dv, es, P - 1);
+      ring(Phase::backward, "k_resend", T * nh * dqk, es, P - 1);
+      ring(Phase::backward, "v_resend", T * nh * dv, es, P - 1);
+      ring(Phase::backward, "k", T * nh * dqk, es_grad, P);
+      ring(Phase::backward, "v", T * nh * dv, es_grad, P);
+    }
+    return out;
+  }
   // a2a chunks: this rank's tokens for one rank's heads, T * H * width.
   if (opts.layout == Layout::A2A) {
     add(Phase::forward, CollectiveKind::all_to_all, "q", T * H * dqk);

@@ -43,7 +43,11 @@ double collective_seconds(const TimeModel& m, CollectiveKind kind, double bytes_
   LAGA_REQUIRE(calls >= 0, "calls = ", calls, ": must be >= 0");
   if (ranks == 1 || calls == 0) return 0.0;
   const double P = ranks, k = ranks_per_node, n = calls;
-  const double steps = kind == CollectiveKind::all_reduce ? 2.0 * (P - 1.0) : P - 1.0;
+  // A ring shift is one step: every rank sends to its successor at once; across nodes, the ranks at a
+  // node's edge send over the slower link and set the pace, as in the ring collectives.
+  const double steps = kind == CollectiveKind::all_reduce ? 2.0 * (P - 1.0)
+                       : kind == CollectiveKind::ring_shift ? 1.0
+                                                            : P - 1.0;
   if (ranks_per_node >= ranks)  // one node: NVLink only
     return n * steps * m.intra.latency + bytes_sent / m.intra.bandwidth;
   if (kind != CollectiveKind::all_to_all)  // ring across nodes: the slowest link sets the pace

@@ -16,7 +16,7 @@ std::vector<PlanPoint> plan_points(const PlanQuery& q) {
   validate(q.model);
   for (auto S : q.seqs)
     for (auto P : q.sps)
-      for (const Variant& v : kAllVariants)
+      for (const Variant& v : variants_for(q.base.layout))
         validate(q.cfg, with_variant(q.base, v), BlockShape{.batch = q.batch, .seq = S, .ranks = int(P), .rank = 0});
   std::vector<PlanPoint> points;
   for (auto S : q.seqs)
@@ -25,7 +25,7 @@ std::vector<PlanPoint> plan_points(const PlanQuery& q) {
       // traffic are the same on every rank.
       PlanPoint pt{.seq = S, .sp = P, .rank = int(P) - 1, .plans = {}};
       const BlockShape shape{.batch = q.batch, .seq = S, .ranks = int(P), .rank = pt.rank};
-      for (const Variant& v : kAllVariants) pt.plans.push_back(plan_rank(q.cfg, with_variant(q.base, v), shape));
+      for (const Variant& v : variants_for(q.base.layout)) pt.plans.push_back(plan_rank(q.cfg, with_variant(q.base, v), shape));
       points.push_back(std::move(pt));
     }
   return points;
@@ -124,7 +124,7 @@ nlohmann::json plan_document(const PlanQuery& q, const std::vector<PlanPoint>& p
   for (const PlanPoint& pt : points) {
     nlohmann::json point = {{"seq", pt.seq}, {"sp", pt.sp}, {"rank", pt.rank}, {"variants", nlohmann::json::object()}};
     for (std::size_t i = 0; i < pt.plans.size(); ++i)
-      point["variants"][kAllVariants[i].label()] = plan_to_json(pt.plans[i], device_fit(pt.plans[i], q.layers), q.model);
+      point["variants"][variant_of(pt.plans[i].opts).label()] = plan_to_json(pt.plans[i], device_fit(pt.plans[i], q.layers), q.model);
     if (const std::int64_t ws = plan_cudnn_workspace(q, pt); ws > 0) point["cudnn_workspace_bytes"] = ws;
     doc["points"].push_back(std::move(point));
   }

@@ -35,6 +35,10 @@ refused 4 "sp = 4 > seq = 2|P <= S" run --model tiny --seq 2
 # Heads not divisible by P in the a2a layout (tiny has 4 heads), while the all_gather layout runs at P = 3
 # (run_check.sh).
 refused 3 "num_attention_heads = 4|not divisible by sp = 3|a2a" run --model tiny --seq 24 --layout a2a
+# The ring (p2p): S in 2P chunks (24 tokens are not 16 chunks), the fused kernel only, no absorbed form.
+refused 8 "seq = 24|not divisible by 2 x sp = 16|p2p" run --model tiny --seq 24 --layout p2p
+refused 2 "kernel = eager with layout = p2p|fused" run --model tiny --seq 16 --layout p2p --kernel eager
+refused 2 "form = absorbed with layout = p2p" run --model tiny --seq 16 --layout p2p --form absorbed
 # --sp disagreeing with the process count.
 refused 4 "sp = 8|mpirun started 4 processes" run --model tiny --seq 32 --sp 8
 # Recomputation only with LAGA; an unknown model; a --load directory without the files.

@@ -74,6 +74,7 @@ std::vector<Case> all_cases() {
   for (Layout l : kAllLayouts)
     for (const Variant& v : all_variants())
       for (AttentionKernel k : kAllKernels) out.push_back(Case{l, v, k});
+  for (const Variant& v : {kExplicit, kLaga}) out.push_back(Case{Layout::P2P, v, AttentionKernel::fused});
   return out;
 }
 
@@ -185,7 +186,26 @@ std::vector<CollectiveRecord> design_traffic(const MlaConfig& cfg, const BlockOp
   // Every other rank gets this rank's s*B*width values.
   auto gathered = [&](std::size_t width) { return (P - 1) * s * B * width * e; };
 
-  if (opts.layout == Layout::A2A) {
+  // p2p: this rank's s*B*width values go round the ring, P-1 shifts in forward and again in backward, and
+  // the gradient's accumulator P shifts back to its owner (float32 here: no wider accumulation dtype).
+  auto ring = [&](Phase ph, const char* t, std::size_t width, std::size_t shifts) {
+    if (P > 1) out.push_back(CollectiveRecord{ph, CollectiveKind::ring_shift, t, shifts * s * B * width * e,
+                                              shifts * s * B * width * e, int(shifts)});
+  };
+  if (opts.layout == Layout::P2P) {
+    if (latent) {
+      ring(Phase::forward, "kv_latent", latent_w, P - 1);
+      ring(Phase::backward, "kv_latent_resend", latent_w, P - 1);
+      ring(Phase::backward, "kv_latent", latent_w, P);
+    } else {
+      ring(Phase::forward, "k", nh * k_w, P - 1);
+      ring(Phase::forward, "v", nh * v_w, P - 1);
+      ring(Phase::backward, "k_resend", nh * k_w, P - 1);
+      ring(Phase::backward, "v_resend", nh * v_w, P - 1);
+      ring(Phase::backward, "k", nh * k_w, P);
+      ring(Phase::backward, "v", nh * v_w, P);
+    }
+  } else if (opts.layout == Layout::A2A) {
     add(Phase::forward, CollectiveKind::all_to_all, "q", a2a(q_w));
     if (latent) {
       add(Phase::forward, CollectiveKind::all_gather, "kv_latent", gathered(latent_w));
@@ -403,6 +423,7 @@ class SpyCommunicator final : public Communicator {
   }
   void all_to_all(const void* s, void* r, std::size_t n, DType t) override { ++calls, inner_.all_to_all(s, r, n, t); }
   void all_reduce(void* b, std::size_t n, DType t) override { ++calls, inner_.all_reduce(b, n, t); }
+  void ring_shift(const void* s, void* r, std::size_t n, DType t) override { ++calls, inner_.ring_shift(s, r, n, t); }
   void barrier() override { ++calls, inner_.barrier(); }
   int calls = 0;
 
@@ -435,6 +456,13 @@ std::vector<BadInput> bad_inputs(int P) {
                BlockOptions{.form = Form::Explicit, .layout = Layout::A2A, .recompute = Recompute::KV,
                             .dtype = DType::f32},
                8 * P, {"recompute = kv", "explicit", "laga"}});
+  v.push_back({"p2p with the eager kernel", cfg,
+               BlockOptions{.form = Form::Laga, .layout = Layout::P2P, .kernel = AttentionKernel::eager,
+                            .dtype = DType::f32},
+               8 * P, {"kernel = eager with layout = p2p", "fused"}});
+  v.push_back({"p2p with a sequence not in 2P chunks", cfg,
+               BlockOptions{.form = Form::Laga, .layout = Layout::P2P, .dtype = DType::f32}, 3 * P,
+               {"not divisible by 2 x sp", "p2p"}});
   return v;
 }
 

@@ -115,6 +115,27 @@ void check_all_reduce(laga::Communicator& comm, std::size_t count, int seed) {
   EXPECT_EQ(wrong, 0) << "all_reduce count " << count;
 }
 
+// Blocking and started: the predecessor's chunk arrives; two shifts in flight at once match in order.
+template <typename T>
+void check_ring_shift(laga::Communicator& comm, std::size_t count, int seed) {
+  const int r = comm.rank(), P = comm.size(), prev = (r - 1 + P) % P;
+  std::vector<T> send(count), recv(count, T(-1000)), send2(count), recv2(count, T(-1000));
+  for (std::size_t i = 0; i < count; ++i) send[i] = value<T>(seed, r, i), send2[i] = value<T>(seed + 1, r, i);
+  comm.ring_shift(send.data(), recv.data(), count, dtype_of<T>());
+  int wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) wrong += recv[i] != value<T>(seed, prev, i);
+  EXPECT_EQ(wrong, 0) << "ring_shift count " << count;
+  std::fill(recv.begin(), recv.end(), T(-1000));
+  laga::CollectiveRequest a = comm.start_ring_shift(send.data(), recv.data(), count, dtype_of<T>());
+  laga::CollectiveRequest b = comm.start_ring_shift(send2.data(), recv2.data(), count, dtype_of<T>());
+  b.wait();
+  a.wait();
+  wrong = 0;
+  for (std::size_t i = 0; i < count; ++i)
+    wrong += (recv[i] != value<T>(seed, prev, i)) + (recv2[i] != value<T>(seed + 1, prev, i));
+  EXPECT_EQ(wrong, 0) << "start_ring_shift count " << count;
+}
+
 template <typename T>
 void check_all(Flavor flavor) {
   auto comm = make(flavor);
@@ -130,6 +151,8 @@ void check_all(Flavor flavor) {
     check_all_to_all<T>(*comm, count, seed++, false);
     check_all_to_all<T>(*comm, count, seed++, true);
     check_all_reduce<T>(*comm, count, seed++);
+    check_ring_shift<T>(*comm, count, seed);
+    seed += 2;
   }
   comm->barrier();
 }

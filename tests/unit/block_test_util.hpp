@@ -136,8 +136,8 @@ class SingleRank {
         be_(make_cpu_backend()), inner_(make_single_rank_communicator(*be_)), counted_(*inner_),
         block_(cfg_, opts_, shape_, *be_, counted_) {
     w_ = make_weights(cfg_, opts_.dtype, *be_, seed);
-    x_ = make_shard(cfg_, shape_, opts_.dtype, *be_, seed, DataStream::x);
-    dy_ = make_shard(cfg_, shape_, opts_.dtype, *be_, seed, DataStream::dy);
+    x_ = make_shard(cfg_, shape_, opts_.dtype, *be_, seed, DataStream::x, opts_.layout);
+    dy_ = make_shard(cfg_, shape_, opts_.dtype, *be_, seed, DataStream::dy, opts_.layout);
   }
 
   Backend& backend() { return *be_; }

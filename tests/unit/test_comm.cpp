@@ -42,6 +42,7 @@ class TestBackend final : public laga::Backend {
   void rope_backward(const laga::RopeArgs&) override { fail("rope_backward"); }
   void attention_forward(const laga::AttentionFwdParams&) override { fail("attention_forward"); }
   void attention_backward(const laga::AttentionBwdParams&) override { fail("attention_backward"); }
+  void attention_merge(const laga::AttentionMergeArgs&) override { fail("attention_merge"); }
 
   int copies = 0;
   laga::CopyArgs last;

@@ -129,6 +129,7 @@ class ClockBackend final : public Backend {
   void rope_backward(const RopeArgs&) override {}
   void attention_forward(const AttentionFwdParams&) override { now_ += 1000; }
   void attention_backward(const AttentionBwdParams&) override {}
+  void attention_merge(const AttentionMergeArgs&) override {}
   int mark() override {
     marks_.push_back(now_);
     return int(marks_.size()) - 1;

@@ -129,6 +129,7 @@ struct RankState {
   MlaWeights w;
   Tensor x, dy;
   BlockShape shape{};
+  Layout layout = Layout::A2A;  // whose tokens x and dy hold
 };
 
 struct Bench {
@@ -158,15 +159,16 @@ struct Bench {
   }
 
   // Input shards of this shape on state i (kept while the shape does not change).
-  void prepare(RankState& s, const BlockShape& shape) {
+  void prepare(RankState& s, const BlockShape& shape, Layout layout) {
     if (s.x.defined() && s.shape.seq == shape.seq && s.shape.batch == shape.batch && s.shape.ranks == shape.ranks &&
-        s.shape.rank == shape.rank)
+        s.shape.rank == shape.rank && s.layout == layout)
       return;
     s.x = Tensor();
     s.dy = Tensor();
-    s.x = make_shard(cfg, shape, dtype, *s.be, o.seed, DataStream::x);
-    s.dy = make_shard(cfg, shape, dtype, *s.be, o.seed, DataStream::dy);
+    s.x = make_shard(cfg, shape, dtype, *s.be, o.seed, DataStream::x, layout);
+    s.dy = make_shard(cfg, shape, dtype, *s.be, o.seed, DataStream::dy, layout);
     s.shape = shape;
+    s.layout = layout;
   }
 
   BlockOptions options(const Point& p) const {
@@ -191,7 +193,7 @@ struct Bench {
     if (!timed() || p.sp == 1) return;
     RankState& s = state(0);
     const BlockShape shape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = p.sp - 1};
-    prepare(s, shape);
+    prepare(s, shape, p.layout);
     std::unique_ptr<CommClock> clock = device == Device::cuda ? make_cuda_comm_clock(*s.be) : make_host_comm_clock();
     for (const Placement& pl : timed_placements(p.sp)) {
       auto comm = make_timed_phantom_communicator(*s.be, shape.rank, p.sp, TimedLinks{model, pl.ranks_per_node}, *clock);
@@ -211,7 +213,7 @@ struct Bench {
     m.rank = rank;
     RankState& s = state(0);
     const BlockShape shape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = rank};
-    prepare(s, shape);
+    prepare(s, shape, p.layout);
     auto comm = p.sp == 1 ? make_single_rank_communicator(*s.be) : make_phantom_communicator(*s.be, rank, p.sp);
     if (device == Device::cpu) set_cpu_blas_threads(default_blas_threads);
     m.repeats.assign(1, {});
@@ -271,7 +273,7 @@ struct Bench {
   Measured measure_threads(const Point& p) {
     Measured m;
     m.rank = p.sp - 1;
-    for (int r = 0; r < p.sp; ++r) prepare(state(r), BlockShape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = r});
+    for (int r = 0; r < p.sp; ++r) prepare(state(r), BlockShape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = r}, p.layout);
     m.repeats.assign(p.sp, {});
     std::vector<RankRun> last(p.sp);
     std::vector<GlobalResult> results(p.sp);
@@ -646,6 +648,7 @@ struct Grid {
   std::vector<Layout> layouts;
   std::vector<AttentionKernel> kernels;
   std::vector<std::size_t> variants;  // into kAllVariants
+  bool all_forms = false;             // --form all
 };
 
 // The device, dtype, repeats, model and time model; throws InvalidArgument. Returns the dtype's name.
@@ -673,6 +676,7 @@ Grid parse_grid(const BenchOptions& o) {
   g.layouts = parse_layouts(o.layout);
   g.kernels = parse_kernels(o.kernel);
   g.variants = parse_variant_ids(o.form);
+  g.all_forms = std::find(o.form.begin(), o.form.end(), "all") != o.form.end();
   return g;
 }
 
@@ -701,6 +705,8 @@ std::vector<Point> grid_points(const BenchOptions& o, const Bench& b, const Grid
         for (Layout l : g.layouts)
           for (AttentionKernel k : g.kernels)
             for (std::size_t v : g.variants) {
+              // --form all covers the variants each layout runs (p2p: explicit and laga).
+              if (g.all_forms && !layout_supports(l, kAllVariants[v])) continue;
               Point p{S, B, P, l, k, v};
               validate(b.cfg, b.options(p), BlockShape{.batch = B, .seq = S, .ranks = P, .rank = 0});
               points.push_back(p);
@@ -884,7 +890,7 @@ std::function<int()> add_bench(CLI::App& app, CLI::App*& sub) {
   sub->add_option("--batch", o->batch, "Micro-batch sizes, comma separated")->delimiter(',')->capture_default_str();
   sub->add_option("--form", o->form, "all, or a list of explicit, absorbed, absorbed-expanded, laga, laga-recompute")
       ->delimiter(',')->capture_default_str();
-  sub->add_option("--layout", o->layout, "all, or a list of a2a, all_gather")->delimiter(',')->capture_default_str();
+  sub->add_option("--layout", o->layout, "all (a2a, all_gather), or a list of a2a, all_gather, p2p")->delimiter(',')->capture_default_str();
   sub->add_option("--kernel", o->kernel, "all, or a list of eager, fused")->delimiter(',')->capture_default_str();
   sub->add_option("--sweep", o->sweep, "KEY=V1,V2,... (KEY: seq, sp, batch, form, layout, kernel); repeatable, "
                                        "replaces that list");

@@ -46,7 +46,7 @@ void print_point(const PlanOptions& o, const PlanQuery& q, const PlanPoint& pt) 
   for (std::size_t i = 0; i < plans.size(); ++i) {
     const RankPlan& p = plans[i];
     const DeviceFit fit = device_fit(p, o.layers);
-    std::vector<std::string> row{kAllVariants[i].label(), human_bytes(double(p.saved_bytes)),
+    std::vector<std::string> row{variant_of(plans[i].opts).label(), human_bytes(double(p.saved_bytes)),
                                  fmt("%+.2f%%", 100.0 * (double(p.saved_bytes) / double(ex.saved_bytes) - 1)),
                                  human_bytes(double(p.peak_forward)), human_bytes(double(p.peak_backward)),
                                  human_bytes(double(p.bytes_sent())),
@@ -64,7 +64,7 @@ void print_point(const PlanOptions& o, const PlanQuery& q, const PlanPoint& pt) 
     for (std::size_t k = 0; k < plans[i].saved.size() && k < 4; ++k)
       line += (k ? ", " : "") + plans[i].saved[k].name + " " + shape_string(plans[i].saved[k].shape) + " " +
               human_bytes(double(plans[i].saved[k].bytes));
-    std::printf("  %-20s %s\n", kAllVariants[i].label(), line.c_str());
+    std::printf("  %-20s %s\n", variant_of(plans[i].opts).label(), line.c_str());
   }
   if (const std::int64_t ws = plan_cudnn_workspace(q, pt); ws > 0)
     std::printf("kernel scratch outside these figures with --attention-provider cudnn: cuDNN's workspace %s\n"
@@ -115,7 +115,7 @@ std::function<int()> add_plan(CLI::App& app, CLI::App*& sub) {
   sub->add_option("--seq", o->seq, "Sequence length(s), comma separated; 16k = 16384")->delimiter(',')->capture_default_str();
   sub->add_option("--sp", o->sp, "Sequence-parallel ranks, comma separated")->delimiter(',')->capture_default_str();
   sub->add_option("--batch", o->batch, "Micro-batch size")->capture_default_str();
-  sub->add_option("--layout", o->layout, "a2a or all_gather")->capture_default_str();
+  sub->add_option("--layout", o->layout, "a2a, all_gather or p2p (p2p: explicit and laga)")->capture_default_str();
   sub->add_option("--kernel", o->kernel, "eager or fused")->capture_default_str();
   sub->add_option("--dtype", o->dtype, "bfloat16, float32 or float64")->capture_default_str();
   sub->add_option("--layers", o->layers, "Attention layers on the device (DeepSeek-V3 has 61)")->capture_default_str();

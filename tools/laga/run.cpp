@@ -30,6 +30,7 @@
 #include "laga/npy.hpp"
 #include "laga/plan.hpp"
 #include "laga/timed_comm.hpp"
+#include "laga/token_map.hpp"
 
 
 namespace laga::cli {
@@ -85,39 +86,40 @@ std::vector<double> load_array(const std::string& dir, const std::string& name, 
   return v;
 }
 
-// This rank's [s, B, d] shard of a [B, S, d] array.
-std::vector<double> shard_of_bsd(const std::vector<double>& v, const BlockShape& sh, std::int64_t d) {
-  const std::int64_t s = sh.local_seq();
-  std::vector<double> out(s * sh.batch * d);
-  for (std::int64_t t = 0; t < s; ++t)
+// This rank's [s, B, d] shard of a [B, S, d] array: the tokens the layout gives it (include/laga/token_map.hpp).
+std::vector<double> shard_of_bsd(const std::vector<double>& v, const BlockShape& sh, Layout layout, std::int64_t d) {
+  const std::vector<std::int64_t> pos = rank_positions(layout, sh.seq, sh.ranks, sh.rank);
+  std::vector<double> out(pos.size() * sh.batch * d);
+  for (std::size_t t = 0; t < pos.size(); ++t)
     for (std::int64_t b = 0; b < sh.batch; ++b)
       for (std::int64_t j = 0; j < d; ++j)
-        out[(t * sh.batch + b) * d + j] = v[(b * sh.seq + sh.rank * s + t) * d + j];
+        out[(t * sh.batch + b) * d + j] = v[(b * sh.seq + pos[t]) * d + j];
   return out;
 }
 
-ProblemData load_problem(const RunOptions& o, const MlaConfig& cfg, const BlockShape& sh, DType dt, Backend& be) {
+ProblemData load_problem(const RunOptions& o, const MlaConfig& cfg, const BlockShape& sh, Layout layout, DType dt,
+                         Backend& be) {
   ProblemData l;
   l.weights = allocate_weights(cfg, dt, be.allocator());
   for (auto& [name, t] : l.weights.named()) from_host(be, *t, load_array(o.load_dir, name, t->shape()));
   const Shape bsd{sh.batch, sh.seq, cfg.hidden_size};
   l.x = Tensor(be.allocator(), dt, {sh.local_seq(), sh.batch, cfg.hidden_size}, "x", MemoryKind::external);
-  from_host(be, l.x, shard_of_bsd(load_array(o.load_dir, "x", bsd), sh, cfg.hidden_size));
+  from_host(be, l.x, shard_of_bsd(load_array(o.load_dir, "x", bsd), sh, layout, cfg.hidden_size));
   l.dy = Tensor(be.allocator(), dt, l.x.shape(), "dy", MemoryKind::external);
   if (std::filesystem::exists(o.load_dir + "/dy.npy"))
-    from_host(be, l.dy, shard_of_bsd(load_array(o.load_dir, "dy", bsd), sh, cfg.hidden_size));
+    from_host(be, l.dy, shard_of_bsd(load_array(o.load_dir, "dy", bsd), sh, layout, cfg.hidden_size));
   else
-    l.dy = make_shard(cfg, sh, dt, be, o.seed, DataStream::dy);
+    l.dy = make_shard(cfg, sh, dt, be, o.seed, DataStream::dy, layout);
   return l;
 }
 
 // `host` serves host buffers (the gathers below are of host vectors).
-void save_problem(const RunOptions& o, const MlaConfig& cfg, const BlockShape& sh, Backend& be, Communicator& host,
-                  const MlaWeights& w, const Tensor& x, const Tensor& dy, const GlobalResult& res) {
+void save_problem(const RunOptions& o, const MlaConfig& cfg, const BlockShape& sh, Layout layout, Backend& be,
+                  Communicator& host, const MlaWeights& w, const Tensor& x, const Tensor& dy, const GlobalResult& res) {
   auto gather = [&](const Tensor& t) {
     std::vector<double> local = to_host(be, t), full(local.size() * host.size());
     host.all_gather(local.data(), full.data(), local.size(), DType::f64);
-    return full;
+    return assemble_sequence(layout, full, sh.seq, host.size(), sh.batch * cfg.hidden_size);
   };
   std::vector<double> gx = gather(x), gdy = gather(dy);
   if (host.rank() != 0) return;
@@ -247,7 +249,7 @@ Prepared prepare(const RunOptions& o, int ranks, int rank, int gpu, int copies) 
   p.be = p.device == Device::cuda ? make_cuda_backend(gpu) : make_cpu_backend();
   if (p.device == Device::cuda) cuda_set_attention_provider(*p.be, parse_attention_provider(o.attention_provider));
   if (!o.load_dir.empty()) {
-    p.loaded = load_problem(o, p.cfg, p.sh, p.opts.dtype, *p.be);
+    p.loaded = load_problem(o, p.cfg, p.sh, p.opts.layout, p.opts.dtype, *p.be);
     p.have = true;
   }
   return p;
@@ -392,7 +394,9 @@ bool check_run(const RunOptions& o, Prepared& p, Communicator& comm, Communicato
   if (comm.rank() == 0) {
     ProblemLoader load;
     if (p.have)
-      load = [&](const BlockShape& sh, DType dt, Backend& be) { return load_problem(o, p.cfg, sh, dt, be); };
+      load = [&](const BlockShape& sh, DType dt, Backend& be) {  // one rank: every layout holds the sequence in order
+        return load_problem(o, p.cfg, sh, Layout::A2A, dt, be);
+      };
     checks = check_single_process(p.cfg, p.opts, o.batch, o.seq, p.device, p.gpu, o.seed, policy, global, load,
                                   parse_attention_provider(o.attention_provider));
     if (policy.same_p)
@@ -407,10 +411,11 @@ bool check_run(const RunOptions& o, Prepared& p, Communicator& comm, Communicato
 // --save: the inputs, weights, output and gradients as .npy files (rank 0 writes; the gathers are collectives).
 void save_run(const RunOptions& o, Prepared& p, Communicator& host, const GlobalResult& global) {
   Backend& be = *p.be;
-  if (p.have) return save_problem(o, p.cfg, p.sh, be, host, p.loaded.weights, p.loaded.x, p.loaded.dy, global);
-  save_problem(o, p.cfg, p.sh, be, host, make_weights(p.cfg, p.opts.dtype, be, o.seed),
-               make_shard(p.cfg, p.sh, p.opts.dtype, be, o.seed, DataStream::x),
-               make_shard(p.cfg, p.sh, p.opts.dtype, be, o.seed, DataStream::dy), global);
+  const Layout l = p.opts.layout;
+  if (p.have) return save_problem(o, p.cfg, p.sh, l, be, host, p.loaded.weights, p.loaded.x, p.loaded.dy, global);
+  save_problem(o, p.cfg, p.sh, l, be, host, make_weights(p.cfg, p.opts.dtype, be, o.seed),
+               make_shard(p.cfg, p.sh, p.opts.dtype, be, o.seed, DataStream::x, l),
+               make_shard(p.cfg, p.sh, p.opts.dtype, be, o.seed, DataStream::dy, l), global);
 }
 
 // Everything one rank does after prepare(): `comm` carries the block's collectives (device buffers),
@@ -576,6 +581,7 @@ std::vector<BlockOptions> phantom_variants(const RunOptions& o, DType dtype) {
   for (Layout l : parse_layouts({o.layout}))
     for (AttentionKernel k : parse_kernels({o.kernel}))
       for (BlockOptions f : forms) {
+        if (o.form == "all" && !layout_supports(l, variant_of(f))) continue;  // p2p: explicit and laga
         f.layout = l;
         f.kernel = k;
         f.dtype = dtype;
@@ -711,10 +717,12 @@ int run_phantom(const RunOptions& o) {
               cuda ? cuda_device_name(gpu).c_str() : "", variants.size());
   std::fflush(stdout);
 
-  // Weights and this rank's input are the same for every variant: made once.
+  // Weights and this rank's input are the same for every variant: made once (received data are synthetic, so
+  // the tokens of one layout serve them all).
+  const Layout data_layout = o.layout == "all" ? Layout::A2A : parse_layout(o.layout);
   ProblemData data{.weights = make_weights(cfg, dtype, *data_be, o.seed),
-                   .x = make_shard(cfg, shape, dtype, *data_be, o.seed, DataStream::x),
-                   .dy = make_shard(cfg, shape, dtype, *data_be, o.seed, DataStream::dy)};
+                   .x = make_shard(cfg, shape, dtype, *data_be, o.seed, DataStream::x, data_layout),
+                   .dy = make_shard(cfg, shape, dtype, *data_be, o.seed, DataStream::dy, data_layout)};
   data_be->synchronize();
 
   json doc = document_json(o, cfg, P);
@@ -803,7 +811,7 @@ std::function<int()> add_run(CLI::App& app, CLI::App*& sub, int* argc, char*** a
   sub->add_option("--sp", o->sp, "Sequence-parallel ranks; default: the mpirun process count (1 alone). "
                                  "Without mpirun, P > 1 runs P threads in this process (cpu only)");
   sub->add_option("--form", o->form, "explicit, absorbed or laga (all: every variant, phantom ranks only)")->capture_default_str();
-  sub->add_option("--layout", o->layout, "a2a (Ulysses) or all_gather (context parallel); all: both, phantom ranks only")->capture_default_str();
+  sub->add_option("--layout", o->layout, "a2a (Ulysses), all_gather (context parallel) or p2p (the ring); all: a2a and all_gather, phantom ranks only")->capture_default_str();
   sub->add_option("--kernel", o->kernel, "eager (scores kept) or fused (online softmax); all: both, phantom ranks only")->capture_default_str();
   sub->add_option("--device", o->device, "cpu or cuda (one GPU per rank: local rank % device count)")->capture_default_str();
   sub->add_option("--dtype", o->dtype, "float32 or float64 on the cpu (default float32); bfloat16 or float32 on cuda "
