@@ -6,7 +6,9 @@
 # timed phantom).
 #   (here)  bash scripts/gpu_run_check.sh pack build     # laga, laga_gpu_tests and libraries in build/dist-run
 #   (there) bash scripts/gpu_overlap.sh build/dist-run [seq, default 16384]
-# Writes $OUT/exposed.json and $OUT/exposed-overlap.json (laga-bench/1 documents) and prints their tables.
+# Then the ring (p2p) beside all_gather with the same timed collectives.
+# Writes $OUT/exposed.json, $OUT/exposed-overlap.json and $OUT/exposed-ring.json (laga-bench/1 documents) and
+# prints their tables.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dist=$(cd "${1:-build/dist-run}" && pwd)
@@ -23,5 +25,9 @@ for mode in blocking overlap; do
     --phantom-link node,cross-node --seq "$seq" --sp 8 --layout a2a --kernel fused --form explicit,laga \
     --repeat 3 --warmup 1 $flag --out "$out/$name.json" || rc=1
 done
-timeout 120 "$dist/laga_gpu_tests" --gtest_filter='CudaOverlap*:CudaTimedPhantom*' || rc=1
+# The ring (p2p: its next shift always runs under the chunk in hand) beside all_gather, same timed phantom.
+timeout 200 "$dist/laga" bench --device cuda --model deepseek-v3 --phantom --phantom-comm timed \
+  --phantom-link node,cross-node --seq "$seq" --sp 8 --layout all_gather,p2p --kernel fused --form explicit,laga \
+  --repeat 3 --warmup 1 --out "$out/exposed-ring.json" || rc=1
+timeout 120 "$dist/laga_gpu_tests" --gtest_filter='CudaOverlap*:CudaTimedPhantom*:CudaAttentionMerge*:P1/GpuCommP1*' || rc=1
 exit $rc

@@ -29,6 +29,23 @@ for p in d["points"]:
         assert v["saved_bytes"] == sum(t["bytes"] for t in v["saved"])
 PY
 
+# The ring: explicit and laga only, each with its ring shifts; LAGA's peak below LAGA all_gather's.
+"$laga" plan --model deepseek-v3 --seq 16384 --sp 8 --layout p2p --json >"$json" || fail "plan --layout p2p exited $?"
+"$laga" plan --model deepseek-v3 --seq 16384 --sp 8 --layout all_gather --json >"$json.ag" ||
+  fail "plan --layout all_gather exited $?"
+python3 - "$json" "$json.ag" <<'PY' || fail "plan --layout p2p is not the expected document"
+import json, sys
+d, ag = (json.load(open(f)) for f in sys.argv[1:3])
+assert d["layout"] == "p2p"
+v = d["points"][0]["variants"]
+assert set(v) == {"explicit", "laga"}, set(v)
+for name in v:
+    assert {t["collective"] for t in v[name]["traffic"]} == {"ring_shift"}, v[name]["traffic"]
+peak = lambda p: max(p["peak_forward_bytes"], p["peak_backward_bytes"])
+assert peak(v["laga"]) < peak(ag["points"][0]["variants"]["laga"]) / 2
+PY
+rm -f "$json.ag"
+
 expect_error() {  # expected message fragment, then the arguments
   local msg="$1"; shift
   err=$("$laga" plan "$@" 2>&1 >/dev/null); code=$?
@@ -40,4 +57,6 @@ expect_error "sp = '0'" --sp 0
 expect_error "seq = 1001 is not divisible by sp = 8" --seq 1001 --sp 8
 expect_error "num_attention_heads = 128 is not divisible by sp = 3" --seq 3072 --sp 3 --layout a2a
 expect_error "layout = 'ring'" --layout ring
+expect_error "not divisible by 2 x sp = 16" --seq 1000 --sp 8 --layout p2p
+expect_error "kernel = eager with layout = p2p" --seq 1024 --sp 8 --layout p2p --kernel eager
 echo "plan CLI: ok"

@@ -473,5 +473,43 @@ TEST(CudaRopeCache, NewFrequenciesAreUploaded) {
   EXPECT_NEAR(y2[1], std::cos(2.0), 1e-6);
 }
 
+
+// The ring's merge of a partial attention result (Backend::attention_merge) against the CPU in float64: a
+// float32 running output with a bfloat16 or float32 partial, d_v not a multiple of the warp, one row with no
+// key yet (running lse -inf) and one partial with none (partial lse -inf).
+class CudaAttentionMerge : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaAttentionMerge, MatchesCpuFloat64) {
+  LAGA_REQUIRE_GPU();
+  const DType part_dt = GetParam();
+  Backends be;
+  auto rng = rng_for_test();
+  const i64 B = 2, Q = 5, H = 3, D = 40, rows = Q * B * H;
+  Mirror o = random_mirror(*be.gpu, DType::f32, rows * D, rng, "o");
+  Mirror part = random_mirror(*be.gpu, part_dt, rows * D, rng, "o_part");
+  std::vector<double> lse_v = random_values(rng, rows, -3, 3), part_v = random_values(rng, rows, -3, 3);
+  lse_v[1] = -INFINITY;  // (batch 0, head 0, query 1): no key seen yet
+  part_v[7] = -INFINITY;  // a partial with no visible key
+  Mirror lse(*be.gpu, DType::f32, rows, "lse"), lse_part(*be.gpu, DType::f32, rows, "lse_part");
+  lse.upload(*be.gpu, lse_v);
+  lse_part.upload(*be.gpu, part_v);
+  AttentionMergeArgs a{.batch = B, .q_len = Q, .heads = H, .d_v = D, .o_token_stride = B * H * D,
+                       .o_batch_stride = H * D, .o_head_stride = D, .part_token_stride = B * H * D,
+                       .part_batch_stride = H * D, .part_head_stride = D};
+  AttentionMergeArgs ag = a, ac = a;
+  ag.dtype = part_dt, ag.o = o.gpu(), ag.lse = lse.gpu(), ag.o_part = part.gpu(), ag.lse_part = lse_part.gpu();
+  if (part_dt != DType::f32) ag.o_dtype = DType::f32;
+  std::vector<double> o_ref = o.host, lse_ref = lse.host;
+  ac.dtype = DType::f64, ac.o = o_ref.data(), ac.lse = lse_ref.data(), ac.o_part = part.cpu(), ac.lse_part = lse_part.cpu();
+  be.gpu->attention_merge(ag);
+  be.cpu->attention_merge(ac);
+  const std::vector<char> all_o(o_ref.size(), 1), all_lse(lse_ref.size(), 1);
+  expect_output("o", DType::f32, o.download(*be.gpu), o_ref, all_o, op_tolerance(DType::f32), false);
+  expect_output("lse", DType::f32, lse.download(*be.gpu), lse_ref, all_lse, op_tolerance(DType::f32), false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaAttentionMerge, ::testing::Values(DType::bf16, DType::f32),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_tag(i.param)); });
+
 }  // namespace
 }  // namespace laga::gpu_test

@@ -88,6 +88,9 @@ TEST_P(GpuCommP1, EveryCollectiveReturnsTheRankData) {
   gpu->copy(CopyArgs{.dtype = dt, .rows = 1, .cols = n, .src = src.data(), .src_ld = n, .dst = in_place.data(), .dst_ld = n});
   c.comm->all_gather(in_place.data(), in_place.data(), n, dt);  // send is rank 0's chunk of recv
   c.comm->all_to_all(in_place.data(), in_place.data(), n, dt);  // send == recv
+  Tensor ring = fresh("ring"), ring_started = fresh("ring_started");
+  c.comm->ring_shift(src.data(), ring.data(), n, dt);
+  c.comm->start_ring_shift(src.data(), ring_started.data(), n, dt).wait();
   c.comm->barrier();
   gpu->synchronize();
 
@@ -96,6 +99,8 @@ TEST_P(GpuCommP1, EveryCollectiveReturnsTheRankData) {
   EXPECT_EQ(raw_bytes(*gpu, a2a), want) << "all_to_all";
   EXPECT_EQ(raw_bytes(*gpu, ar), want) << "all_reduce";
   EXPECT_EQ(raw_bytes(*gpu, in_place), want) << "in-place all_gather then all_to_all";
+  EXPECT_EQ(raw_bytes(*gpu, ring), want) << "ring_shift";
+  EXPECT_EQ(raw_bytes(*gpu, ring_started), want) << "start_ring_shift";
   // Count 0 is a no-op.
   c.comm->all_gather(src.data(), ag.data(), 0, dt);
   c.comm->all_reduce(ar.data(), 0, dt);
@@ -161,7 +166,8 @@ GlobalResult run_staged(const MlaConfig& cfg, const BlockOptions& opts, int P, s
 
 // P ranks sharing one GPU as threads of this process: each rank its own CUDA backend, host staging over
 // the in-process thread group (what MPI ranks on one GPU do, without mpirun). Every form and layout
-// reproduces the single-rank explicit result on the same GPU.
+// reproduces the single-rank explicit result on the same GPU (p2p: the ring's shifts and the CUDA attention
+// merge).
 struct StagingParam {
   int ranks;
   DType dtype;
@@ -186,7 +192,8 @@ TEST_P(HostStagingThreads, MatchesSingleRankExplicit) {
   const GlobalResult ref = reference_result(cfg, dt, AttentionKernel::fused, B, S, *ref_be, 5);
   for (const FormVariant v : {FormVariant{Form::Explicit, Recompute::None}, FormVariant{Form::Absorbed, Recompute::None},
                               FormVariant{Form::Laga, Recompute::None}, FormVariant{Form::Laga, Recompute::KV}})
-    for (Layout layout : kAllLayouts) {
+    for (Layout layout : {Layout::A2A, Layout::AllGather, Layout::P2P}) {
+      if (!layout_supports(layout, Variant{.form = v.form, .recompute = v.recompute})) continue;
       const BlockOptions opts{.form = v.form, .layout = layout, .kernel = AttentionKernel::fused, .recompute = v.recompute, .dtype = dt};
       const std::string what = std::string(form_name(v.form)) + (v.recompute == Recompute::KV ? "+kv" : "") + " " +
                                layout_name(layout) + " P=" + std::to_string(P) + " " + dtype_tag(dt);

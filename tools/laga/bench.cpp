@@ -649,6 +649,7 @@ struct Grid {
   std::vector<AttentionKernel> kernels;
   std::vector<std::size_t> variants;  // into kAllVariants
   bool all_forms = false;             // --form all
+  bool all_kernels = false;           // --kernel all
 };
 
 // The device, dtype, repeats, model and time model; throws InvalidArgument. Returns the dtype's name.
@@ -677,6 +678,7 @@ Grid parse_grid(const BenchOptions& o) {
   g.kernels = parse_kernels(o.kernel);
   g.variants = parse_variant_ids(o.form);
   g.all_forms = std::find(o.form.begin(), o.form.end(), "all") != o.form.end();
+  g.all_kernels = std::find(o.kernel.begin(), o.kernel.end(), "all") != o.kernel.end();
   return g;
 }
 
@@ -705,8 +707,9 @@ std::vector<Point> grid_points(const BenchOptions& o, const Bench& b, const Grid
         for (Layout l : g.layouts)
           for (AttentionKernel k : g.kernels)
             for (std::size_t v : g.variants) {
-              // --form all covers the variants each layout runs (p2p: explicit and laga).
+              // --form all and --kernel all cover what each layout runs (p2p: explicit and laga, fused).
               if (g.all_forms && !layout_supports(l, kAllVariants[v])) continue;
+              if (g.all_kernels && l == Layout::P2P && k != AttentionKernel::fused) continue;
               Point p{S, B, P, l, k, v};
               validate(b.cfg, b.options(p), BlockShape{.batch = B, .seq = S, .ranks = P, .rank = 0});
               points.push_back(p);

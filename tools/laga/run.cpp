@@ -582,6 +582,7 @@ std::vector<BlockOptions> phantom_variants(const RunOptions& o, DType dtype) {
     for (AttentionKernel k : parse_kernels({o.kernel}))
       for (BlockOptions f : forms) {
         if (o.form == "all" && !layout_supports(l, variant_of(f))) continue;  // p2p: explicit and laga
+        if (o.kernel == "all" && l == Layout::P2P && k != AttentionKernel::fused) continue;  // p2p: fused
         f.layout = l;
         f.kernel = k;
         f.dtype = dtype;
