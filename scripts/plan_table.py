@@ -161,6 +161,26 @@ def main():
                  "reproduced only under the paper's apparent accounting of the latent all-gather; with every byte "
                  f"that leaves a rank counted, LAGA's a2a cut at SP=8 is {t8:.2f}x ({t8_bf16:.2f}x if the latent's "
                  "gradient travelled in bf16, which costs LAGA its 1e-3 match with explicit in bf16 runs)"))
+    # ---- the ring (p2p) beside all_gather: what travels round, and what a rank holds at its peak
+    ring = plan(args.laga, "p2p", "fused", sps=[p for p in SPS if p > 1])
+    md += ["## layout `p2p` (the ring), kernel `fused`", "",
+           "Cell: LAGA % over explicit saved bytes / LAGA's peak (GiB) in p2p : in all_gather / traffic "
+           "explicit:LAGA in p2p. The ring holds one chunk pair's K/V at a time (LAGA rebuilds them per chunk), so "
+           "its peak does not grow with S the way all_gather's does; its latent goes round twice (forward, and "
+           "again in backward beside its float32 gradient).", ""]
+    ring_sps = [p for p in SPS if p > 1]
+    lines = ["| S \\ P | " + " | ".join(str(p) for p in ring_sps) + " |", "|" + "---|" * (len(ring_sps) + 1)]
+    peak = lambda v: max(v["peak_forward_bytes"], v["peak_backward_bytes"]) / 2**30
+    for sq in SEQS:
+        cells = []
+        for p in ring_sps:
+            v, a = ring[(sq, p)], data[("all_gather", "fused")][(sq, p)]
+            cells.append(f"{pct(v['laga']['saved_bytes'], v['explicit']['saved_bytes']):+.1f} / "
+                         f"{peak(v['laga']):.2f} : {peak(a['laga']):.2f} / "
+                         f"{v['explicit']['bytes_sent'] / v['laga']['bytes_sent']:.1f}x")
+        lines.append(f"| {sq // 1024}k | " + " | ".join(cells) + " |")
+    md += ["\n".join(lines), ""]
+
     md += ["## The paper's claims against this model", "",
            "| claim (abstract) | this model | verdict |", "|---|---|---|"]
     md += [f"| {c} | {f} | {v} |" for c, f, v in rows]

@@ -702,49 +702,46 @@ struct BlockImpl {
   // [0, cB) and [cB, 2cB)). K/V (explicit) or the latent they are rebuilt from (LAGA) of rank j's two chunks
   // reach rank r after (r - j) mod P ring shifts; step t works on j = (r - t) mod P while the next shift runs.
   // Per (query chunk, key chunk) of global indices (gq, gk): gk < gq fully visible, gk == gq causal
-  // (diagonal), gk > gq skipped. A query half sees either only j's first chunk or both: one call each.
+  // (diagonal), gk > gq skipped. So j's second chunk is seen only by this rank's second query chunk, and:
+  //   j == r: half 0 x j's first chunk (diagonal); half 1 x both of j's chunks (the second diagonal)
+  //   j <  r: both halves x j's first chunk (fully visible): one call over all local queries
+  //   j >  r: half 1 x both of j's chunks (fully visible)
+  // so the keys of a step see one call, except j's first chunk at step 0 (two calls, its gradient summed).
   struct RingCall {
-    int half;                // query half: rows [half * cB, (half + 1) * cB)
+    int half;                // query half 0 or 1 (rows [half * cB, (half + 1) * cB)), or -1: all local queries
     std::int64_t kv_tokens;  // keys: the first kv_tokens tokens of j's chunk pair (c or 2c)
     std::int64_t q_offset;   // query i sees key t iff t <= i + q_offset
   };
   std::int64_t chunk() const { return s / 2; }
   std::vector<RingCall> ring_calls(int j) const {
     const std::int64_t c = chunk();
-    const int last = 2 * P - 1;
-    std::vector<RingCall> calls;
-    for (int half = 0; half < 2; ++half) {
-      const int gq = half == 0 ? r : last - r;
-      const int k0 = j, k1 = last - j;  // k0 < k1 always
-      if (k1 <= gq)  // both of j's chunks: k0 fully visible, k1 diagonal or fully visible
-        calls.push_back({half, 2 * c, k1 == gq ? c : 2 * c});
-      else if (k0 <= gq)
-        calls.push_back({half, c, k0 == gq ? 0 : c});
-    }
-    return calls;
+    if (j == r) return {{0, c, 0}, {1, 2 * c, c}};
+    if (j < r) return {{-1, c, c}};
+    return {{1, 2 * c, 2 * c}};
   }
+  std::int64_t call_queries(const RingCall& call) const { return call.half < 0 ? s : chunk(); }
+  std::int64_t call_first_row(const RingCall& call) const { return call.half < 0 ? 0 : call.half * chunk() * B; }
   // Unmasked (query, key) pairs of one call (its FLOPs), exactly as causal_pairs counts them.
   double ring_pairs(const RingCall& call) const {
     using i128 = __int128;
     i128 pairs = 0;
-    const std::int64_t c = chunk();
-    for (std::int64_t i = 0; i < c; ++i) pairs += std::clamp<i128>(i128(i) + call.q_offset + 1, 0, call.kv_tokens);
+    for (std::int64_t i = 0; i < call_queries(call); ++i)
+      pairs += std::clamp<i128>(i128(i) + call.q_offset + 1, 0, call.kv_tokens);
     return double(pairs) * double(B) * double(nh);
   }
   AttentionBwdParams ring_params(const RingCall& call, const Tensor& q, const Tensor& k, const Tensor& v) {
-    const std::int64_t cB = chunk() * B;
     AttentionBwdParams p;
     p.dtype = dt;
     p.kernel = opts.kernel;
     p.batch = B;
-    p.q_len = chunk();
+    p.q_len = call_queries(call);
     p.kv_len = call.kv_tokens;
     p.q_heads = p.kv_heads = nh;
     p.d_qk = dqk;
     p.d_v = dv;
     p.q_offset = call.q_offset;
     p.scale = softmax_scale(cfg);
-    p.q = q.at(call.half * cB * nh * dqk);
+    p.q = q.at(call_first_row(call) * nh * dqk);
     set_strides(nh, dqk, B, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
     p.k = k.data();
     set_strides(nh, dqk, B, p.k_token_stride, p.k_batch_stride, p.k_head_stride);
@@ -754,18 +751,33 @@ struct BlockImpl {
     return p;
   }
   // dst rows [row0, row0 + rows) += src [rows, cols] (src in the block's dtype, dst in its own).
-  void accumulate(OpPhase ph, Tensor& dst, std::int64_t row0, const Tensor& src, std::int64_t rows, std::int64_t cols) {
+  void accumulate(OpPhase ph, const Tensor& dst, std::int64_t row0, const Tensor& src, std::int64_t rows,
+                  std::int64_t cols) {
     copy(ph, CopyArgs{.rows = rows, .cols = cols, .src = src.data(), .src_ld = cols, .dst = dst.at(row0 * cols),
-                      .dst_ld = cols, .mode = CopyMode::accumulate, .dst_dtype = dst.dtype()});
+                      .dst_ld = cols, .mode = CopyMode::accumulate, .dst_dtype = dst.dtype()},
+         src.dtype());
   }
   // `t` in the block's dtype (itself when it already is).
   Tensor in_block_dtype(const Tensor& t, const std::string& name) {
     if (t.dtype() == dt) return t;
+    const std::int64_t cols = t.numel() / t.dim(0);
     Tensor out = empty(t.shape(), name);
-    copy(OpPhase::other, CopyArgs{.rows = t.dim(0), .cols = t.numel() / t.dim(0), .src = t.data(), .src_ld = t.numel() / t.dim(0),
-                                  .dst = out.data(), .dst_ld = t.numel() / t.dim(0), .dst_dtype = dt},
+    copy(OpPhase::other, CopyArgs{.rows = t.dim(0), .cols = cols, .src = t.data(), .src_ld = cols, .dst = out.data(),
+                                  .dst_ld = cols, .dst_dtype = dt},
          t.dtype());
     return out;
+  }
+  // The log-sum-exp of all local queries between its two layouts: per half [2, B, n_h, c] (what a call on one
+  // query half reads and writes) and per query [B, n_h, 2c] (a call on all of them).
+  void lse_layout(const Tensor& src, bool src_halves, const Tensor& dst) {
+    const std::int64_t c = chunk();
+    for (int half = 0; half < 2; ++half) {
+      const std::int64_t by_half = half * B * nh * c, by_query = half * c;
+      copy(OpPhase::attention, CopyArgs{.rows = B * nh, .cols = c, .src = src.at(src_halves ? by_half : by_query),
+                                        .src_ld = src_halves ? c : 2 * c, .dst = dst.at(src_halves ? by_query : by_half),
+                                        .dst_ld = src_halves ? 2 * c : c},
+           src.dtype());
+    }
   }
   // The next ring step of `send` (this rank's chunk to r+1, r-1's into a new buffer), started.
   InFlight start_ring(const Tensor& send, const std::string& what) {
@@ -776,8 +788,8 @@ struct BlockImpl {
     return f;
   }
 
-  // Forward: queries stay local; P steps over the chunks, partial outputs merged by log-sum-exp into a running
-  // output kept in the accumulation dtype.
+  // Forward: queries stay local; P steps over the chunk pairs, partial outputs merged by log-sum-exp into a
+  // running output kept in the accumulation dtype, its log-sum-exp per query half.
   Tensor forward_ring(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     const bool laga = opts.form == Form::Laga;
     const std::int64_t cB = chunk() * B;
@@ -797,9 +809,8 @@ struct BlockImpl {
       cur.emplace_back("v", v);
     }
     latent = Tensor();
-    Tensor o_run = zeros_of(accum_dtype(dt), {T, nh * dv}, "o_ring");
+    Tensor o_run = Tensor(be.allocator(), accum_dtype(dt), {T, nh * dv}, "o_ring");
     Tensor lse = Tensor(be.allocator(), accum_dtype(dt), {2, B, nh, chunk()}, "lse");
-    bool seen[2] = {false, false};
     for (int t = 0; t < P; ++t) {
       std::vector<InFlight> next;
       if (t + 1 < P)
@@ -811,8 +822,8 @@ struct BlockImpl {
         k = cur[0].second, v = cur[1].second;
       for (const RingCall& call : ring_calls((r - t + P) % P)) {
         AttentionBwdParams p = ring_params(call, q, k, v);
-        Tensor o_part = empty({cB, nh * dv}, "o_part");
-        Tensor lse_part = Tensor(be.allocator(), accum_dtype(dt), {B, nh, chunk()}, "lse_part");
+        Tensor o_part = empty({call_queries(call) * B, nh * dv}, "o_part");
+        Tensor lse_part = Tensor(be.allocator(), accum_dtype(dt), {B, nh, call_queries(call)}, "lse_part");
         p.o = o_part.data();
         p.lse = lse_part.data();
         stats->flops[int(OpPhase::attention)] += 2.0 * double(dqk + dv) * ring_pairs(call);
@@ -820,30 +831,37 @@ struct BlockImpl {
           Timer timer{*this, OpPhase::attention};
           be.attention_forward(p);
         }
-        void* o_half = o_run.at(call.half * cB * nh * dv);
-        void* lse_half = lse.at(call.half * B * nh * chunk());
-        if (!seen[call.half]) {  // the first partial of this half is the running result
+        if (t == 0) {  // the local pair's calls, one per half: the first partial of each half is the running result
           copy(OpPhase::attention, CopyArgs{.rows = cB, .cols = nh * dv, .src = o_part.data(), .src_ld = nh * dv,
-                                            .dst = o_half, .dst_ld = nh * dv, .dst_dtype = o_run.dtype()});
+                                            .dst = o_run.at(call.half * cB * nh * dv), .dst_ld = nh * dv,
+                                            .dst_dtype = o_run.dtype()});
           copy(OpPhase::attention, CopyArgs{.rows = 1, .cols = B * nh * chunk(), .src = lse_part.data(),
-                                            .src_ld = B * nh * chunk(), .dst = lse_half, .dst_ld = B * nh * chunk()},
+                                            .src_ld = B * nh * chunk(), .dst = lse.at(call.half * B * nh * chunk()),
+                                            .dst_ld = B * nh * chunk()},
                lse.dtype());
-          seen[call.half] = true;
           continue;
         }
-        AttentionMergeArgs m{.dtype = dt, .batch = B, .q_len = chunk(), .heads = nh, .d_v = dv, .o = o_half,
-                             .lse = lse_half, .o_part = o_part.data(), .lse_part = lse_part.data(),
-                             .o_dtype = o_run.dtype()};
-        set_strides(nh, dv, B, m.o_token_stride, m.o_batch_stride, m.o_head_stride);
-        set_strides(nh, dv, B, m.part_token_stride, m.part_batch_stride, m.part_head_stride);
-        if (m.o_dtype == m.dtype) m.o_dtype.reset();
-        Timer timer{*this, OpPhase::attention};
-        be.attention_merge(m);
+        if (call.half < 0) {  // all local queries: their log-sum-exp per half, to merge half by half
+          Tensor by_half = Tensor(be.allocator(), lse_part.dtype(), {2, B, nh, chunk()}, "lse_part.halves");
+          lse_layout(lse_part, false, by_half);
+          lse_part = by_half;
+        }
+        for (int half : call.half < 0 ? std::vector<int>{0, 1} : std::vector<int>{call.half}) {
+          const std::int64_t part_row = call.half < 0 ? half * cB : 0, part_lse = call.half < 0 ? half * B * nh * chunk() : 0;
+          AttentionMergeArgs m{.dtype = dt, .batch = B, .q_len = chunk(), .heads = nh, .d_v = dv,
+                               .o = o_run.at(half * cB * nh * dv), .lse = lse.at(half * B * nh * chunk()),
+                               .o_part = o_part.at(part_row * nh * dv), .lse_part = lse_part.at(part_lse),
+                               .o_dtype = o_run.dtype()};
+          set_strides(nh, dv, B, m.o_token_stride, m.o_batch_stride, m.o_head_stride);
+          set_strides(nh, dv, B, m.part_token_stride, m.part_batch_stride, m.part_head_stride);
+          if (m.o_dtype == m.dtype) m.o_dtype.reset();
+          Timer timer{*this, OpPhase::attention};
+          be.attention_merge(m);
+        }
       }
       k = v = Tensor();
-      if (t + 1 < P) {
+      if (t + 1 < P)
         for (std::size_t i = 0; i < cur.size(); ++i) cur[i].second = finish(next[i]);
-      }
     }
     cur.clear();
     Tensor o = in_block_dtype(o_run, "o_att");
@@ -860,8 +878,9 @@ struct BlockImpl {
   void backward_ring(SavedContext& ctx, const MlaWeights& w, MlaGrads& g, Tensor do_att, Tensor& dq_att,
                      Tensor& dlatent) {
     const bool laga = opts.form == Form::Laga;
-    const std::int64_t cB = chunk() * B;
+    const std::int64_t c = chunk(), cB = c * B;
     const Tensor q = ctx.get("q_att"), o = ctx.get("o_att"), lse = ctx.get("lse");
+    Tensor lse_all;  // per query, for the calls on all local queries (built once)
     Tensor latent = ctx.get("latent");  // explicit's, for the up-projection's backward at the end
     std::vector<std::pair<std::string, Tensor>> cur;
     if (laga) {
@@ -893,16 +912,22 @@ struct BlockImpl {
         up_project(cur[0].second, T, 0, nh, w, k, v);
       else
         k = cur[0].second, v = cur[1].second;
-      // This chunk's dK/dV from every query half that sees it, summed in the accumulation dtype.
-      Tensor dk_c = zeros_of(accum_dtype(dt), {T, nh * dqk}, "d_k_chunk");
-      Tensor dv_c = zeros_of(accum_dtype(dt), {T, nh * dv}, "d_v_chunk");
+      // The gradient of the step's keys: the first key_tokens tokens of the pair (the last call's keys cover
+      // the first call's at step 0, which are added to them).
+      Tensor dk, dv_;
+      std::int64_t key_tokens = 0;
       for (const RingCall& call : ring_calls((r - t + P) % P)) {
+        if (call.half < 0 && !lse_all.defined()) {
+          lse_all = Tensor(be.allocator(), lse.dtype(), {B, nh, s}, "lse.per_query");
+          lse_layout(lse, true, lse_all);
+        }
         AttentionBwdParams p = ring_params(call, q, k, v);
-        p.o = o.at(call.half * cB * nh * dv);
-        p.lse = lse.at(call.half * B * nh * chunk());
-        p.dout = do_att.at(call.half * cB * nh * dv);
+        const std::int64_t rows = call_queries(call) * B, first = call_first_row(call);
+        p.o = o.at(first * nh * dv);
+        p.lse = call.half < 0 ? lse_all.data() : lse.at(call.half * B * nh * c);
+        p.dout = do_att.at(first * nh * dv);
         set_strides(nh, dv, B, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
-        Tensor dq_part = empty({cB, nh * dqk}, "attn.dq");
+        Tensor dq_part = empty({rows, nh * dqk}, "attn.dq");
         Tensor dk_part = empty({call.kv_tokens * B, nh * dqk}, "attn.dk");
         Tensor dv_part = empty({call.kv_tokens * B, nh * dv}, "attn.dv");
         p.dq = dq_part.data();
@@ -916,29 +941,26 @@ struct BlockImpl {
           Timer timer{*this, OpPhase::attention};
           be.attention_backward(p);
         }
-        accumulate(OpPhase::attention, dq_run, call.half * cB, dq_part, cB, nh * dqk);
-        accumulate(OpPhase::attention, dk_c, 0, dk_part, call.kv_tokens * B, nh * dqk);
-        accumulate(OpPhase::attention, dv_c, 0, dv_part, call.kv_tokens * B, nh * dv);
+        accumulate(OpPhase::attention, dq_run, first, dq_part, rows, nh * dqk);
+        if (dk.defined()) {  // step 0: the second call's keys include the first's
+          accumulate(OpPhase::attention, dk_part, 0, dk, key_tokens * B, nh * dqk);
+          accumulate(OpPhase::attention, dv_part, 0, dv_, key_tokens * B, nh * dv);
+        }
+        dk = dk_part, dv_ = dv_part, key_tokens = call.kv_tokens;
       }
       k = v = Tensor();
-      // The accumulator of this chunk, from the previous rank (this rank's own at the first step).
+      const std::int64_t key_rows = key_tokens * B;
+      // The accumulator of this pair, from the previous rank (this rank's own at the first step).
       for (std::size_t i = 0; i < acc_flight.size(); ++i) acc[i].second = finish(acc_flight[i]);
       acc_flight.clear();
-      if (laga) {
-        up_project_backward(in_block_dtype(dk_c, "d_k_chunk.cast"), in_block_dtype(dv_c, "d_v_chunk.cast"),
-                            cur[0].second, T, 0, nh, w, g, acc[0].second);
+      if (laga) {  // the keys are the pair's first key_tokens tokens: the latent's and its gradient's first rows
+        up_project_backward(dk, dv_, cur[0].second, key_rows, 0, nh, w, g, acc[0].second);
       } else {
-        copy(OpPhase::attention, CopyArgs{.rows = T, .cols = nh * dqk, .src = dk_c.data(), .src_ld = nh * dqk,
-                                          .dst = acc[0].second.data(), .dst_ld = nh * dqk, .mode = CopyMode::accumulate,
-                                          .dst_dtype = kv_grad},
-             dk_c.dtype());
-        copy(OpPhase::attention, CopyArgs{.rows = T, .cols = nh * dv, .src = dv_c.data(), .src_ld = nh * dv,
-                                          .dst = acc[1].second.data(), .dst_ld = nh * dv, .mode = CopyMode::accumulate,
-                                          .dst_dtype = kv_grad},
-             dv_c.dtype());
+        accumulate(OpPhase::attention, acc[0].second, 0, dk, key_rows, nh * dqk);
+        accumulate(OpPhase::attention, acc[1].second, 0, dv_, key_rows, nh * dv);
       }
-      dk_c = dv_c = Tensor();
-      if (P > 1)  // on to the next rank, which works on this chunk next (after the last step: back to its owner)
+      dk = dv_ = Tensor();
+      if (P > 1)  // on to the next rank, which works on this pair next (after the last step: back to its owner)
         for (auto& [what, tensor] : acc) {
           acc_flight.push_back(start_ring(tensor, what));
           tensor = Tensor();
@@ -948,7 +970,7 @@ struct BlockImpl {
     }
     for (std::size_t i = 0; i < acc_flight.size(); ++i) acc[i].second = finish(acc_flight[i]);
     cur.clear();
-    do_att = Tensor();
+    do_att = lse_all = Tensor();
     release(ctx, {"o_att", "lse"});
     dq_att = in_block_dtype(dq_run, "d_q_att");
     dq_run = Tensor();
@@ -962,6 +984,7 @@ struct BlockImpl {
     latent = Tensor();
     release(ctx, {"latent"});
   }
+
   // ---------------------------------------------------------------- backward
   Tensor backward(MlaGrads& g, SavedContext& ctx, const Tensor& dy, const Tensor& x, const MlaWeights& w) {
     for (auto& [name, t] : g.named()) be.fill(*t, 0.0);

@@ -386,6 +386,23 @@ TEST_P(MpiOverlap, BitwiseTheBlockingResult) {
   expect_same_traffic(sorted(overlapped->run.traffic), sorted(blocking->run.traffic), "overlap moves the same bytes");
 }
 
+// The ring in float64: explicit and LAGA against the single-rank explicit result in float64 (~1e-12: the ring
+// only reorders sums), and against each other.
+TEST(MpiRing, Float64MatchesSingleRankReference) {
+  const int P = world_size();
+  auto be = make_cpu_backend();
+  const GlobalResult ref = reference_result(config_for(P), DType::f64, AttentionKernel::fused, kBatch, seq_for(P), *be,
+                                            kSeed);
+  std::vector<std::shared_ptr<Outcome>> runs;
+  for (const Variant& v : {kExplicit, kLaga}) {
+    runs.push_back(outcome(Case{Layout::P2P, v, AttentionKernel::fused, DType::f64}));
+    for (const auto& e : compare(runs.back()->global, ref))
+      EXPECT_LE(e.rel_error, 1e-12) << v.name() << ": " << e.tensor << " at P = " << P;
+  }
+  for (const auto& e : compare(runs[1]->global, runs[0]->global))
+    EXPECT_LE(e.rel_error, 1e-12) << "laga vs explicit: " << e.tensor << " at P = " << P;
+}
+
 std::vector<Case> overlap_cases() {
   std::vector<Case> out;
   for (DType dt : {DType::f32, DType::f64})
