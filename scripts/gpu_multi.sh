@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One host with several GPUs: real NCCL, one rank per GPU (mpirun -np P, --comm nccl).
-#   1. correctness: every form x layout (fused; eager for explicit and LAGA) at each P, model small,
+#   1. correctness: every form x layout (fused; eager for explicit and LAGA; p2p: explicit and LAGA) at each P, model small,
 #      S = 256, batch 2, bf16, `--check` against the single-rank explicit result, LAGA and absorbed also
 #      against explicit at the same P (1e-3 for LAGA), and against the CPU's float64 result;
-#   2. DeepSeek-V3 size, fused, explicit and LAGA in both layouts, S = 4k..32k at each P: the block's time per
+#   2. DeepSeek-V3 size, fused, explicit and LAGA in the three layouts, S = 4k..32k at each P: the block's time per
 #      phase after one warm-up pass, every collective's time and bus bandwidth, LAGA / explicit speed-up, and
 #      the alpha-beta model's prediction for the same points (scripts/multi_gpu_table.py).
 # NVLink multicast stays off (the device notes: it can take the host's GPUs out of service).
@@ -48,6 +48,14 @@ if [[ $parts == *1* ]]; then
       done
     done
   done
+  for P in $ps; do  # the ring (p2p): explicit and laga, fused
+    for form in explicit laga; do
+      tag=check_p${P}_${form}_p2p
+      mpi 90 "$P" --model small --seq 256 --batch 2 --form "$form" --layout p2p --check \
+        --json "$out/$tag.json" >"$out/$tag.log" 2>&1 || echo "  exit $? for P=$P $form p2p"
+      docs+=("$out/$tag.json")
+    done
+  done
   python3 scripts/check_table.py "${docs[@]}"
   grep -h -m1 -iE 'error|warn' "$out"/check_*.log | sort -u | head -5
   echo "part 1 ($(( $(date +%s) - t )) s)"
@@ -59,7 +67,7 @@ if [[ $parts == *2* ]]; then
   docs=()
   for P in $ps; do
     for seq in $seqs; do
-      for layout in a2a all_gather; do
+      for layout in a2a all_gather p2p; do
         for form in explicit laga; do
           tag=dsv3_p${P}_s${seq}_${layout}_${form}
           mpi 120 "$P" --model deepseek-v3 --seq "$seq" --form "$form" --layout "$layout" --kernel fused \

@@ -16,7 +16,8 @@
 #        its saved bytes against `laga plan --dtype bfloat16 --json` (must be EQUAL), time by phase, device
 #        memory (cudaMemGetInfo);
 #     4. `mpirun -np 2|4|8 laga run --device cuda --check` (the ranks share the GPU: MPI with host staging),
-#        laga, explicit and absorbed, both layouts, fused and eager, bf16 (and float32 at np 4, fused);
+#        laga, explicit and absorbed, both layouts, fused and eager, bf16 (and float32 at np 4, fused); the
+#        ring (p2p) for laga and explicit, fused, bf16;
 #     5. step 4's all_gather bf16 runs with --kv-grad-reduce-in-fp32 (not in the default steps).
 #   A summary goes to stdout and $OUT/summary.txt; logs and JSON documents to $OUT/results.tar.gz.
 #
@@ -129,6 +130,12 @@ for layout in a2a all_gather; do
     done
   done
 done
+for form in explicit laga; do  # the ring (p2p): fused only
+  tag=p1_${form}_p2p_fused
+  timeout 60 "$LAGA" run --device cuda --model small --seq 256 --batch 2 --form "$form" --layout p2p --kernel fused \
+    --check --json "$work/$tag.json" >"$work/$tag.log" 2>&1 || echo "  exit $? for $form p2p fused" | tee -a "$SUMMARY"
+  p1+=("$work/$tag.json")
+done
 for comm in nccl host-staging; do
   NCCL_DEBUG=WARN timeout 60 "$LAGA" run --device cuda --comm "$comm" --model small --seq 256 --batch 2 --form laga \
     --check --json "$work/p1_comm_$comm.json" >"$work/p1_comm_$comm.log" 2>&1 || echo "  exit $? for --comm $comm" | tee -a "$SUMMARY"
@@ -173,7 +180,9 @@ elif [ -n "$MPIRUN" ]; then
     for dtype in bfloat16 float32; do
       for kernel in fused eager; do
         for form in laga explicit absorbed; do
-          for layout in a2a all_gather; do
+          for layout in a2a all_gather p2p; do
+            # p2p (the ring): explicit and laga, fused, bf16.
+            [ "$layout" = p2p ] && { [ "$kernel" = eager ] || [ "$form" = absorbed ] || [ "$dtype" = float32 ]; } && continue
             # float32 (the plumbing at float precision): np 4, fused, laga a2a and explicit all_gather.
             [ "$dtype" = float32 ] && { [ "$np" != 4 ] || [ "$kernel" = eager ] || [ "$form/$layout" = laga/all_gather ] ||
                                         [ "$form/$layout" = explicit/a2a ] || [ "$form" = absorbed ]; } && continue
