@@ -145,17 +145,22 @@ void validate(const MlaConfig&, const BlockOptions&, const BlockShape&);
 inline constexpr std::int64_t kLiveTensorBound = 64;
 void validate_sizes(const MlaConfig&, const BlockOptions&, const BlockShape&);
 
-// Weights are [in, out] (x W), replicated over the SP group. Names match the .npy files.
+// Weights in Hugging Face DeepSeek-V3's layout: each projection's weight is nn.Linear's [out, in] (the block
+// computes x W^T), named as DeepseekV3Attention's parameters, so a state dict maps onto them one to one.
+// Replicated over the SP group. Names match the .npy files.
 struct MlaWeights {
-  Tensor w_dq;     // [d, r_q]; undefined when q_lora_rank is null
-  Tensor q_norm;   // [r_q]; undefined when q_lora_rank is null
-  Tensor w_uq;     // [r_q or d, n_h * (d_n + d_r)]: per head [nope | rope]
-  Tensor w_dkv;    // [d, r_kv + d_r]: [c_kv | k_pe]
-  Tensor kv_norm;  // [r_kv]
-  Tensor w_uk;     // [r_kv, n_h * d_n]
-  Tensor w_uv;     // [r_kv, n_h * d_v]
-  Tensor w_o;      // [n_h * d_v, d]
+  Tensor q_a_proj;            // [r_q, d]; undefined when q_lora_rank is null
+  Tensor q_a_layernorm;       // [r_q]; undefined when q_lora_rank is null
+  Tensor q_b_proj;            // [n_h * (d_n + d_r), r_q]: per head [nope | rope]; undefined when q_lora_rank is null
+  Tensor q_proj;              // [n_h * (d_n + d_r), d]: only when q_lora_rank is null
+  Tensor kv_a_proj_with_mqa;  // [r_kv + d_r, d]: [c_kv | k_pe]
+  Tensor kv_a_layernorm;      // [r_kv]
+  Tensor kv_b_proj;           // [n_h * (d_n + d_v), r_kv]: per head [W_UK (d_n rows) | W_UV (d_v rows)]
+  Tensor o_proj;              // [d, n_h * d_v]
 
+  // The queries' up-projection: q_b_proj, or q_proj when q_lora_rank is null.
+  const Tensor& q_up() const { return q_b_proj.defined() ? q_b_proj : q_proj; }
+  Tensor& q_up() { return q_b_proj.defined() ? q_b_proj : q_proj; }
   // (name, tensor) pairs in a fixed order, undefined ones skipped.
   std::vector<std::pair<std::string, Tensor*>> named();
   std::vector<std::pair<std::string, const Tensor*>> named() const;
@@ -177,7 +182,11 @@ const char* op_phase_name(OpPhase);
 
 struct PassStats {
   std::array<double, kOpPhaseCount> flops{};    // by OpPhase
-  std::array<double, kOpPhaseCount> seconds{};  // host wall time by OpPhase (synchronized)
+  std::array<double, kOpPhaseCount> seconds{};  // time in the ops of each OpPhase (the backend's queue)
+  // From the start of the pass's first op to the end of its last, on the backend's queue: the ops' time plus
+  // every gap between them (launch and host work the queue waited for). What a caller timing the whole pass
+  // with events around it sees; total_seconds() counts the ops alone.
+  double span_seconds = 0;
   std::size_t peak_bytes = 0;                   // peak live activation bytes during the pass
   double total_flops() const;
   double total_seconds() const;

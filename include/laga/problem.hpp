@@ -53,7 +53,7 @@ RankRun run_rank(const MlaConfig&, const BlockOptions&, const BlockShape&, Backe
 // communicator beside it); uncounted; every rank receives it. With one rank no collective is made.
 struct GlobalResult {
   std::vector<double> y, dx;  // [S, batch, d]
-  std::vector<std::pair<std::string, std::vector<double>>> grads;  // ("w_uk", ...) in MlaWeights order
+  std::vector<std::pair<std::string, std::vector<double>>> grads;  // ("kv_b_proj", ...) in MlaWeights order
 };
 GlobalResult gather_result(Backend&, Communicator&, const RankRun&);
 

@@ -8,24 +8,27 @@
 
 #include "laga/comm.hpp"
 #include "laga/config.hpp"
+#include "laga/cuda.hpp"
 #include "laga/errors.hpp"
 #include "laga/hosted.hpp"
 #include "process_group_comm.hpp"
 
 namespace laga_torch {
 
-Block::Block(const std::string& config_json, const std::string& form, const std::string& layout,
-             const std::string& kernel, const std::string& recompute, const std::string& absorbed_attention,
-             bool kv_grad_reduce_fp32, const std::string& group_name, int64_t rank, int64_t size)
+Block::Block(const std::string& config_json, const std::string& options_json, const std::string& group_name,
+             int64_t rank, int64_t size)
     : cfg_(laga::config_from_json(config_json, "config")), group_name_(group_name), rank_(int(rank)),
       size_(int(size)) {
   laga::validate(cfg_);
-  opts_.form = laga::parse_form(form);
-  opts_.layout = laga::parse_layout(layout);
-  opts_.kernel = laga::parse_kernel(kernel);
-  opts_.recompute = laga::parse_recompute(recompute);
-  opts_.absorbed_attention = laga::parse_absorbed_attention(absorbed_attention);
-  opts_.kv_grad_reduce_fp32 = kv_grad_reduce_fp32;
+  const nlohmann::json o = nlohmann::json::parse(options_json);
+  opts_.form = laga::parse_form(o.at("form"));
+  opts_.layout = laga::parse_layout(o.at("layout"));
+  opts_.kernel = laga::parse_kernel(o.at("kernel"));
+  opts_.recompute = laga::parse_recompute(o.at("recompute"));
+  opts_.absorbed_attention = laga::parse_absorbed_attention(o.at("absorbed_attention"));
+  opts_.kv_grad_reduce_fp32 = o.at("kv_grad_reduce_fp32");
+  opts_.overlap = o.at("overlap");
+  provider_ = laga::parse_attention_provider(o.at("attention_provider"));
   LAGA_REQUIRE(size_ >= 1 && rank_ >= 0 && rank_ < size_, "rank ", rank_, " of ", size_, ": must be in [0, size)");
   LAGA_REQUIRE(!group_name_.empty() || size_ == 1, "a group of ", size_, " ranks needs a process group");
 }
@@ -37,7 +40,15 @@ std::shared_ptr<Resources> Block::resources(c10::Device device) {
   r->borrow = std::make_unique<BorrowingAllocator>(r->alloc->device());
   if (device.is_cuda()) {
     r->backend = laga::make_cuda_backend(device.index(), *r->alloc, nullptr);
+    if (provider_ == laga::AttentionProvider::cudnn) {
+      const laga::CudnnInfo info = laga::cuda_cudnn_info();
+      LAGA_REQUIRE(info.loaded, "attention_provider = 'cudnn': cuDNN is not available (", info.error,
+                   "); use 'auto' or 'laga'");
+    }
+    laga::cuda_set_attention_provider(*r->backend, provider_);
   } else {
+    LAGA_REQUIRE(provider_ != laga::AttentionProvider::cudnn,
+                 "attention_provider = 'cudnn' on a CPU tensor: cuDNN runs on the GPU");
     r->backend = laga::make_cpu_backend(*r->alloc);
   }
   if (group_name_.empty()) {
@@ -64,8 +75,14 @@ void follow_current_stream(Resources& r) {
 namespace {
 // The fields of a weights (or gradients) struct by name.
 std::map<std::string, laga::Tensor*> fields(laga::MlaWeights& w) {
-  return {{"w_dq", &w.w_dq},   {"q_norm", &w.q_norm}, {"w_uq", &w.w_uq}, {"w_dkv", &w.w_dkv},
-          {"kv_norm", &w.kv_norm}, {"w_uk", &w.w_uk},     {"w_uv", &w.w_uv}, {"w_o", &w.w_o}};
+  return {{"q_a_proj", &w.q_a_proj},
+          {"q_a_layernorm", &w.q_a_layernorm},
+          {"q_b_proj", &w.q_b_proj},
+          {"q_proj", &w.q_proj},
+          {"kv_a_proj_with_mqa", &w.kv_a_proj_with_mqa},
+          {"kv_a_layernorm", &w.kv_a_layernorm},
+          {"kv_b_proj", &w.kv_b_proj},
+          {"o_proj", &w.o_proj}};
 }
 }  // namespace
 
@@ -155,7 +172,8 @@ nlohmann::json pass_json(const laga::PassStats& s) {
     seconds[laga::op_phase_name(laga::OpPhase(p))] = s.seconds[p];
   }
   return {{"peak_bytes", s.peak_bytes}, {"flops", flops}, {"seconds", seconds},
-          {"total_flops", s.total_flops()}, {"total_seconds", s.total_seconds()}};
+          {"total_flops", s.total_flops()}, {"total_seconds", s.total_seconds()},
+          {"span_seconds", s.span_seconds}};
 }
 }  // namespace
 

@@ -1,6 +1,6 @@
 // The state behind one laga.torch.MultiheadLatentAttention: configuration and options, the backend and
 // communicator on the module's device, and what the last step measured. Forward and backward take PyTorch
-// tensors in the block's layout (x [s, batch, d]; weights [in, out] as include/laga/block.hpp names them) and
+// tensors in the block's layout (x [s, batch, d]; weights as Hugging Face's DeepseekV3Attention holds them) and
 // hand laga's outputs back as PyTorch tensors over the same memory.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "laga/attention_provider.hpp"
 #include "laga/block.hpp"
 #include "torch_memory.hpp"
 
@@ -31,12 +32,12 @@ class Saved;
 
 class Block : public torch::CustomClassHolder {
  public:
-  // Strings as the CLI spells them; recompute "none" or "kv"; group_name "" = one rank.
-  Block(const std::string& config_json, const std::string& form, const std::string& layout,
-        const std::string& kernel, const std::string& recompute, const std::string& absorbed_attention,
-        bool kv_grad_reduce_fp32, const std::string& group_name, int64_t rank, int64_t size);
+  // options_json: {"form", "layout", "kernel", "recompute", "absorbed_attention", "attention_provider"} as the
+  // CLI spells them, {"kv_grad_reduce_fp32", "overlap"} booleans; group_name "" = one rank.
+  Block(const std::string& config_json, const std::string& options_json, const std::string& group_name, int64_t rank,
+        int64_t size);
 
-  // x [s, batch, d] contiguous; weights in MlaWeights::named() order (w_dq and q_norm only with q_lora_rank).
+  // x [s, batch, d] contiguous; weights in MlaWeights::named() order (Hugging Face's parameters).
   std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> forward(const at::Tensor& x, const std::vector<at::Tensor>& weights);
   // The last forward's and backward's figures: saved tensors by name, peaks, traffic, FLOPs, seconds (JSON).
   std::string stats_json() const;
@@ -48,6 +49,7 @@ class Block : public torch::CustomClassHolder {
 
   laga::MlaConfig cfg_;
   laga::BlockOptions opts_;
+  laga::AttentionProvider provider_ = laga::AttentionProvider::automatic;
   std::string group_name_;
   int rank_ = 0, size_ = 1;
   std::shared_ptr<Resources> res_;

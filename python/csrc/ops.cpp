@@ -69,13 +69,10 @@ TORCH_LIBRARY(laga, m) {
   using laga_torch::Block;
   using laga_torch::Saved;
   m.class_<Block>("Block")
-      .def(torch::init([](std::string config_json, std::string form, std::string layout, std::string kernel,
-                          std::string recompute, std::string absorbed_attention, bool kv_grad_reduce_fp32,
-                          std::string group_name, int64_t rank, int64_t size) {
-        return laga_torch::translating([&] {
-          return c10::make_intrusive<Block>(config_json, form, layout, kernel, recompute, absorbed_attention,
-                                            kv_grad_reduce_fp32, group_name, rank, size);
-        });
+      .def(torch::init([](std::string config_json, std::string options_json, std::string group_name, int64_t rank,
+                          int64_t size) {
+        return laga_torch::translating(
+            [&] { return c10::make_intrusive<Block>(config_json, options_json, group_name, rank, size); });
       }))
       .def("stats_json", &Block::stats_json);
   m.class_<Saved>("Saved");

@@ -17,6 +17,7 @@ _LAYOUTS = ("a2a", "all_gather")
 _KERNELS = ("eager", "fused")
 _RECOMPUTE = (None, "none", "kv")
 _ABSORBED = ("mqa", "expanded")
+_PROVIDERS = ("auto", "laga", "cudnn")
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
@@ -34,14 +35,12 @@ class _Weight(nn.Module):
 
 
 class _LatentAttention(torch.autograd.Function):
-    """laga's forward and backward (torch.ops.laga.mla_forward / mla_backward) over the Hugging Face
-    parameters: the block's [in, out] weights are made from them in forward and made again in backward
-    (rather than kept from forward to backward), and the block's gradients are put back in their layout."""
+    """laga's forward and backward (torch.ops.laga.mla_forward / mla_backward) on the Hugging Face parameters
+    as they are: the block reads them in place and writes their gradients in their layout."""
 
     @staticmethod
     def forward(ctx, module, x, *params):
-        weights = module._block_weights(params)
-        y, saved = torch.ops.laga.mla_forward(module._block, x, weights)
+        y, saved = torch.ops.laga.mla_forward(module._block, x, list(params))
         ctx.module = module
         ctx.saved = saved
         ctx.save_for_backward(x, *params)
@@ -51,13 +50,12 @@ class _LatentAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, *params = ctx.saved_tensors
-        weights = ctx.module._block_weights(params)
         retain = ctx.module.retain_saved
-        dx, grads = torch.ops.laga.mla_backward(ctx.saved, dy.contiguous(), x, weights, retain)
+        dx, grads = torch.ops.laga.mla_backward(ctx.saved, dy.contiguous(), x, list(params), retain)
         if not retain:
             ctx.saved = None
-        del weights
-        return (None, dx, *ctx.module._hf_grads(grads, params))
+        # The block keeps bfloat16 weights' gradients in float32; autograd wants the parameters' dtype.
+        return (None, dx, *(g if g.dtype == p.dtype else g.to(p.dtype) for g, p in zip(grads, params)))
 
 
 class MultiheadLatentAttention(nn.Module):
@@ -68,6 +66,10 @@ class MultiheadLatentAttention(nn.Module):
     (Ulysses) or ``"all_gather"`` (context parallel); ``kernel``: ``"fused"`` or ``"eager"``; ``recompute``:
     None or ``"kv"`` (LAGA only); ``absorbed_attention``: ``"mqa"`` or ``"expanded"`` (absorbed only);
     ``kv_grad_reduce_fp32``: explicit's all_gather sums its K/V gradients in float32 (bf16 only).
+    ``overlap``: collectives start as soon as their input exists and run under the compute that does not need
+    them (results bitwise the same). ``attention_provider``: who runs the fused attention on CUDA, ``"auto"``
+    (per shape, from laga's table of measured times), ``"laga"`` (laga's kernels) or ``"cudnn"`` (cuDNN's graph
+    API where it supports the shape, deterministic backward); CPU tensors always run laga's.
     ``group``: the sequence-parallel ``torch.distributed`` group (gloo for CPU tensors, NCCL for CUDA
     tensors); None = one rank.
 
@@ -81,7 +83,8 @@ class MultiheadLatentAttention(nn.Module):
     """
 
     def __init__(self, config, form="laga", layout="a2a", kernel="fused", recompute=None, group=None,
-                 absorbed_attention="mqa", kv_grad_reduce_fp32=False, device=None, dtype=None):
+                 absorbed_attention="mqa", kv_grad_reduce_fp32=False, overlap=False, attention_provider="auto",
+                 device=None, dtype=None):
         super().__init__()
         if isinstance(config, dict) and config.get("attention_bias"):
             raise ValueError("attention_bias = true: laga's MLA block has no projection biases")
@@ -91,6 +94,7 @@ class MultiheadLatentAttention(nn.Module):
         _choice("kernel", kernel, _KERNELS)
         _choice("recompute", recompute, _RECOMPUTE)
         _choice("absorbed_attention", absorbed_attention, _ABSORBED)
+        _choice("attention_provider", attention_provider, _PROVIDERS)
         if dtype is not None and dtype not in _DTYPES:
             raise ValueError(f"dtype = {dtype}: must be torch.float32, torch.float64 or torch.bfloat16")
         self.config = cfg
@@ -113,9 +117,12 @@ class MultiheadLatentAttention(nn.Module):
         if self.recompute == "kv" and form != "laga":
             raise ValueError(f"recompute = 'kv' with form = {form!r}: K/V recomputation is defined for the laga "
                              "form only")
-        self._block = torch.classes.laga.Block(json.dumps(cfg), form, layout, kernel, self.recompute,
-                                               absorbed_attention, bool(kv_grad_reduce_fp32), group_name,
-                                               self.rank, self.world)
+        options = {"form": form, "layout": layout, "kernel": kernel, "recompute": self.recompute,
+                   "absorbed_attention": absorbed_attention, "kv_grad_reduce_fp32": bool(kv_grad_reduce_fp32),
+                   "overlap": bool(overlap), "attention_provider": attention_provider}
+        self.overlap, self.attention_provider = bool(overlap), attention_provider
+        self._block = torch.classes.laga.Block(json.dumps(cfg), json.dumps(options), group_name, self.rank,
+                                               self.world)
         d, nh = cfg["hidden_size"], cfg["num_attention_heads"]
         rq, rkv = cfg["q_lora_rank"], cfg["kv_lora_rank"]
         dn, dr, dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
@@ -131,7 +138,7 @@ class MultiheadLatentAttention(nn.Module):
         self.kv_b_proj = nn.Linear(rkv, nh * (dn + dv), bias=False, **kw)
         self.o_proj = nn.Linear(nh * dv, d, bias=False, **kw)
 
-    # ---- parameters: Hugging Face layout <-> the block's ----
+    # ---- parameters, in include/laga/block.hpp's MlaWeights order ----
     def _hf_params(self):
         if self.config["q_lora_rank"] is not None:
             head = [self.q_a_proj.weight, self.q_a_layernorm.weight, self.q_b_proj.weight]
@@ -139,42 +146,6 @@ class MultiheadLatentAttention(nn.Module):
             head = [self.q_proj.weight]
         return head + [self.kv_a_proj_with_mqa.weight, self.kv_a_layernorm.weight, self.kv_b_proj.weight,
                        self.o_proj.weight]
-
-    def _kv_dims(self):
-        c = self.config
-        return c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
-
-    def _block_weights(self, params):
-        """[in, out] weights in include/laga/block.hpp's order: w_dq, q_norm (with q_lora_rank), w_uq, w_dkv,
-        kv_norm, w_uk, w_uv, w_o. kv_b_proj holds [K | V] rows per head; the block takes them apart."""
-        nh, dn, dv, rkv = self._kv_dims()
-        *head, w_dkv, kv_norm, kv_b, w_o = params
-        out = [head[0].t().contiguous(), head[1], head[2].t().contiguous()] if len(head) == 3 else [
-            head[0].t().contiguous()]
-        kv = kv_b.view(nh, dn + dv, rkv)
-        out += [w_dkv.t().contiguous(), kv_norm,
-                kv[:, :dn].permute(2, 0, 1).reshape(rkv, nh * dn),
-                kv[:, dn:].permute(2, 0, 1).reshape(rkv, nh * dv),
-                w_o.t().contiguous()]
-        return out
-
-    def _hf_grads(self, grads, params):
-        """The block's gradients (float32 for bfloat16) in the Hugging Face layout and the parameters' dtype."""
-        nh, dn, dv, rkv = self._kv_dims()
-
-        def like(p, g):
-            return torch.empty_like(p).copy_(g)
-
-        *g_head, g_dkv, g_kvn, g_uk, g_uv, g_o = grads
-        *p_head, p_dkv, p_kvn, p_kvb, p_o = params
-        if len(g_head) == 3:
-            out = [like(p_head[0], g_head[0].t()), like(p_head[1], g_head[1]), like(p_head[2], g_head[2].t())]
-        else:
-            out = [like(p_head[0], g_head[0].t())]
-        g_kv = torch.cat([g_uk.view(rkv, nh, dn), g_uv.view(rkv, nh, dv)], dim=2).permute(1, 2, 0)
-        out += [like(p_dkv, g_dkv.t()), like(p_kvn, g_kvn), like(p_kvb, g_kv.reshape(nh * (dn + dv), rkv)),
-                like(p_o, g_o.t())]
-        return out
 
     # ---- validation: local checks, then one small collective so every rank refuses together ----
     _CHECKS = ("ok", "the input must be [batch, s_local, hidden_size] with s_local >= 1",
@@ -254,4 +225,4 @@ class MultiheadLatentAttention(nn.Module):
 
     def extra_repr(self):
         return (f"form={self.form}, layout={self.layout}, kernel={self.kernel}, recompute={self.recompute}, "
-                f"ranks={self.world}")
+                f"overlap={self.overlap}, attention_provider={self.attention_provider}, ranks={self.world}")

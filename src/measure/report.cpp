@@ -60,7 +60,9 @@ json rank_report(const RankRun& run, int rank, const DeviceMemory& mem, int gpu)
             {"seconds_forward", phases_json(run.fwd.seconds)},
             {"seconds_backward", phases_json(run.bwd.seconds)},
             {"seconds_forward_total", run.fwd.total_seconds()},
-            {"seconds_backward_total", run.bwd.total_seconds()}};
+            {"seconds_backward_total", run.bwd.total_seconds()},
+            {"seconds_forward_span", run.fwd.span_seconds},
+            {"seconds_backward_span", run.bwd.span_seconds}};
   if (mem.have) {
     j["gpu"] = gpu;
     j["device_used_before_bytes"] = mem.used_before;

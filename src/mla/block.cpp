@@ -71,6 +71,11 @@ struct BlockImpl {
   std::vector<Mark> marks;
   void finish_timing() {
     be.synchronize();
+    if (!marks.empty()) {
+      int first = marks.front().start, last = marks.front().end;
+      for (const Mark& m : marks) first = std::min(first, m.start), last = std::max(last, m.end);
+      stats->span_seconds = be.elapsed(first, last);
+    }
     for (const Mark& m : marks) {
       const double t = be.elapsed(m.start, m.end);
       stats->seconds[int(m.ph)] += t;
@@ -116,29 +121,34 @@ struct BlockImpl {
     return t;
   }
 
-  // y[rows, n] (+)= x[rows, k] W[k, n]
+  // Weights are nn.Linear's [out, in] (include/laga/block.hpp): W [n, k] with row stride ldw.
+  // y[rows, n] (+)= x[rows, k] W^T
   void linear(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x, std::int64_t ldx,
               const void* w, std::int64_t ldw, void* y, std::int64_t ldy, double beta = 0.0) {
-    gemm(ph, GemmArgs{.m = rows, .n = n, .k = k, .a = x, .lda = ldx, .b = w, .ldb = ldw, .c = y, .ldc = ldy,
-                      .beta = beta});
+    gemm(ph, GemmArgs{.trans_b = Trans::yes, .m = rows, .n = n, .k = k, .a = x, .lda = ldx, .b = w, .ldb = ldw,
+                      .c = y, .ldc = ldy, .beta = beta});
   }
-  // dx[rows, k] (+)= dy[rows, n] W[k, n]^T
+  // dx[rows, k] (+)= dy[rows, n] W
   // (operands in `dtype`, default the block's)
   void linear_dx(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* dy, std::int64_t lddy,
                  const void* w, std::int64_t ldw, void* dx, std::int64_t lddx, double beta = 0.0,
                  std::optional<DType> dx_dtype = std::nullopt, std::optional<DType> dtype = std::nullopt) {
-    gemm(ph, GemmArgs{.trans_b = Trans::yes, .m = rows, .n = k, .k = n, .a = dy, .lda = lddy, .b = w, .ldb = ldw,
-                      .c = dx, .ldc = lddx, .beta = beta, .c_dtype = dx_dtype},
+    gemm(ph, GemmArgs{.m = rows, .n = k, .k = n, .a = dy, .lda = lddy, .b = w, .ldb = ldw, .c = dx, .ldc = lddx,
+                      .beta = beta, .c_dtype = dx_dtype},
          dtype);
   }
-  // dW[k, n] += x[rows, k]^T dy[rows, n]
+  // dW[n, k] += dy[rows, n]^T x[rows, k]
   void linear_dw(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x, std::int64_t ldx,
                  const void* dy, std::int64_t lddy, void* dw, std::int64_t lddw,
                  std::optional<DType> dtype = std::nullopt) {
-    gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = k, .n = n, .k = rows, .a = x, .lda = ldx, .b = dy, .ldb = lddy,
+    gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = n, .n = k, .k = rows, .a = dy, .lda = lddy, .b = x, .ldb = ldx,
                       .c = dw, .ldc = lddw, .beta = 1.0, .c_dtype = accum_dtype(dt)},
          dtype);
   }
+  // kv_b_proj's rows of head h: W_UK[h]^T [d_n, r_kv], then W_UV[h]^T [d_v, r_kv]; heads kv_head_stride apart.
+  std::int64_t kv_head_stride() const { return (dn + dv) * rkv; }
+  void* uk(const Tensor& kv_b, std::int64_t h) const { return kv_b.at(h * (dn + dv) * rkv); }
+  void* uv(const Tensor& kv_b, std::int64_t h) const { return kv_b.at((h * (dn + dv) + dn) * rkv); }
 
   // ---------------------------------------------------------------- collectives
   // a2a, forward direction: [s*B rows, n_h * w] (all heads, local tokens) -> [S*B rows, H * w] (own heads).
@@ -407,15 +417,18 @@ struct BlockImpl {
                   Tensor& k, Tensor& v) {
     k = empty({rows, heads * dqk}, "k");
     v = empty({rows, heads * dv}, "v");
+    // k_nope[h] = c_kv W_UK[h], v[h] = c_kv W_UV[h]: per-head GEMMs over kv_b_proj's rows of each head.
     gemm(OpPhase::up_projections,
-         GemmArgs{.m = rows, .n = dn, .k = rkv, .batch = heads, .a = latent.data(), .lda = dl, .stride_a = 0,
-                  .b = w.w_uk.at(first * dn), .ldb = nh * dn, .stride_b = dn, .c = k.data(), .ldc = heads * dqk,
-                  .stride_c = dqk});
+         GemmArgs{.trans_b = Trans::yes, .m = rows, .n = dn, .k = rkv, .batch = heads, .a = latent.data(), .lda = dl,
+                  .stride_a = 0, .b = uk(w.kv_b_proj, first), .ldb = rkv, .stride_b = kv_head_stride(), .c = k.data(),
+                  .ldc = heads * dqk, .stride_c = dqk});
     copy(OpPhase::up_projections, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = latent.at(rkv), .src_ld = dl,
                                            .src_batch_stride = 0, .dst = k.at(dn), .dst_ld = heads * dqk,
                                            .dst_batch_stride = dqk});
-    linear(OpPhase::up_projections, rows, rkv, heads * dv, latent.data(), dl, w.w_uv.at(first * dv), nh * dv, v.data(),
-           heads * dv);
+    gemm(OpPhase::up_projections,
+         GemmArgs{.trans_b = Trans::yes, .m = rows, .n = dv, .k = rkv, .batch = heads, .a = latent.data(), .lda = dl,
+                  .stride_a = 0, .b = uv(w.kv_b_proj, first), .ldb = rkv, .stride_b = kv_head_stride(), .c = v.data(),
+                  .ldc = heads * dv, .stride_c = dv});
   }
   // The transpose: accumulates into dlatent [rows, dl] and the weight gradients of those heads. `between`
   // (may be empty) runs once dlatent is complete, before the weight-gradient GEMMs.
@@ -428,26 +441,26 @@ struct BlockImpl {
     // partial and sums the latent gradients in float32). The copies cost 4 * r_kv * heads * (d_nope + d_v) bytes.
     const DType op = dk.dtype();
     constexpr OpPhase ph = OpPhase::up_projections;
-    // dk's nope columns, made contiguous, so that each weight's products are one GEMM over all heads (one
-    // rounding of the sum in low precision, one launch) instead of a GEMM per head.
-    Tensor dk_nope(be.allocator(), op, {rows, heads * dn}, "d_k_nope");
+    // dk's nope columns and dv side by side per head, [rows, heads, d_n + d_v]: kv_b_proj's row order, so that
+    // each product with the heads' rows of kv_b_proj is one GEMM over all heads (one rounding of the sum in
+    // low precision, one launch) instead of a GEMM per head and weight.
+    const std::int64_t dkv_w = dn + dv;
+    Tensor dkv(be.allocator(), op, {rows, heads * dkv_w}, "d_kv_up");
     copy(ph, CopyArgs{.batch = heads, .rows = rows, .cols = dn, .src = dk.data(), .src_ld = heads * dqk,
-                      .src_batch_stride = dqk, .dst = dk_nope.data(), .dst_ld = heads * dn, .dst_batch_stride = dn},
+                      .src_batch_stride = dqk, .dst = dkv.data(), .dst_ld = heads * dkv_w, .dst_batch_stride = dkv_w},
          op);
-    const void *w_uv = w.w_uv.at(first * dv), *w_uk = w.w_uk.at(first * dn), *lat = latent.data();
-    std::int64_t ld_uv = nh * dv, ld_uk = nh * dn;
-    Tensor w_uv_op, w_uk_op, lat_op;
+    copy(ph, CopyArgs{.batch = heads, .rows = rows, .cols = dv, .src = dvv.data(), .src_ld = heads * dv,
+                      .src_batch_stride = dv, .dst = dkv.at(dn), .dst_ld = heads * dkv_w, .dst_batch_stride = dkv_w},
+         op);
+    const void *w_kv = uk(w.kv_b_proj, first), *lat = latent.data();
+    Tensor w_kv_op, lat_op;
     if (op != dt) {
-      w_uv_op = converted(ph, w_uv, rkv, heads * dv, ld_uv, op, "w_uv.f32");
-      w_uk_op = converted(ph, w_uk, rkv, heads * dn, ld_uk, op, "w_uk.f32");
+      w_kv_op = converted(ph, w_kv, heads * dkv_w, rkv, rkv, op, "kv_b_proj.f32");
       lat_op = converted(ph, lat, rows, dl, dl, op, "latent.f32");
-      w_uv = w_uv_op.data(), w_uk = w_uk_op.data(), lat = lat_op.data();
-      ld_uv = heads * dv, ld_uk = heads * dn;
+      w_kv = w_kv_op.data(), lat = lat_op.data();
     }
-    // d c_kv = dv W_UV[heads]^T + dk_nope W_UK[heads]^T
-    linear_dx(ph, rows, rkv, heads * dv, dvv.data(), heads * dv, w_uv, ld_uv, dlatent.data(), dl, 1.0, dlatent.dtype(),
-              op);
-    linear_dx(ph, rows, rkv, heads * dn, dk_nope.data(), heads * dn, w_uk, ld_uk, dlatent.data(), dl, 1.0,
+    // d c_kv = sum over heads of dk_nope[h] W_UK[h]^T + dv[h] W_UV[h]^T
+    linear_dx(ph, rows, rkv, heads * dkv_w, dkv.data(), heads * dkv_w, w_kv, rkv, dlatent.data(), dl, 1.0,
               dlatent.dtype(), op);
     // d k_pe = sum over heads of the rope part of dk
     copy(ph, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = dk.at(dn), .src_ld = heads * dqk,
@@ -455,8 +468,7 @@ struct BlockImpl {
                       .mode = CopyMode::accumulate, .dst_dtype = dlatent.dtype()},
          op);
     if (between) between();
-    linear_dw(ph, rows, rkv, heads * dv, lat, dl, dvv.data(), heads * dv, g.w_uv.at(first * dv), nh * dv, op);
-    linear_dw(ph, rows, rkv, heads * dn, lat, dl, dk_nope.data(), heads * dn, g.w_uk.at(first * dn), nh * dn, op);
+    linear_dw(ph, rows, rkv, heads * dkv_w, lat, dl, dkv.data(), heads * dkv_w, uk(g.kv_b_proj, first), rkv, op);
   }
 
   // ---------------------------------------------------------------- forward
@@ -466,21 +478,21 @@ struct BlockImpl {
     Tensor q_pre = empty({T, nh * dqk}, "q_pre");
     if (cfg.q_lora_rank) {
       Tensor q_down = empty({T, rq_in}, "q_down");
-      linear(OpPhase::projections, T, d, rq_in, xp, d, w.w_dq.data(), rq_in, q_down.data(), rq_in);
+      linear(OpPhase::projections, T, d, rq_in, xp, d, w.q_a_proj.data(), d, q_down.data(), rq_in);
       Tensor q_rstd = Tensor(be.allocator(), accum_dtype(dt), {T}, "q_rstd");
       Tensor c_q = empty({T, rq_in}, "c_q");
       {
         Timer timer{*this, OpPhase::projections};
         be.rmsnorm_forward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rq_in, .eps = cfg.rms_norm_eps, .x = q_down.data(),
-                                       .x_ld = rq_in, .gamma = w.q_norm.data(), .y = c_q.data(), .y_ld = rq_in,
+                                       .x_ld = rq_in, .gamma = w.q_a_layernorm.data(), .y = c_q.data(), .y_ld = rq_in,
                                        .rstd = q_rstd.data()});
       }
-      linear(OpPhase::projections, T, rq_in, nh * dqk, c_q.data(), rq_in, w.w_uq.data(), nh * dqk, q_pre.data(), nh * dqk);
+      linear(OpPhase::projections, T, rq_in, nh * dqk, c_q.data(), rq_in, w.q_up().data(), rq_in, q_pre.data(), nh * dqk);
       ctx.save("q_down", q_down);
       ctx.save("q_rstd", q_rstd);
       ctx.save("c_q", c_q);
     } else {
-      linear(OpPhase::projections, T, d, nh * dqk, xp, d, w.w_uq.data(), nh * dqk, q_pre.data(), nh * dqk);
+      linear(OpPhase::projections, T, d, nh * dqk, xp, d, w.q_up().data(), d, q_pre.data(), nh * dqk);
     }
     Tensor q = empty({T, nh * dqk}, "q");
     copy(OpPhase::projections, CopyArgs{.batch = nh, .rows = T, .cols = dn, .src = q_pre.data(), .src_ld = nh * dqk,
@@ -496,13 +508,13 @@ struct BlockImpl {
   // Latent: [c_kv | k_pe] = x W_DKV; c_kv = RMSNorm(c_kv); RoPE on k_pe. [T, dl]
   Tensor latent_path(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     Tensor kv_down = empty({T, dl}, "kv_down");
-    linear(OpPhase::projections, T, d, dl, x.data(), d, w.w_dkv.data(), dl, kv_down.data(), dl);
+    linear(OpPhase::projections, T, d, dl, x.data(), d, w.kv_a_proj_with_mqa.data(), d, kv_down.data(), dl);
     Tensor kv_rstd = Tensor(be.allocator(), accum_dtype(dt), {T}, "kv_rstd");
     Tensor latent = empty({T, dl}, "latent");
     {
       Timer timer{*this, OpPhase::projections};
       be.rmsnorm_forward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rkv, .eps = cfg.rms_norm_eps, .x = kv_down.data(),
-                                     .x_ld = dl, .gamma = w.kv_norm.data(), .y = latent.data(), .y_ld = dl,
+                                     .x_ld = dl, .gamma = w.kv_a_layernorm.data(), .y = latent.data(), .y_ld = dl,
                                      .rstd = kv_rstd.data()});
       apply_rope(rope_args(1, kv_down.at(rkv), dl, latent.at(rkv), dl, 0), false);
     }
@@ -648,9 +660,9 @@ struct BlockImpl {
     // o_h = o_lat_h W_UV[h]
     Tensor o_att = empty({Tq, H * dv}, "o_att");
     gemm(OpPhase::up_projections,
-         GemmArgs{.m = Tq, .n = dv, .k = rkv, .batch = H, .a = o_lat.data(), .lda = H * rkv, .stride_a = rkv,
-                  .b = w.w_uv.at(h0 * dv), .ldb = nh * dv, .stride_b = dv, .c = o_att.data(), .ldc = H * dv,
-                  .stride_c = dv});
+         GemmArgs{.trans_b = Trans::yes, .m = Tq, .n = dv, .k = rkv, .batch = H, .a = o_lat.data(), .lda = H * rkv,
+                  .stride_a = rkv, .b = uv(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(),
+                  .c = o_att.data(), .ldc = H * dv, .stride_c = dv});
     return o_att;
   }
 
@@ -660,7 +672,7 @@ struct BlockImpl {
     o_att = Tensor();
     ctx.save("o", o);
     Tensor y = Tensor(be.allocator(), dt, {s, B, d}, "y", MemoryKind::external);
-    linear(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, w.w_o.data(), d, y.data(), d);
+    linear(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, w.o_proj.data(), nh * dv, y.data(), d);
     return y;
   }
 
@@ -687,9 +699,9 @@ struct BlockImpl {
   Tensor absorb_query(const Tensor& q_att, const MlaWeights& w) {
     Tensor q_abs = empty({Tq, H * dl}, "q_abs");
     gemm(OpPhase::up_projections,
-         GemmArgs{.trans_b = Trans::yes, .m = Tq, .n = rkv, .k = dn, .batch = H, .a = q_att.data(), .lda = H * dqk,
-                  .stride_a = dqk, .b = w.w_uk.at(h0 * dn), .ldb = nh * dn, .stride_b = dn, .c = q_abs.data(),
-                  .ldc = H * dl, .stride_c = dl});
+         GemmArgs{.m = Tq, .n = rkv, .k = dn, .batch = H, .a = q_att.data(), .lda = H * dqk, .stride_a = dqk,
+                  .b = uk(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(), .c = q_abs.data(), .ldc = H * dl,
+                  .stride_c = dl});
     copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = q_att.at(dn), .src_ld = H * dqk,
                                            .src_batch_stride = dqk, .dst = q_abs.at(rkv), .dst_ld = H * dl,
                                            .dst_batch_stride = dl});
@@ -993,17 +1005,17 @@ struct BlockImpl {
     Tensor do_att;
     if (opts.overlap) {  // the output gradient's all-to-all under W_O's weight gradient
       Tensor d_o = empty({T, nh * dv}, "d_o");
-      linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.w_o.data(), d, d_o.data(), nh * dv);
+      linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.o_proj.data(), nh * dv, d_o.data(), nh * dv);
       InFlight dof = start_scatter_heads(d_o, dv, "o");
       d_o = Tensor();
-      linear_dw(OpPhase::projections, T, nh * dv, d, ctx.get("o").data(), nh * dv, dy.data(), d, g.w_o.data(), d);
+      linear_dw(OpPhase::projections, T, nh * dv, d, ctx.get("o").data(), nh * dv, dy.data(), d, g.o_proj.data(), nh * dv);
       ctx.tensors.erase("o");
       do_att = finish(dof);
     } else {
       Tensor o = ctx.get("o");
-      linear_dw(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, dy.data(), d, g.w_o.data(), d);
+      linear_dw(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, dy.data(), d, g.o_proj.data(), nh * dv);
       Tensor d_o = empty({T, nh * dv}, "d_o");
-      linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.w_o.data(), d, d_o.data(), nh * dv);
+      linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.o_proj.data(), nh * dv, d_o.data(), nh * dv);
       o = Tensor();
       ctx.tensors.erase("o");
       do_att = scatter_heads(d_o, dv, "o");
@@ -1093,13 +1105,13 @@ struct BlockImpl {
         Tensor o_lat = ctx.get("o_lat");
         Tensor do_lat = empty({Tq, H * rkv}, "d_o_lat");
         gemm(OpPhase::up_projections,
-             GemmArgs{.trans_b = Trans::yes, .m = Tq, .n = rkv, .k = dv, .batch = H, .a = do_att.data(), .lda = H * dv,
-                      .stride_a = dv, .b = w.w_uv.at(h0 * dv), .ldb = nh * dv, .stride_b = dv, .c = do_lat.data(),
+             GemmArgs{.m = Tq, .n = rkv, .k = dv, .batch = H, .a = do_att.data(), .lda = H * dv, .stride_a = dv,
+                      .b = uv(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(), .c = do_lat.data(),
                       .ldc = H * rkv, .stride_c = rkv});
         gemm(OpPhase::up_projections,
-             GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = dv, .k = Tq, .batch = H, .a = o_lat.data(), .lda = H * rkv,
-                      .stride_a = rkv, .b = do_att.data(), .ldb = H * dv, .stride_b = dv, .c = g.w_uv.at(h0 * dv),
-                      .ldc = nh * dv, .stride_c = dv, .beta = 1.0, .c_dtype = accum_dtype(dt)});
+             GemmArgs{.trans_a = Trans::yes, .m = dv, .n = rkv, .k = Tq, .batch = H, .a = do_att.data(), .lda = H * dv,
+                      .stride_a = dv, .b = o_lat.data(), .ldb = H * rkv, .stride_b = rkv, .c = uv(g.kv_b_proj, h0),
+                      .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = accum_dtype(dt)});
         do_att = Tensor();
         Tensor dlat_full = latent_grad(Tk, "d_latent_gathered");
         Tensor dq_abs;
@@ -1136,9 +1148,9 @@ struct BlockImpl {
         // q_abs = [q_nope W_UK[h]^T | q_pe]
         dq_att = empty({Tq, H * dqk}, "d_q_att");
         gemm(OpPhase::up_projections,
-             GemmArgs{.m = Tq, .n = dn, .k = rkv, .batch = H, .a = dq_abs.data(), .lda = H * dl, .stride_a = dl,
-                      .b = w.w_uk.at(h0 * dn), .ldb = nh * dn, .stride_b = dn, .c = dq_att.data(), .ldc = H * dqk,
-                      .stride_c = dqk});
+             GemmArgs{.trans_b = Trans::yes, .m = Tq, .n = dn, .k = rkv, .batch = H, .a = dq_abs.data(), .lda = H * dl,
+                      .stride_a = dl, .b = uk(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(),
+                      .c = dq_att.data(), .ldc = H * dqk, .stride_c = dqk});
         copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = dq_abs.at(rkv), .src_ld = H * dl,
                                                .src_batch_stride = dl, .dst = dq_att.at(dn), .dst_ld = H * dqk,
                                                .dst_batch_stride = dqk});
@@ -1147,9 +1159,9 @@ struct BlockImpl {
           dq_att = Tensor();
         }
         gemm(OpPhase::up_projections,
-             GemmArgs{.trans_a = Trans::yes, .m = rkv, .n = dn, .k = Tq, .batch = H, .a = dq_abs.data(), .lda = H * dl,
-                      .stride_a = dl, .b = q_att.data(), .ldb = H * dqk, .stride_b = dqk, .c = g.w_uk.at(h0 * dn),
-                      .ldc = nh * dn, .stride_c = dn, .beta = 1.0, .c_dtype = accum_dtype(dt)});
+             GemmArgs{.trans_a = Trans::yes, .m = dn, .n = rkv, .k = Tq, .batch = H, .a = q_att.data(), .lda = H * dqk,
+                      .stride_a = dqk, .b = dq_abs.data(), .ldb = H * dl, .stride_b = dl, .c = uk(g.kv_b_proj, h0),
+                      .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = accum_dtype(dt)});
         dq_abs = Tensor();
         release(ctx, {"q_abs"});
         dlatent = opts.overlap ? finish(rs) : reduce_scatter(dlat_full, dl, "kv_latent");
@@ -1171,14 +1183,14 @@ struct BlockImpl {
       rope.x_dtype = dlatent.dtype();
       apply_rope(rope, true);
       be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rkv, .eps = cfg.rms_norm_eps, .x = kv_down.data(),
-                                      .x_ld = dl, .gamma = w.kv_norm.data(), .rstd = ctx.get("kv_rstd").data(),
+                                      .x_ld = dl, .gamma = w.kv_a_layernorm.data(), .rstd = ctx.get("kv_rstd").data(),
                                       .dy = dlatent.data(), .dy_ld = dl, .dx = dkv_down.data(), .dx_ld = dl,
-                                      .dgamma = g.kv_norm.data(), .dy_dtype = dlatent.dtype()});
+                                      .dgamma = g.kv_a_layernorm.data(), .dy_dtype = dlatent.dtype()});
     }
     dlatent = Tensor();
     release(ctx, {"kv_down", "kv_rstd"});
-    linear_dw(OpPhase::projections, T, d, dl, x.data(), d, dkv_down.data(), dl, g.w_dkv.data(), dl);
-    linear_dx(OpPhase::projections, T, d, dl, dkv_down.data(), dl, w.w_dkv.data(), dl, dx.data(), d);
+    linear_dw(OpPhase::projections, T, d, dl, x.data(), d, dkv_down.data(), dl, g.kv_a_proj_with_mqa.data(), d);
+    linear_dx(OpPhase::projections, T, d, dl, dkv_down.data(), dl, w.kv_a_proj_with_mqa.data(), d, dx.data(), d);
     dkv_down = Tensor();
 
     // Queries: RoPE^T on the rope part, then the up- and down-projections.
@@ -1193,10 +1205,10 @@ struct BlockImpl {
     dq = Tensor();
     if (cfg.q_lora_rank) {
       const Tensor c_q = ctx.get("c_q");
-      linear_dw(OpPhase::projections, T, rq_in, nh * dqk, c_q.data(), rq_in, dq_pre.data(), nh * dqk, g.w_uq.data(),
-                nh * dqk);
+      linear_dw(OpPhase::projections, T, rq_in, nh * dqk, c_q.data(), rq_in, dq_pre.data(), nh * dqk, g.q_up().data(),
+                rq_in);
       Tensor dc_q = empty({T, rq_in}, "d_c_q");
-      linear_dx(OpPhase::projections, T, rq_in, nh * dqk, dq_pre.data(), nh * dqk, w.w_uq.data(), nh * dqk, dc_q.data(),
+      linear_dx(OpPhase::projections, T, rq_in, nh * dqk, dq_pre.data(), nh * dqk, w.q_up().data(), rq_in, dc_q.data(),
                 rq_in);
       dq_pre = Tensor();
       release(ctx, {"c_q"});
@@ -1204,17 +1216,17 @@ struct BlockImpl {
       {
         Timer timer{*this, OpPhase::projections};
         be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rq_in, .eps = cfg.rms_norm_eps,
-                                        .x = ctx.get("q_down").data(), .x_ld = rq_in, .gamma = w.q_norm.data(),
+                                        .x = ctx.get("q_down").data(), .x_ld = rq_in, .gamma = w.q_a_layernorm.data(),
                                         .rstd = ctx.get("q_rstd").data(), .dy = dc_q.data(), .dy_ld = rq_in,
-                                        .dx = dq_down.data(), .dx_ld = rq_in, .dgamma = g.q_norm.data()});
+                                        .dx = dq_down.data(), .dx_ld = rq_in, .dgamma = g.q_a_layernorm.data()});
       }
       dc_q = Tensor();
       release(ctx, {"q_down", "q_rstd"});
-      linear_dw(OpPhase::projections, T, d, rq_in, x.data(), d, dq_down.data(), rq_in, g.w_dq.data(), rq_in);
-      linear_dx(OpPhase::projections, T, d, rq_in, dq_down.data(), rq_in, w.w_dq.data(), rq_in, dx.data(), d, 1.0);
+      linear_dw(OpPhase::projections, T, d, rq_in, x.data(), d, dq_down.data(), rq_in, g.q_a_proj.data(), d);
+      linear_dx(OpPhase::projections, T, d, rq_in, dq_down.data(), rq_in, w.q_a_proj.data(), d, dx.data(), d, 1.0);
     } else {
-      linear_dw(OpPhase::projections, T, d, nh * dqk, x.data(), d, dq_pre.data(), nh * dqk, g.w_uq.data(), nh * dqk);
-      linear_dx(OpPhase::projections, T, d, nh * dqk, dq_pre.data(), nh * dqk, w.w_uq.data(), nh * dqk, dx.data(), d, 1.0);
+      linear_dw(OpPhase::projections, T, d, nh * dqk, x.data(), d, dq_pre.data(), nh * dqk, g.q_up().data(), d);
+      linear_dx(OpPhase::projections, T, d, nh * dqk, dq_pre.data(), nh * dqk, w.q_up().data(), d, dx.data(), d, 1.0);
     }
     LAGA_CHECK(ctx.tensors.empty(), "saved tensors left after backward, first: '", ctx.tensors.begin()->first, "'");
     return dx;

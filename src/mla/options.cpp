@@ -137,8 +137,9 @@ void validate_sizes(const MlaConfig& cfg, const BlockOptions& opts, const BlockS
 std::vector<std::pair<std::string, Tensor*>> MlaWeights::named() {
   std::vector<std::pair<std::string, Tensor*>> out;
   for (auto [name, t] : std::initializer_list<std::pair<const char*, Tensor*>>{
-           {"w_dq", &w_dq}, {"q_norm", &q_norm}, {"w_uq", &w_uq}, {"w_dkv", &w_dkv},
-           {"kv_norm", &kv_norm}, {"w_uk", &w_uk}, {"w_uv", &w_uv}, {"w_o", &w_o}})
+           {"q_a_proj", &q_a_proj}, {"q_a_layernorm", &q_a_layernorm}, {"q_b_proj", &q_b_proj},
+           {"q_proj", &q_proj}, {"kv_a_proj_with_mqa", &kv_a_proj_with_mqa}, {"kv_a_layernorm", &kv_a_layernorm},
+           {"kv_b_proj", &kv_b_proj}, {"o_proj", &o_proj}})
     if (t->defined()) out.emplace_back(name, t);
   return out;
 }
@@ -153,16 +154,18 @@ MlaWeights allocate_weights(const MlaConfig& c, DType dtype, Allocator& alloc, c
   auto make = [&](const char* name, Shape s) { return Tensor(alloc, dtype, std::move(s), prefix + name, MemoryKind::external); };
   const long nh = c.num_attention_heads;
   MlaWeights w;
+  const long dqk = c.qk_head_dim();
   if (c.q_lora_rank) {
-    w.w_dq = make("w_dq", {c.hidden_size, *c.q_lora_rank});
-    w.q_norm = make("q_norm", {*c.q_lora_rank});
+    w.q_a_proj = make("q_a_proj", {*c.q_lora_rank, c.hidden_size});
+    w.q_a_layernorm = make("q_a_layernorm", {*c.q_lora_rank});
+    w.q_b_proj = make("q_b_proj", {nh * dqk, *c.q_lora_rank});
+  } else {
+    w.q_proj = make("q_proj", {nh * dqk, c.hidden_size});
   }
-  w.w_uq = make("w_uq", {c.q_up_input_dim(), nh * c.qk_head_dim()});
-  w.w_dkv = make("w_dkv", {c.hidden_size, c.latent_dim()});
-  w.kv_norm = make("kv_norm", {c.kv_lora_rank});
-  w.w_uk = make("w_uk", {c.kv_lora_rank, nh * c.qk_nope_head_dim});
-  w.w_uv = make("w_uv", {c.kv_lora_rank, nh * c.v_head_dim});
-  w.w_o = make("w_o", {nh * c.v_head_dim, c.hidden_size});
+  w.kv_a_proj_with_mqa = make("kv_a_proj_with_mqa", {c.latent_dim(), c.hidden_size});
+  w.kv_a_layernorm = make("kv_a_layernorm", {c.kv_lora_rank});
+  w.kv_b_proj = make("kv_b_proj", {nh * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
+  w.o_proj = make("o_proj", {c.hidden_size, nh * c.v_head_dim});
   return w;
 }
 

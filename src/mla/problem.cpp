@@ -82,7 +82,7 @@ MlaWeights make_weights(const MlaConfig& cfg, DType dtype, Backend& be, std::uin
     if (t->rank() == 1)
       fill_deterministic(be, *t, seed, stream++, 0, 0.1, 1.0);
     else
-      fill_deterministic(be, *t, seed, stream++, 0, 1.0 / std::sqrt(double(t->dim(0))));
+      fill_deterministic(be, *t, seed, stream++, 0, 1.0 / std::sqrt(double(t->dim(1))));  // [out, in]
   }
   return w;
 }
@@ -170,7 +170,7 @@ std::vector<Comparison> compare(const GlobalResult& got, const GlobalResult& ref
   std::vector<Comparison> out{{"y", relative_error(got.y, ref.y)}, {"dx", relative_error(got.dx, ref.dx)}};
   LAGA_CHECK(got.grads.size() == ref.grads.size(), "compare: ", got.grads.size(), " vs ", ref.grads.size(), " gradients");
   for (std::size_t i = 0; i < got.grads.size(); ++i)
-    out.push_back({"d" + got.grads[i].first, relative_error(got.grads[i].second, ref.grads[i].second)});
+    out.push_back({"grad_" + got.grads[i].first, relative_error(got.grads[i].second, ref.grads[i].second)});
   return out;
 }
 

@@ -34,7 +34,7 @@ for r in run["ranks"]:
     assert sum(c["seconds"] for c in r["traffic"]) <= comm * (1 + 1e-9), (r["traffic"], comm)
 (check,) = run["check"]
 assert check["reference"] == "explicit P=1, same device" and check["tolerance"] == 1e-5
-assert all(t["ok"] for t in check["tensors"]) and {t["tensor"] for t in check["tensors"]} >= {"y", "dx", "dw_o"}
+assert all(t["ok"] for t in check["tensors"]) and {t["tensor"] for t in check["tensors"]} >= {"y", "dx", "grad_o_proj"}
 PY
 else
   fail "laga run --sp 4 --json exited non-zero: $(cat "$TMP/err")"

@@ -59,10 +59,10 @@ run_expect 2 "a2a with 8 ranks and 4 heads" --sp 8 --seq 64 --model tiny --layou
 }
 run_expect 0 "all_gather with 8 ranks and 4 heads" --sp 8 --seq 64 --model tiny --layout all_gather --check
 
-# --save DIR: inputs, weights, output and gradients as .npy ([batch, seq, hidden]; weights [in, out]).
+# --save DIR: inputs, weights, output and gradients as .npy ([batch, seq, hidden]; weights nn.Linear's [out, in]).
 SAVE=$TMP/saved
 if run_expect 0 "--save" "${BASE[@]}" --batch 2 --form laga --seed 5 --save "$SAVE"; then
-  for name in x dy y dx w_dq q_norm w_uq w_dkv kv_norm w_uk w_uv w_o; do
+  for name in x dy y dx q_a_proj q_a_layernorm q_b_proj kv_a_proj_with_mqa kv_a_layernorm kv_b_proj o_proj; do
     [ -s "$SAVE/$name.npy" ] || fail "--save did not write $name.npy"
     case $name in x | dy | y | dx) ;; *) [ -s "$SAVE/grad_$name.npy" ] || fail "--save did not write grad_$name.npy" ;; esac
   done
@@ -70,9 +70,9 @@ if run_expect 0 "--save" "${BASE[@]}" --batch 2 --form laga --seed 5 --save "$SA
     head -c 128 "$SAVE/$name.npy" | grep -qF "'shape': (2, 64, 32)" ||
       fail "$name.npy is not [batch, seq, hidden] = (2, 64, 32): $(head -c 128 "$SAVE/$name.npy" | tr -d '\0')"
   done
-  # tiny: d = 32, r_q = 16, n_h x (d_n + d_r) = 64, r_kv + d_r = 24, n_h x d_n = 32, n_h x d_v = 32.
-  for spec in "w_dq:(32, 16)" "q_norm:(16,)" "w_uq:(16, 64)" "w_dkv:(32, 24)" "kv_norm:(16,)" "w_uk:(16, 32)" \
-              "w_uv:(16, 32)" "w_o:(32, 32)"; do
+  # tiny: d = 32, r_q = 16, n_h x (d_n + d_r) = 64, r_kv + d_r = 24, n_h x (d_n + d_v) = 64, n_h x d_v = 32.
+  for spec in "q_a_proj:(16, 32)" "q_a_layernorm:(16,)" "q_b_proj:(64, 16)" "kv_a_proj_with_mqa:(24, 32)" \
+              "kv_a_layernorm:(16,)" "kv_b_proj:(64, 16)" "o_proj:(32, 32)"; do
     name=${spec%%:*} shape=${spec#*:}
     for f in "$name" "grad_$name"; do
       head -c 128 "$SAVE/$f.npy" | grep -qF "'shape': $shape" ||
@@ -91,7 +91,7 @@ if run_expect 0 "--save" "${BASE[@]}" --batch 2 --form laga --seed 5 --save "$SA
   RESAVE=$TMP/resaved
   if run_expect 0 "--load --save with another seed" "${BASE[@]}" --batch 2 --form laga --seed 99 --load "$SAVE" \
       --save "$RESAVE"; then
-    for name in x y dx grad_w_o grad_w_uk grad_w_dq; do
+    for name in x y dx grad_o_proj grad_kv_b_proj grad_q_a_proj; do
       cmp -s "$SAVE/$name.npy" "$RESAVE/$name.npy" || fail "--load with --seed 99: $name.npy differs from the loaded problem's"
     done
   fi
@@ -100,9 +100,9 @@ if run_expect 0 "--save" "${BASE[@]}" --batch 2 --form laga --seed 5 --save "$SA
 
   # A weight file of the wrong shape is invalid input that names the file.
   cp -r "$SAVE" "$TMP/broken"
-  cp "$SAVE/w_uk.npy" "$TMP/broken/w_o.npy"
-  run_expect 2 "--load with a wrong-shaped w_o.npy" "${BASE[@]}" --batch 2 --load "$TMP/broken" &&
-    { grep -qF "w_o.npy" "$TMP/err" || fail "wrong-shaped w_o.npy: stderr does not name the file: $(cat "$TMP/err")"; }
+  cp "$SAVE/kv_b_proj.npy" "$TMP/broken/o_proj.npy"
+  run_expect 2 "--load with a wrong-shaped o_proj.npy" "${BASE[@]}" --batch 2 --load "$TMP/broken" &&
+    { grep -qF "o_proj.npy" "$TMP/err" || fail "wrong-shaped o_proj.npy: stderr does not name the file: $(cat "$TMP/err")"; }
 fi
 
 # Bad --sp / --seq: exit 2 with a message naming the value.

@@ -177,7 +177,8 @@ def npy_bytes(header, payload, version=(1, 0)):
 
 def npy_cases(rng, work, n, laga):
     ref = os.path.join(work, "npy_ref")
-    names = ["x", "w_dq", "q_norm", "w_uq", "w_dkv", "kv_norm", "w_uk", "w_uv", "w_o", "dy"]
+    names = ["x", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj",
+             "o_proj", "dy"]
     cases = []
     for i in range(n):
         name = rng.choice(names)

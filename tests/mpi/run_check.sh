@@ -56,12 +56,12 @@ if [ "$RC" -ne 0 ] || [ "$(count 'saved x, dy, weights')" -ne 1 ]; then
   fail "--save under mpirun: exit $RC, $(count 'saved x, dy, weights') save notices"
   show_output
 fi
-for f in x dy y dx w_dq q_norm w_uq w_dkv kv_norm w_uk w_uv w_o grad_w_uk grad_w_o; do
+for f in x dy y dx q_a_proj q_a_layernorm q_b_proj kv_a_proj_with_mqa kv_a_layernorm kv_b_proj o_proj grad_kv_b_proj grad_o_proj; do
   [ -s "$D1/$f.npy" ] || fail "--save did not write $f.npy"
 done
 # Loading what was saved reproduces it bit for bit (same P, same form), and passes --check.
 checked 4 run --model tiny --seq 32 --batch 2 --form laga --load "$D1" --save "$D2" --check
-for f in x dy y dx w_uk grad_w_uk grad_w_dkv grad_w_o; do
+for f in x dy y dx kv_b_proj grad_kv_b_proj grad_kv_a_proj_with_mqa grad_o_proj; do
   cmp -s "$D1/$f.npy" "$D2/$f.npy" || fail "--load/--save round trip: $f.npy differs"
 done
 # Another P, layout and form on the loaded problem: within tolerance of the reference.

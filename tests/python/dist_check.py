@@ -1,7 +1,7 @@
-"""Run under torchrun (gloo): every form x layout x kernel (and recompute, absorbed attention) at this world
-size against the tests' reference on the whole sequence: this rank's output and input-gradient chunks, and
-the parameter gradients summed over ranks; float64 <= 1e-10, float32 <= 1e-5. Prints one line per case on
-rank 0 and exits 1 on any failure."""
+"""Run under torchrun (gloo): every form x layout x kernel (and recompute, absorbed attention; overlap on the
+fused kernel in float32) at this world size against the tests' reference on the whole sequence: this rank's
+output and input-gradient chunks, and the parameter gradients summed over ranks; float64 <= 1e-10, float32 <=
+1e-5. Prints one line per case on rank 0 and exits 1 on any failure."""
 
 import sys
 
@@ -13,14 +13,14 @@ from common import TOLERANCE, configs, every_case, init_reference, rel_error, se
 from reference import ReferenceDeepseekV3Attention
 
 
-def check(cfg, case, dtype, group, batch=2, seq=32, seed=5):
+def check(cfg, case, dtype, group, batch=2, seq=32, seed=5, overlap=False):
     (form, recompute, absorbed), layout, kernel = case
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     s = seq // world
     ref = ReferenceDeepseekV3Attention(cfg, dtype=dtype)
     init_reference(ref, seed)
     mod = lt.MultiheadLatentAttention(cfg, form=form, layout=layout, kernel=kernel, recompute=recompute,
-                                      absorbed_attention=absorbed, group=group, dtype=dtype)
+                                      absorbed_attention=absorbed, group=group, dtype=dtype, overlap=overlap)
     mod.load_state_dict(ref.state_dict())
     x = seeded((batch, seq, cfg["hidden_size"]), seed + 1, dtype)
     dy = seeded((batch, seq, cfg["hidden_size"]), seed + 2, dtype)
@@ -49,9 +49,13 @@ def main():
     failed = passed = 0
     for cname in ("tiny", "no_q_lora"):
         cfg = configs()[cname]
-        for dtype in (torch.float64, torch.float32):
+        # float32 runs twice: collectives in line, and under compute (overlap=True)
+        runs = [(torch.float64, False), (torch.float32, False), (torch.float32, True)]
+        for dtype, overlap in runs:
             for case in every_case():
-                err, step = check(cfg, case, dtype, group)
+                if overlap and (cname != "tiny" or case[2] != "fused"):
+                    continue
+                err, step = check(cfg, case, dtype, group, overlap=overlap)
                 ok = err <= TOLERANCE[dtype]
                 sent = step["bytes_sent"]["forward"] + step["bytes_sent"]["backward"]
                 if world > 1 and sent == 0:
@@ -61,7 +65,8 @@ def main():
                 if rank == 0:
                     (form, recompute, absorbed), layout, kernel = case
                     print(f"P={world} {cname} {str(dtype)[6:]} {form}{'+kv' if recompute else ''}"
-                          f"{'(' + absorbed + ')' if form == 'absorbed' else ''} {layout} {kernel}: "
+                          f"{'(' + absorbed + ')' if form == 'absorbed' else ''} {layout} {kernel}"
+                          f"{' overlap' if overlap else ''}: "
                           f"max rel error {err:.2e} (bytes sent {sent}) {'ok' if ok else 'FAILED'}", flush=True)
     if rank == 0:
         print(f"{passed} passed, {failed} failed")

@@ -16,12 +16,12 @@ from common import TOLERANCE, configs, every_case, init_reference, rel_error, se
 from reference import ReferenceDeepseekV3Attention
 
 
-def run_pair(cfg, case, dtype, batch=2, seq=16, seed=7):
+def run_pair(cfg, case, dtype, batch=2, seq=16, seed=7, **options):
     (form, recompute, absorbed), layout, kernel = case
     ref = ReferenceDeepseekV3Attention(cfg, dtype=dtype)
     init_reference(ref, seed)
     mod = lt.MultiheadLatentAttention(cfg, form=form, layout=layout, kernel=kernel, recompute=recompute,
-                                      absorbed_attention=absorbed, dtype=dtype)
+                                      absorbed_attention=absorbed, dtype=dtype, **options)
     mod.load_state_dict(ref.state_dict())
     x = seeded((batch, seq, cfg["hidden_size"]), seed + 100, dtype)
     dy = seeded((batch, seq, cfg["hidden_size"]), seed + 200, dtype)
@@ -43,6 +43,19 @@ def test_matches_reference(config, case, dtype):
     assert set(ref) == set(got)
     errors = {k: rel_error(got[k], ref[k]) for k in ref}
     assert max(errors.values()) <= TOLERANCE[dtype], errors
+
+
+@pytest.mark.parametrize("case", [c for c in every_case() if c[2] == "fused"],
+                         ids=lambda c: f"{c[0][0]}-{c[0][1] or 'none'}-{c[0][2]}-{c[1]}")
+def test_overlap_and_provider_keep_results_bitwise(case):
+    # overlap=True moves collectives under compute and attention_provider='laga' pins what 'auto' runs on the
+    # CPU: the same ops on the same data, so the same bits.
+    base, _ = run_pair(configs()["tiny"], case, torch.float32)
+    for options in (dict(overlap=True), dict(attention_provider="laga")):
+        got, mod = run_pair(configs()["tiny"], case, torch.float32, **options)
+        assert f"overlap={options.get('overlap', False)}" in repr(mod)
+        for k, v in base["laga"].items():
+            assert torch.equal(got["laga"][k], v), (options, k)
 
 
 def test_gradcheck_float64():
@@ -102,6 +115,7 @@ def test_config_forms():
     (dict(kernel="flash"), "kernel = 'flash'"),
     (dict(form="explicit", recompute="kv"), "recompute = 'kv' with form = 'explicit'"),
     (dict(dtype=torch.float16), "dtype = torch.float16"),
+    (dict(attention_provider="flash"), "attention_provider = 'flash'"),
 ])
 def test_bad_options(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -109,6 +123,8 @@ def test_bad_options(bad, match):
 
 
 def test_bad_inputs():
+    with pytest.raises(ValueError, match="attention_provider = 'cudnn' on a CPU tensor: cuDNN runs on the GPU"):
+        lt.MultiheadLatentAttention("tiny", attention_provider="cudnn")(torch.zeros(1, 8, 32))
     mod = lt.MultiheadLatentAttention("tiny")
     d = mod.config["hidden_size"]
     with pytest.raises(ValueError, match=r"shape \(2, 8, 31\): expected \[batch, s_local, hidden_size = 32\]"):

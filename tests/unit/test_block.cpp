@@ -66,10 +66,14 @@ TEST_P(BlockGradFd, DirectionalDerivativesMatchCentralDifferences) {
   EXPECT_EQ(rank.comm().total_sent(Phase::forward) + rank.comm().total_sent(Phase::backward), 0u);
 
   const std::vector<std::string> names = rank.input_names();
-  // The weights of this configuration, and nothing else: q_lora_rank null drops w_dq and q_norm.
+  // The weights of this configuration, and nothing else: q_lora_rank null has q_proj for q_a_proj,
+  // q_a_layernorm and q_b_proj.
   std::vector<std::string> expected{"x"};
-  if (cfg.q_lora_rank) expected.insert(expected.end(), {"w_dq", "q_norm"});
-  expected.insert(expected.end(), {"w_uq", "w_dkv", "kv_norm", "w_uk", "w_uv", "w_o"});
+  if (cfg.q_lora_rank)
+    expected.insert(expected.end(), {"q_a_proj", "q_a_layernorm", "q_b_proj"});
+  else
+    expected.push_back("q_proj");
+  expected.insert(expected.end(), {"kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"});
   ASSERT_EQ(names, expected);
 
   Backend& be = rank.backend();
@@ -246,7 +250,7 @@ void expect_close_at_scale(const std::vector<double>& a, const std::vector<doubl
 // Edge shapes at P = 1: one token, one batch; a sequence longer than one 64-row attention tile and not a
 // multiple of it. Every variant against explicit in float64 (tolerance 1e-10, as above).
 //   With one token the softmax has a single key: the output does not depend on the query, and the gradients
-//   of w_dq, q_norm, w_uq and w_uk are zero in exact arithmetic (the fused kernel leaves rounding noise
+//   of q_a_proj, q_a_layernorm, q_b_proj and kv_b_proj's W_UK rows are zero in exact arithmetic (the fused kernel leaves rounding noise
 //   ~1e-16). Gradients are therefore compared relative to the largest gradient norm of the reference.
 TEST(BlockEdgeShapes, EveryVariantMatchesExplicit) {
   for (auto [batch, seq] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 1}, {1, 2}, {1, 130}})

@@ -71,8 +71,8 @@ TEST(GemmProbe, RecordsExactlyTheGemmsTheBlockCounts) {
 }
 
 TEST(GemmProbe, ExplicitForwardIssuesSixGemmsByHand) {
-  // src/mla/block.cpp forward, explicit at P = 1: x W_DQ, c_q W_UQ, x W_DKV, the K up-projection (one batched
-  // GEMM over the heads), the V up-projection, o W_O.
+  // src/mla/block.cpp forward, explicit at P = 1: x W_DQ, c_q W_UQ, x W_DKV, the K and V up-projections (a
+  // batched GEMM over the heads each: kv_b_proj interleaves the heads' K and V rows), o W_O.
   ProbedRun r(Variant{Form::Explicit}.options(Layout::A2A, AttentionKernel::fused, DType::f32), 1, 0);
   const MlaConfig c = tiny();
   const std::int64_t T = kSeq, nh = c.num_attention_heads, dqk = c.qk_head_dim(), dl = c.latent_dim();
@@ -81,7 +81,7 @@ TEST(GemmProbe, ExplicitForwardIssuesSixGemmsByHand) {
       {T, nh * dqk, *c.q_lora_rank, 1},
       {T, dl, c.hidden_size, 1},
       {T, c.qk_nope_head_dim, c.kv_lora_rank, nh},
-      {T, nh * c.v_head_dim, c.kv_lora_rank, 1},
+      {T, c.v_head_dim, c.kv_lora_rank, nh},
       {T, c.hidden_size, nh * c.v_head_dim, 1}};
   std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>> got;
   for (const GemmRecord& rec : r.probe.records())

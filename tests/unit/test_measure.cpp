@@ -88,6 +88,12 @@ TEST(RankReport, ThreadRanksMeasureAndGatherOneSchema) {
       for (const auto& c : j["traffic"]) sent += c["bytes_sent"].get<std::size_t>();
       EXPECT_EQ(j["bytes_sent"], sent);
       EXPECT_FALSE(j.contains("gpu"));
+      // The span runs from the first op's start to the last op's end: the ops' time and the gaps between them.
+      for (const char* pass : {"forward", "backward"}) {
+        const double ops = j[std::string("seconds_") + pass + "_total"], span = j[std::string("seconds_") + pass + "_span"];
+        EXPECT_GT(ops, 0) << pass;
+        EXPECT_GE(span, ops) << pass;
+      }
     }
   }
   EXPECT_EQ(options_report(opts)["variant"], "laga");

@@ -138,7 +138,7 @@ void save_problem(const RunOptions& o, const MlaConfig& cfg, const BlockShape& s
     put(name, t->shape(), to_host(be, *t));
     put("grad_" + name, t->shape(), res.grads.at(i++).second);
   }
-  std::printf("saved x, dy, weights, y, dx and grad_* as .npy ([batch, seq, hidden]; weights [in, out]) to %s\n",
+  std::printf("saved x, dy, weights, y, dx and grad_* as .npy ([batch, seq, hidden]; weights [out, in] as nn.Linear) to %s\n",
               o.save_dir.c_str());
 }
 
