@@ -47,6 +47,8 @@ struct BlockImpl {
 
   bool a2a() const { return opts.layout == Layout::A2A; }
   bool ring() const { return opts.layout == Layout::P2P; }
+  // Collectives started under compute (the ring's shifts always are, in its own way).
+  bool overlapped() const { return opts.overlap && !ring(); }
 
   // ---------------------------------------------------------------- op wrappers: count, time, run
   // Times one op on the backend's queue; the marks are read once per pass (finish_timing), so timing a
@@ -883,6 +885,53 @@ struct BlockImpl {
     return output(ctx, std::move(o), w);
   }
 
+  // One step's attention backward: every call on the pair in hand, its dQ added to the running one; the keys'
+  // gradient of the pair's first key_tokens tokens (the last call's keys cover the first call's at step 0,
+  // whose gradient is added to them). lse_all (the log-sum-exp per query) is built on first use.
+  struct StepGrads {
+    Tensor dk, dv;
+    std::int64_t key_tokens = 0;
+  };
+  StepGrads ring_step_backward(const std::vector<RingCall>& calls, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& o, const Tensor& lse, Tensor& lse_all, const Tensor& do_att,
+                               const Tensor& dq_run) {
+    const std::int64_t c = chunk();
+    StepGrads out;
+    for (const RingCall& call : calls) {
+      if (call.half < 0 && !lse_all.defined()) {
+        lse_all = Tensor(be.allocator(), lse.dtype(), {B, nh, s}, "lse.per_query");
+        lse_layout(lse, true, lse_all);
+      }
+      AttentionBwdParams p = ring_params(call, q, k, v);
+      const std::int64_t rows = call_queries(call) * B, first = call_first_row(call);
+      p.o = o.at(first * nh * dv);
+      p.lse = call.half < 0 ? lse_all.data() : lse.at(call.half * B * nh * c);
+      p.dout = do_att.at(first * nh * dv);
+      set_strides(nh, dv, B, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
+      Tensor dq_part = empty({rows, nh * dqk}, "attn.dq");
+      Tensor dk_part = empty({call.kv_tokens * B, nh * dqk}, "attn.dk");
+      Tensor dv_part = empty({call.kv_tokens * B, nh * dv}, "attn.dv");
+      p.dq = dq_part.data();
+      set_strides(nh, dqk, B, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
+      p.dk = dk_part.data();
+      set_strides(nh, dqk, B, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
+      p.dv = dv_part.data();
+      set_strides(nh, dv, B, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+      stats->flops[int(OpPhase::attention)] += 2.0 * (3.0 * dqk + 2.0 * dv) * ring_pairs(call);
+      {
+        Timer timer{*this, OpPhase::attention};
+        be.attention_backward(p);
+      }
+      accumulate(OpPhase::attention, dq_run, first, dq_part, rows, nh * dqk);
+      if (out.dk.defined()) {
+        accumulate(OpPhase::attention, dk_part, 0, out.dk, out.key_tokens * B, nh * dqk);
+        accumulate(OpPhase::attention, dv_part, 0, out.dv, out.key_tokens * B, nh * dv);
+      }
+      out.dk = dk_part, out.dv = dv_part, out.key_tokens = call.kv_tokens;
+    }
+    return out;
+  }
+
   // Backward: the same steps; K/V (or the latent) travel round again, and their gradient's accumulator travels
   // with them back to its owner (P shifts): LAGA's latent gradient in the accumulation dtype, explicit's
   // K/V gradients in the block's dtype (float32 with kv_grad_reduce_fp32). Each chunk's attention backward
@@ -890,7 +939,6 @@ struct BlockImpl {
   void backward_ring(SavedContext& ctx, const MlaWeights& w, MlaGrads& g, Tensor do_att, Tensor& dq_att,
                      Tensor& dlatent) {
     const bool laga = opts.form == Form::Laga;
-    const std::int64_t c = chunk(), cB = c * B;
     const Tensor q = ctx.get("q_att"), o = ctx.get("o_att"), lse = ctx.get("lse");
     Tensor lse_all;  // per query, for the calls on all local queries (built once)
     Tensor latent = ctx.get("latent");  // explicit's, for the up-projection's backward at the end
@@ -924,42 +972,9 @@ struct BlockImpl {
         up_project(cur[0].second, T, 0, nh, w, k, v);
       else
         k = cur[0].second, v = cur[1].second;
-      // The gradient of the step's keys: the first key_tokens tokens of the pair (the last call's keys cover
-      // the first call's at step 0, which are added to them).
-      Tensor dk, dv_;
-      std::int64_t key_tokens = 0;
-      for (const RingCall& call : ring_calls((r - t + P) % P)) {
-        if (call.half < 0 && !lse_all.defined()) {
-          lse_all = Tensor(be.allocator(), lse.dtype(), {B, nh, s}, "lse.per_query");
-          lse_layout(lse, true, lse_all);
-        }
-        AttentionBwdParams p = ring_params(call, q, k, v);
-        const std::int64_t rows = call_queries(call) * B, first = call_first_row(call);
-        p.o = o.at(first * nh * dv);
-        p.lse = call.half < 0 ? lse_all.data() : lse.at(call.half * B * nh * c);
-        p.dout = do_att.at(first * nh * dv);
-        set_strides(nh, dv, B, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
-        Tensor dq_part = empty({rows, nh * dqk}, "attn.dq");
-        Tensor dk_part = empty({call.kv_tokens * B, nh * dqk}, "attn.dk");
-        Tensor dv_part = empty({call.kv_tokens * B, nh * dv}, "attn.dv");
-        p.dq = dq_part.data();
-        set_strides(nh, dqk, B, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
-        p.dk = dk_part.data();
-        set_strides(nh, dqk, B, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
-        p.dv = dv_part.data();
-        set_strides(nh, dv, B, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
-        stats->flops[int(OpPhase::attention)] += 2.0 * (3.0 * dqk + 2.0 * dv) * ring_pairs(call);
-        {
-          Timer timer{*this, OpPhase::attention};
-          be.attention_backward(p);
-        }
-        accumulate(OpPhase::attention, dq_run, first, dq_part, rows, nh * dqk);
-        if (dk.defined()) {  // step 0: the second call's keys include the first's
-          accumulate(OpPhase::attention, dk_part, 0, dk, key_tokens * B, nh * dqk);
-          accumulate(OpPhase::attention, dv_part, 0, dv_, key_tokens * B, nh * dv);
-        }
-        dk = dk_part, dv_ = dv_part, key_tokens = call.kv_tokens;
-      }
+      StepGrads sg = ring_step_backward(ring_calls((r - t + P) % P), q, k, v, o, lse, lse_all, do_att, dq_run);
+      Tensor dk = std::move(sg.dk), dv_ = std::move(sg.dv);
+      const std::int64_t key_tokens = sg.key_tokens;
       k = v = Tensor();
       const std::int64_t key_rows = key_tokens * B;
       // The accumulator of this pair, from the previous rank (this rank's own at the first step).
@@ -1170,7 +1185,7 @@ struct BlockImpl {
     }
     q_att = Tensor();
     release(ctx, {"q_att"});
-    Tensor dq = opts.overlap && !ring() ? finish_gather_heads(dq_flight, dqk, "q") : gather_heads(dq_att, dqk, "q");
+    Tensor dq = overlapped() ? finish_gather_heads(dq_flight, dqk, "q") : gather_heads(dq_att, dqk, "q");
     dq_att = Tensor();
 
     Tensor dx = Tensor(be.allocator(), dt, {s, B, d}, "dx", MemoryKind::external);

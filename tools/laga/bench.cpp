@@ -682,6 +682,13 @@ Grid parse_grid(const BenchOptions& o) {
   return g;
 }
 
+// Whether a sweep covers (layout, kernel, variant): --form all and --kernel all cover what each layout runs
+// (p2p: explicit and laga, fused); what was named explicitly is validated (and refused) as given.
+bool swept(const Grid& g, Layout l, AttentionKernel k, std::size_t v) {
+  if (g.all_forms && !layout_supports(l, kAllVariants[v])) return false;
+  return !(g.all_kernels && l == Layout::P2P && k != AttentionKernel::fused);
+}
+
 // Every point of the grid, validated before anything runs.
 std::vector<Point> grid_points(const BenchOptions& o, const Bench& b, const Grid& g) {
   check_attention_provider(o.attention_provider, b.device == Device::cuda);
@@ -707,9 +714,7 @@ std::vector<Point> grid_points(const BenchOptions& o, const Bench& b, const Grid
         for (Layout l : g.layouts)
           for (AttentionKernel k : g.kernels)
             for (std::size_t v : g.variants) {
-              // --form all and --kernel all cover what each layout runs (p2p: explicit and laga, fused).
-              if (g.all_forms && !layout_supports(l, kAllVariants[v])) continue;
-              if (g.all_kernels && l == Layout::P2P && k != AttentionKernel::fused) continue;
+              if (!swept(g, l, k, v)) continue;
               Point p{S, B, P, l, k, v};
               validate(b.cfg, b.options(p), BlockShape{.batch = B, .seq = S, .ranks = P, .rank = 0});
               points.push_back(p);
