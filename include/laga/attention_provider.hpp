@@ -38,7 +38,12 @@ struct AttentionTiming {
   double laga_fwd_ms = 0, laga_bwd_ms = 0;
   double cudnn_fwd_ms = 0, cudnn_bwd_ms = 0;  // 0: cuDNN did not run this point
   std::int64_t cudnn_workspace_bytes = 0;      // the largest workspace its plans asked for (optional field)
-  AttentionProvider faster() const;           // by forward + backward; laga on a tie or without cuDNN
+  // cuDNN's non-deterministic backward (optional fields; 0: not measured).
+  double cudnn_nondeterministic_bwd_ms = 0;
+  std::int64_t cudnn_nondeterministic_workspace_bytes = 0;
+  // By forward + backward; laga on a tie or without cuDNN. deterministic = false compares with cuDNN's
+  // non-deterministic backward where the point has it.
+  AttentionProvider faster(bool deterministic = true) const;
 };
 
 struct AttentionProviderTable {
@@ -48,14 +53,17 @@ struct AttentionProviderTable {
   const AttentionTiming* nearest(const AttentionShape& s) const;
   // cuDNN's workspace for `s`: the nearest point's, scaled by heads x q_len x kv_len (its deterministic
   // backward's workspace grows so: 2 bytes per (head, query, key) on the H200, cuDNN 9.14 and 9.19); 0 without
-  // a point.
-  std::int64_t cudnn_workspace(const AttentionShape& s) const;
+  // a point. deterministic = false: the non-deterministic backward's, scaled by heads x q_len (0 where the
+  // point has none).
+  std::int64_t cudnn_workspace(const AttentionShape& s, bool deterministic = true) const;
   // `auto`'s choice for `s`: the nearest point's faster provider, but laga when cuDNN's workspace for `s` would
   // exceed `max_workspace` bytes, and laga when there is no such point.
-  AttentionProvider choose(const AttentionShape& s, std::int64_t max_workspace = INT64_MAX) const;
+  AttentionProvider choose(const AttentionShape& s, std::int64_t max_workspace = INT64_MAX,
+                           bool deterministic = true) const;
 
   // The JSON document: {"points": [{"dtype", "d_qk", "d_v", "heads", "q_len", "kv_len", "laga_fwd_ms",
-  // "laga_bwd_ms", "cudnn_fwd_ms", "cudnn_bwd_ms", optional "cudnn_workspace_bytes"}, ...], ...}; other keys (machine, commit, versions) are
+  // "laga_bwd_ms", "cudnn_fwd_ms", "cudnn_bwd_ms", optional "cudnn_workspace_bytes",
+  // "cudnn_nondeterministic_bwd_ms", "cudnn_nondeterministic_workspace_bytes"}, ...], ...}; other keys (machine, commit, versions) are
   // kept by the writer and ignored here. Throws InvalidArgument naming the field that is missing or invalid.
   static AttentionProviderTable from_json(const std::string& text);
 };

@@ -102,6 +102,12 @@ void cuda_set_flash_fused_dq(Backend& backend, bool fused);
 // With `cudnn`, a call cuDNN cannot run throws InvalidArgument naming the shape and the reason.
 void cuda_set_attention_provider(Backend& backend, AttentionProvider provider);
 AttentionProvider cuda_attention_provider(Backend& backend);
+// Whether attention runs deterministically (the default: reruns bitwise identical). false lets cuDNN run its
+// default backward, as PyTorch's SDPA does: dQ summed with float32 atomics (reruns differ in the last bits),
+// faster, and a workspace of O(heads x queries) instead of O(heads x queries x keys), so `auto` can take cuDNN
+// at long sequences (within the scratch cap, by the workspace cuDNN asks for). laga's kernels are unaffected.
+void cuda_set_attention_deterministic(Backend& backend, bool deterministic);
+bool cuda_attention_deterministic(Backend& backend);
 
 // cuDNN as this process sees it (the library is opened at the first question): built in, loaded, the
 // version loaded (cudnnGetVersion, 91400 = 9.14.0) and the one built against; `error` says why not.

@@ -42,7 +42,9 @@ std::vector<PlanPoint> plan_points(const PlanQuery&);
 // its deterministic backward's workspace for the point's attention call (explicit and LAGA), scaled from the
 // nearest shape of the built-in provider table (laga/attention_provider.hpp); 0 when the kernel is eager or
 // the table has no cuDNN time for these head dims. The document gives it per point as cudnn_workspace_bytes.
-std::int64_t plan_cudnn_workspace(const PlanQuery&, const PlanPoint&);
+// deterministic = false: its non-deterministic backward's (--nondeterministic), scaled by heads x queries;
+// cudnn_nondeterministic_workspace_bytes in the document (0, and absent, when the table has not measured it).
+std::int64_t plan_cudnn_workspace(const PlanQuery&, const PlanPoint&, bool deterministic = true);
 
 // One rank's plan as the document holds it: saved tensors, peaks, traffic (the block's own, on the meta
 // backend) and FLOPs, the device fit, the closed-form traffic (expected_traffic, DESIGN.md section 3), and

@@ -27,9 +27,10 @@ AttentionProvider parse_attention_provider(const std::string& text) {
   throw InvalidArgument(detail::concat("attention provider = '", text, "': must be one of auto, laga, cudnn"));
 }
 
-AttentionProvider AttentionTiming::faster() const {
+AttentionProvider AttentionTiming::faster(bool deterministic) const {
   if (!(cudnn_fwd_ms > 0 && cudnn_bwd_ms > 0)) return AttentionProvider::laga;
-  return cudnn_fwd_ms + cudnn_bwd_ms < laga_fwd_ms + laga_bwd_ms ? AttentionProvider::cudnn : AttentionProvider::laga;
+  const double bwd = !deterministic && cudnn_nondeterministic_bwd_ms > 0 ? cudnn_nondeterministic_bwd_ms : cudnn_bwd_ms;
+  return cudnn_fwd_ms + bwd < laga_fwd_ms + laga_bwd_ms ? AttentionProvider::cudnn : AttentionProvider::laga;
 }
 
 const AttentionTiming* AttentionProviderTable::nearest(const AttentionShape& s) const {
@@ -48,18 +49,21 @@ const AttentionTiming* AttentionProviderTable::nearest(const AttentionShape& s) 
   return best;
 }
 
-std::int64_t AttentionProviderTable::cudnn_workspace(const AttentionShape& s) const {
+std::int64_t AttentionProviderTable::cudnn_workspace(const AttentionShape& s, bool deterministic) const {
   const AttentionTiming* t = nearest(s);
-  if (!t || t->cudnn_workspace_bytes == 0) return 0;
-  const double scale = double(s.q_heads) * double(s.q_len) * double(s.kv_len) /
-                       (double(t->heads) * double(t->q_len) * double(t->kv_len));
-  return std::int64_t(std::ceil(double(t->cudnn_workspace_bytes) * scale));
+  if (!t) return 0;
+  const std::int64_t bytes = deterministic ? t->cudnn_workspace_bytes : t->cudnn_nondeterministic_workspace_bytes;
+  if (bytes == 0) return 0;
+  double scale = double(s.q_heads) * double(s.q_len) / (double(t->heads) * double(t->q_len));
+  if (deterministic) scale *= double(s.kv_len) / double(t->kv_len);
+  return std::int64_t(std::ceil(double(bytes) * scale));
 }
 
-AttentionProvider AttentionProviderTable::choose(const AttentionShape& s, std::int64_t max_workspace) const {
+AttentionProvider AttentionProviderTable::choose(const AttentionShape& s, std::int64_t max_workspace,
+                                                 bool deterministic) const {
   const AttentionTiming* t = nearest(s);
-  if (!t || t->faster() != AttentionProvider::cudnn) return AttentionProvider::laga;
-  return cudnn_workspace(s) <= max_workspace ? AttentionProvider::cudnn : AttentionProvider::laga;
+  if (!t || t->faster(deterministic) != AttentionProvider::cudnn) return AttentionProvider::laga;
+  return cudnn_workspace(s, deterministic) <= max_workspace ? AttentionProvider::cudnn : AttentionProvider::laga;
 }
 
 AttentionProviderTable AttentionProviderTable::from_json(const std::string& text) {
@@ -101,6 +105,13 @@ AttentionProviderTable AttentionProviderTable::from_json(const std::string& text
       LAGA_REQUIRE(p["cudnn_workspace_bytes"].is_number_integer() && p["cudnn_workspace_bytes"].get<std::int64_t>() >= 0,
                    where("cudnn_workspace_bytes"), " must be an integer >= 0");
       t.cudnn_workspace_bytes = p["cudnn_workspace_bytes"].get<std::int64_t>();
+    }
+    if (p.contains("cudnn_nondeterministic_bwd_ms")) t.cudnn_nondeterministic_bwd_ms = ms("cudnn_nondeterministic_bwd_ms");
+    if (p.contains("cudnn_nondeterministic_workspace_bytes")) {
+      const auto& w = p["cudnn_nondeterministic_workspace_bytes"];
+      LAGA_REQUIRE(w.is_number_integer() && w.get<std::int64_t>() >= 0, where("cudnn_nondeterministic_workspace_bytes"),
+                   " must be an integer >= 0");
+      t.cudnn_nondeterministic_workspace_bytes = w.get<std::int64_t>();
     }
     LAGA_REQUIRE(t.laga_fwd_ms > 0 && t.laga_bwd_ms > 0, where("laga_fwd_ms"), " and laga_bwd_ms must be > 0");
     table.points.push_back(t);

@@ -318,6 +318,8 @@ class CudaBackend final : public Backend {
 
   void set_attention_provider(AttentionProvider p) { provider_ = p; }
   AttentionProvider attention_provider() const { return provider_; }
+  void set_attention_deterministic(bool d) { deterministic_ = d; }
+  bool attention_deterministic() const { return deterministic_; }
   AttentionProviderCounts provider_counts() const {
     AttentionProviderCounts c = counts_;
     c.cudnn_graphs = cudnn_ ? cudnn_->graphs_built() : 0;
@@ -402,6 +404,18 @@ class CudaBackend final : public Backend {
     return inv_freq_;
   }
 
+  std::int64_t scratch_cap() const {
+    return ctx_.eager_scratch_cap > std::size_t(INT64_MAX) ? INT64_MAX : std::int64_t(ctx_.eager_scratch_cap);
+  }
+  // `auto`'s choice from the table. cuDNN's deterministic backward keeps a workspace of 2 bytes per (head, query,
+  // key): auto takes it only under the backend's scratch cap, like eager attention's scores. The
+  // non-deterministic one's workspace is O(heads x queries); its backward call checks the workspace cuDNN asks
+  // for (pick_cudnn).
+  bool auto_prefers_cudnn(const AttentionFwdParams& p) const {
+    const AttentionShape shape{p.dtype, p.d_qk, p.d_v, p.q_heads, p.kv_heads, p.q_len, p.kv_len};
+    return builtin_attention_provider_table().choose(shape, deterministic_ ? scratch_cap() : INT64_MAX,
+                                                     deterministic_) == AttentionProvider::cudnn;
+  }
   // Whether cuDNN runs this call (and then it has been queued). `laga`: never. `cudnn`: always, or an
   // InvalidArgument naming the shape. `auto`: when the table prefers cuDNN for the shape and cuDNN takes it;
   // otherwise laga's kernels run (a fallback is counted).
@@ -414,13 +428,7 @@ class CudaBackend final : public Backend {
                             ", d_v ", p.d_v, ", heads ", p.q_heads, "/", p.kv_heads, ", q_len ", p.q_len, ", kv_len ",
                             p.kv_len, ", q_offset ", p.q_offset);
     };
-    if (!forced) {
-      const AttentionShape shape{p.dtype, p.d_qk, p.d_v, p.q_heads, p.kv_heads, p.q_len, p.kv_len};
-      // cuDNN's deterministic backward keeps a workspace of 2 bytes per (head, query, key): auto takes it only
-      // under the backend's scratch cap, like eager attention's scores.
-      const auto cap = ctx_.eager_scratch_cap > std::size_t(INT64_MAX) ? INT64_MAX : std::int64_t(ctx_.eager_scratch_cap);
-      if (builtin_attention_provider_table().choose(shape, cap) != AttentionProvider::cudnn) return false;
-    }
+    if (!forced && !auto_prefers_cudnn(p)) return false;
     const cuda::CudnnStatus& st = cuda::cudnn_status();
     std::string why = st.loaded ? (backward ? cuda::cudnn_attention_rejects(*bp) : cuda::cudnn_attention_rejects(p))
                                 : "cuDNN is not available: " + st.error;
@@ -429,7 +437,13 @@ class CudaBackend final : public Backend {
         cudnn_ = std::make_unique<cuda::CudnnAttention>(ctx_.stream, [this](std::size_t bytes) {
           return ctx_.scratch.get(ScratchSlot::cudnn_workspace, bytes, ctx_.stream);
         });
-      if (backward ? cudnn_->backward(*bp, &why) : cudnn_->forward(p, &why)) return true;
+      if (backward && !forced && !deterministic_) {
+        const std::int64_t ws = cudnn_->backward_workspace(*bp, /*deterministic=*/false);
+        if (ws > scratch_cap())
+          why = detail::concat("cuDNN's workspace of ", ws, " bytes exceeds the scratch cap of ", scratch_cap());
+      }
+      if (why.empty() && (backward ? cudnn_->backward(*bp, deterministic_, &why) : cudnn_->forward(p, &why)))
+        return true;
     }
     LAGA_REQUIRE(!forced, "attention provider cudnn cannot run the ", shape_text(), ": ", why);
     ++counts_.fallbacks;
@@ -442,6 +456,7 @@ class CudaBackend final : public Backend {
   bool own_stream_ = false;
   Context ctx_;
   AttentionProvider provider_ = AttentionProvider::laga;
+  bool deterministic_ = true;  // cuDNN's backward: its deterministic algorithm (laga's kernels always are)
   AttentionProviderCounts counts_;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   std::unique_ptr<GemmRunner> gemm_;
@@ -565,6 +580,14 @@ void cuda_set_attention_provider(Backend& backend, AttentionProvider provider) {
 
 AttentionProvider cuda_attention_provider(Backend& backend) {
   return as_cuda(backend, "cuda_attention_provider").attention_provider();
+}
+
+void cuda_set_attention_deterministic(Backend& backend, bool deterministic) {
+  as_cuda(backend, "cuda_set_attention_deterministic").set_attention_deterministic(deterministic);
+}
+
+bool cuda_attention_deterministic(Backend& backend) {
+  return as_cuda(backend, "cuda_attention_deterministic").attention_deterministic();
 }
 
 CudnnInfo cuda_cudnn_info() {

@@ -42,6 +42,8 @@ void cuda_set_flash_fused_dq(Backend&, bool) { no_cuda("cuda_set_flash_fused_dq"
 std::unique_ptr<CommClock> make_cuda_comm_clock(Backend&) { no_cuda("make_cuda_comm_clock"); }
 void cuda_set_attention_provider(Backend&, AttentionProvider) { no_cuda("cuda_set_attention_provider"); }
 AttentionProvider cuda_attention_provider(Backend&) { no_cuda("cuda_attention_provider"); }
+void cuda_set_attention_deterministic(Backend&, bool) { no_cuda("cuda_set_attention_deterministic"); }
+bool cuda_attention_deterministic(Backend&) { no_cuda("cuda_attention_deterministic"); }
 CudnnInfo cuda_cudnn_info() { return CudnnInfo{.error = "laga was built without CUDA"}; }
 AttentionProviderCounts cuda_attention_provider_counts(Backend&) { no_cuda("cuda_attention_provider_counts"); }
 void cuda_reset_attention_provider_counts(Backend&) { no_cuda("cuda_reset_attention_provider_counts"); }

@@ -4,7 +4,8 @@
 // head stride, token stride, 1); the log-sum-exp [batch, heads, q_len] is cuDNN's Stats [b, h, s_q, 1],
 // float32, the same convention (natural log of the sum of exp of the scaled scores). The mask: query i sees
 // key j iff j <= i + q_offset, cuDNN's diagonal band aligned top-left with right bound q_offset. The
-// backward runs cuDNN's deterministic algorithm, so reruns are bitwise identical.
+// backward runs cuDNN's deterministic algorithm (reruns bitwise identical) unless the caller asks for its
+// default, non-deterministic one (dQ summed with atomics, a small workspace).
 #include "cuda/cudnn_attention.hpp"
 
 #include <cudnn_frontend.h>
@@ -99,7 +100,8 @@ struct Built {
 };
 
 // Every field of the call that the graph depends on (pointers excluded).
-std::vector<i64> shape_key(const AttentionFwdParams& p, bool backward) {
+// backward: 0 forward, 1 deterministic backward, 2 non-deterministic backward.
+std::vector<i64> shape_key(const AttentionFwdParams& p, int backward) {
   i64 scale_bits = 0;
   std::memcpy(&scale_bits, &p.scale, sizeof(double));
   std::vector<i64> k = {backward,         i64(p.dtype),     p.batch,          p.q_len,          p.kv_len,
@@ -146,13 +148,13 @@ struct CudnnAttention::Impl {
     LAGA_CHECK(s == CUDNN_STATUS_SUCCESS, "cudnnSetStream failed: ", fe::detail::get_error_string(s));
   }
 
-  Built& graph_for(const AttentionFwdParams& p, const AttentionBwdParams* bp) {
-    auto key = shape_key(p, bp != nullptr);
+  Built& graph_for(const AttentionFwdParams& p, const AttentionBwdParams* bp, bool deterministic) {
+    auto key = shape_key(p, bp == nullptr ? 0 : deterministic ? 1 : 2);
     auto it = graphs.find(key);
     if (it != graphs.end()) return it->second;
     Built& b = graphs[key];
     try {
-      build(b, p, bp);
+      build(b, p, bp, deterministic);
     } catch (const std::exception& e) {  // the frontend throws for what it cannot describe
       b.graph.reset();
       b.error = e.what();
@@ -161,7 +163,7 @@ struct CudnnAttention::Impl {
     return b;
   }
 
-  void build(Built& b, const AttentionFwdParams& p, const AttentionBwdParams* bp) {
+  void build(Built& b, const AttentionFwdParams& p, const AttentionBwdParams* bp, bool deterministic) {
     ensure_handle();
     auto g = std::make_shared<fe::graph::Graph>();
     g->set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -198,7 +200,7 @@ struct CudnnAttention::Impl {
                       .set_attn_scale(float(p.scale))
                       .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                       .set_diagonal_band_right_bound(int(p.q_offset))
-                      .set_deterministic_algorithm(true);
+                      .set_deterministic_algorithm(deterministic);
       auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dO, stats, opts);
       set_view(*dq, "dQ", kDQ, B, H, p.q_len, p.d_qk, bp->dq_token_stride, bp->dq_batch_stride, bp->dq_head_stride);
       set_view(*dk, "dK", kDK, B, H, p.kv_len, p.d_qk, bp->dk_token_stride, bp->dk_batch_stride, bp->dk_head_stride);
@@ -215,8 +217,8 @@ struct CudnnAttention::Impl {
     if (ok) b.graph = std::move(g);
   }
 
-  bool run(const AttentionFwdParams& p, const AttentionBwdParams* bp, std::string* why) {
-    Built& b = graph_for(p, bp);
+  bool run(const AttentionFwdParams& p, const AttentionBwdParams* bp, bool deterministic, std::string* why) {
+    Built& b = graph_for(p, bp, deterministic);
     if (!b.graph) {
       if (why) *why = b.error;
       return false;
@@ -250,8 +252,16 @@ CudnnAttention::~CudnnAttention() {
   }
 }
 
-bool CudnnAttention::forward(const AttentionFwdParams& p, std::string* why) { return impl_->run(p, nullptr, why); }
-bool CudnnAttention::backward(const AttentionBwdParams& p, std::string* why) { return impl_->run(p, &p, why); }
+bool CudnnAttention::forward(const AttentionFwdParams& p, std::string* why) {
+  return impl_->run(p, nullptr, true, why);
+}
+bool CudnnAttention::backward(const AttentionBwdParams& p, bool deterministic, std::string* why) {
+  return impl_->run(p, &p, deterministic, why);
+}
+std::int64_t CudnnAttention::backward_workspace(const AttentionBwdParams& p, bool deterministic) {
+  const Built& b = impl_->graph_for(p, &p, deterministic);
+  return b.graph ? b.workspace : -1;
+}
 std::size_t CudnnAttention::graphs_built() const { return impl_->graphs.size(); }
 std::size_t CudnnAttention::largest_workspace() const { return std::size_t(impl_->largest_workspace); }
 

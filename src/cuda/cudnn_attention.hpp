@@ -48,7 +48,13 @@ class CudnnAttention {
   // Queue the call on the stream. False, with the reason in *why, when cuDNN has no plan for the shape
   // (nothing was queued; the caller may fall back). Throws RuntimeError when a built plan fails to run.
   bool forward(const AttentionFwdParams& p, std::string* why);
-  bool backward(const AttentionBwdParams& p, std::string* why);
+  // deterministic: cuDNN's deterministic backward (bitwise reruns; a workspace of 2 bytes per (head, query,
+  // key) on the H200). Otherwise its default one, as PyTorch's SDPA runs it: dQ summed with float32 atomics
+  // (reruns differ in the last bits), a workspace of O(heads x queries x d_qk).
+  bool backward(const AttentionBwdParams& p, bool deterministic, std::string* why);
+  // The workspace cuDNN asks for this call (building its graph if needed, nothing queued); -1 when cuDNN has
+  // no plan for it.
+  std::int64_t backward_workspace(const AttentionBwdParams& p, bool deterministic);
 
   std::size_t graphs_built() const;
   std::size_t largest_workspace() const;  // bytes, over the graphs built

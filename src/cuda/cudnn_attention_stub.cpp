@@ -21,10 +21,11 @@ bool CudnnAttention::forward(const AttentionFwdParams&, std::string* why) {
   if (why) *why = cudnn_status().error;
   return false;
 }
-bool CudnnAttention::backward(const AttentionBwdParams&, std::string* why) {
+bool CudnnAttention::backward(const AttentionBwdParams&, bool, std::string* why) {
   if (why) *why = cudnn_status().error;
   return false;
 }
+std::int64_t CudnnAttention::backward_workspace(const AttentionBwdParams&, bool) { return -1; }
 std::size_t CudnnAttention::graphs_built() const { return 0; }
 std::size_t CudnnAttention::largest_workspace() const { return 0; }
 

@@ -98,7 +98,7 @@ nlohmann::json plan_to_json(const RankPlan& p, const DeviceFit& fit, const TimeM
           {"closed_form", closed_form_json(p)}, {"modeled", modeled_json(p, model)}};
 }
 
-std::int64_t plan_cudnn_workspace(const PlanQuery& q, const PlanPoint& pt) {
+std::int64_t plan_cudnn_workspace(const PlanQuery& q, const PlanPoint& pt, bool deterministic) {
   if (q.base.kernel != AttentionKernel::fused) return 0;
   const bool a2a = q.base.layout == Layout::A2A;
   const std::int64_t heads = a2a ? q.cfg.num_attention_heads / pt.sp : q.cfg.num_attention_heads;
@@ -107,7 +107,7 @@ std::int64_t plan_cudnn_workspace(const PlanQuery& q, const PlanPoint& pt) {
   const AttentionProviderTable& table = builtin_attention_provider_table();
   const AttentionTiming* near = table.nearest(s);
   if (!near || !(near->cudnn_fwd_ms > 0)) return 0;
-  return table.cudnn_workspace(s) * q.batch;
+  return table.cudnn_workspace(s, deterministic) * q.batch;
 }
 
 nlohmann::json plan_document(const PlanQuery& q, const std::vector<PlanPoint>& points) {
@@ -126,6 +126,8 @@ nlohmann::json plan_document(const PlanQuery& q, const std::vector<PlanPoint>& p
     for (std::size_t i = 0; i < pt.plans.size(); ++i)
       point["variants"][variant_of(pt.plans[i].opts).label()] = plan_to_json(pt.plans[i], device_fit(pt.plans[i], q.layers), q.model);
     if (const std::int64_t ws = plan_cudnn_workspace(q, pt); ws > 0) point["cudnn_workspace_bytes"] = ws;
+    if (const std::int64_t ws = plan_cudnn_workspace(q, pt, false); ws > 0)
+      point["cudnn_nondeterministic_workspace_bytes"] = ws;
     doc["points"].push_back(std::move(point));
   }
   return doc;

@@ -587,6 +587,39 @@ TEST_P(CudaAttentionCudnn, MatchesCpuFloat64AndRerunsBitwise) {
   std::printf("GPUCHECK %s cudnn_workspace %zu bytes\n", GetParam().name, slot->peak_bytes);
 }
 
+// cuDNN's non-deterministic backward (cuda_set_attention_deterministic false, --nondeterministic): the same
+// float64 bars as the deterministic one; its own graph (the forward's is shared).
+TEST_P(CudaAttentionCudnn, NondeterministicBackwardMatchesCpuFloat64) {
+  Backends be;
+  cuda_set_attention_provider(*be.gpu, AttentionProvider::cudnn);
+  EXPECT_TRUE(cuda_attention_deterministic(*be.gpu)) << "a new backend runs deterministically";
+  cuda_set_attention_deterministic(*be.gpu, false);
+  auto rng = rng_for_test();
+  Problem pr(GetParam(), AttentionKernel::fused, DType::bf16, be, rng);
+  const AttentionBwdParams p0 = pr.params(true);
+  if (!cuda::cudnn_attention_rejects(static_cast<const AttentionFwdParams&>(p0)).empty())
+    GTEST_SKIP() << "a shape the provider refuses (the test above checks the refusal)";
+  try {
+    pr.forward();
+    pr.backward(rng);
+  } catch (const InvalidArgument& e) {
+    const bool mla = GetParam().d_qk == 192 && GetParam().d_v == 128;
+    if (mla) FAIL() << "cuDNN has no non-deterministic plan for an MLA shape: " << e.what();
+    GTEST_SKIP() << "cuDNN has no plan: " << e.what();
+  }
+  pr.check_forward();
+  pr.check_backward();
+  const AttentionProviderCounts n = cuda_attention_provider_counts(*be.gpu);
+  EXPECT_EQ(n.cudnn_forward, 1u);
+  EXPECT_EQ(n.cudnn_backward, 1u);
+  EXPECT_EQ(n.cudnn_graphs, 2u);
+  const CudaScratchInfo info = cuda_scratch_info(*be.gpu);
+  const auto slot = std::find_if(info.slots.begin(), info.slots.end(),
+                                 [](const CudaScratchSlot& s) { return s.name == "cudnn_workspace"; });
+  ASSERT_NE(slot, info.slots.end());
+  std::printf("GPUCHECK %s cudnn_nondeterministic_workspace %zu bytes\n", GetParam().name, slot->peak_bytes);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionCudnn, ::testing::ValuesIn(cudnn_cases()), cudnn_case_name);
 
 // laga's provider never calls cuDNN, and float32 under auto runs laga's kernels.

@@ -17,7 +17,9 @@ const char* kTable = R"({
      "laga_fwd_ms": 1.0, "laga_bwd_ms": 3.0, "cudnn_fwd_ms": 0.8, "cudnn_bwd_ms": 2.0,
      "cudnn_workspace_bytes": 536870912},
     {"dtype": "bfloat16", "d_qk": 192, "d_v": 128, "heads": 128, "q_len": 2048, "kv_len": 16384,
-     "laga_fwd_ms": 1.0, "laga_bwd_ms": 2.0, "cudnn_fwd_ms": 1.5, "cudnn_bwd_ms": 2.0},
+     "laga_fwd_ms": 1.0, "laga_bwd_ms": 2.0, "cudnn_fwd_ms": 1.5, "cudnn_bwd_ms": 2.0,
+     "cudnn_workspace_bytes": 8589934592, "cudnn_nondeterministic_bwd_ms": 1.0,
+     "cudnn_nondeterministic_workspace_bytes": 201326592},
     {"dtype": "bfloat16", "d_qk": 192, "d_v": 128, "heads": 16, "q_len": 32768, "kv_len": 32768,
      "laga_fwd_ms": 50.0, "laga_bwd_ms": 150.0, "cudnn_fwd_ms": 0, "cudnn_bwd_ms": 0}
   ]})";
@@ -67,6 +69,16 @@ TEST(AttentionProvider, AutoTakesTheNearestPointsFasterProvider) {
   EXPECT_EQ(t.choose(mha(16, 4096, 4096), 536870912), AttentionProvider::cudnn);
   EXPECT_EQ(t.choose(mha(16, 4096, 4096), 536870911), AttentionProvider::laga);
   EXPECT_EQ(t.choose(mha(16, 6000, 6000), 1LL << 30), AttentionProvider::laga);  // 1.07 GiB > 1 GiB
+  // Non-deterministic: cuDNN's non-deterministic backward where the point has it (1.5 + 1.0 < 3.0), its
+  // workspace scaled by heads x q_len only; the deterministic choice and workspace stay as they were.
+  EXPECT_EQ(t.choose(mha(128, 2048, 16384), INT64_MAX, false), AttentionProvider::cudnn);
+  EXPECT_EQ(t.cudnn_workspace(mha(128, 2048, 16384), false), 201326592);
+  EXPECT_EQ(t.cudnn_workspace(mha(128, 2048, 32768), false), 201326592);
+  EXPECT_EQ(t.cudnn_workspace(mha(128, 4096, 32768), false), 2 * 201326592LL);
+  EXPECT_EQ(t.cudnn_workspace(mha(128, 4096, 32768)), 4 * 8589934592LL);
+  EXPECT_EQ(t.choose(mha(128, 2048, 16384), 201326591, false), AttentionProvider::laga);
+  EXPECT_EQ(t.cudnn_workspace(mha(16, 4096, 4096), false), 0) << "not measured at that point";
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096), INT64_MAX, false), AttentionProvider::cudnn) << "deterministic times";
   // An empty table: laga everywhere.
   EXPECT_EQ(AttentionProviderTable{}.choose(mha(16, 4096, 4096)), AttentionProvider::laga);
 }

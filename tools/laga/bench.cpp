@@ -25,6 +25,7 @@
 #include "laga/errors.hpp"
 #include "laga/gemm_probe.hpp"
 #include "laga/measure.hpp"
+#include "laga/op_profile.hpp"
 #include "laga/report.hpp"
 #include "laga/timed_comm.hpp"
 
@@ -48,8 +49,10 @@ struct BenchOptions {
   int repeat = 5, warmup = 1;
   bool check = false;
   bool gemm_check = false;
+  bool op_profile = false;
   bool kv_grad_reduce_fp32 = false;
   std::string attention_provider = "auto";
+  bool nondeterministic = false;  // cuDNN may run its non-deterministic backward
   bool overlap = false;
   std::uint64_t seed = 1;
   std::string out;
@@ -115,6 +118,7 @@ struct Measured {
   bool have_result = false;
   std::vector<GemmRecord> gemm_records;     // with --gemm-check: rank `rank`'s GEMMs in the instrumented repeats
   std::vector<GemmProbeResult> gemms;       // ... and each distinct one alone
+  std::vector<OpRecord> op_records;         // with --op-profile: every op of the instrumented repeats
   // --phantom-comm timed: the same rank again with a timed phantom, per placement.
   struct Timed {
     Placement placement;
@@ -145,6 +149,7 @@ struct Bench {
     if (device != Device::cuda) return make_cpu_backend();
     auto be = make_cuda_backend(o.gpu);
     cuda_set_attention_provider(*be, parse_attention_provider(o.attention_provider));
+    cuda_set_attention_deterministic(*be, !o.nondeterministic);
     return be;
   }
 
@@ -235,6 +240,11 @@ struct Bench {
       for (int it = 0; it < o.repeat; ++it) run_rank(cfg, options(p), shape, probe, *comm, o.seed, &s.w, &s.x, &s.dy);
       m.gemm_records = probe.records();
       gemms_alone(m, *s.be);
+    }
+    if (o.op_profile) {
+      OpProfileBackend profile(*s.be);
+      for (int it = 0; it < o.repeat; ++it) run_rank(cfg, options(p), shape, profile, *comm, o.seed, &s.w, &s.x, &s.dy);
+      m.op_records = profile.records();
     }
     return m;
   }
@@ -411,6 +421,47 @@ json gemms_json(const Bench& b, const Measured& m, std::string& line) {
           {"summary", summary}};
 }
 
+// --op-profile: every op of a forward and a backward pass with its median time over the instrumented
+// repeats, and the time per kind of op; `lines` gets the table's lines (the kinds, then the costliest ops).
+json ops_json(const Bench& b, const Measured& m, std::vector<std::string>& lines) {
+  const std::vector<OpProfileRow> rows = summarize_ops(m.op_records, b.o.repeat);
+  json passes = {{"forward", json::array()}, {"backward", json::array()}};
+  json by_op = {{"forward", json::object()}, {"backward", json::object()}};
+  for (const OpProfileRow& r : rows) {
+    const char* pass = r.backward ? "backward" : "forward";
+    passes[pass].push_back({{"index", r.index}, {"op", r.op}, {"what", r.what}, {"seconds", r.median_s}});
+    json& k = by_op[pass][r.op];
+    if (k.is_null()) k = {{"calls", 0}, {"seconds", 0.0}};
+    k["calls"] = k["calls"].get<int>() + 1;
+    k["seconds"] = k["seconds"].get<double>() + r.median_s;
+  }
+  for (const char* pass : {"forward", "backward"}) {
+    std::string line = std::string("ops ") + (pass[0] == 'f' ? "fwd:" : "bwd:");
+    for (const auto& [op, k] : by_op[pass].items()) {
+      char buf[128];
+      std::snprintf(buf, sizeof buf, " %s %.3f ms (%d)", op.c_str(), k["seconds"].get<double>() * 1e3,
+                    k["calls"].get<int>());
+      line += buf;
+    }
+    lines.push_back(line);
+  }
+  std::vector<OpProfileRow> costly(rows.begin(), rows.end());
+  std::sort(costly.begin(), costly.end(), [](const auto& a, const auto& c) { return a.median_s > c.median_s; });
+  for (std::size_t i = 0; i < costly.size() && i < 24; ++i) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "  %s #%-3d %8.3f ms  %-18s %s", costly[i].backward ? "bwd" : "fwd", costly[i].index,
+                  costly[i].median_s * 1e3, costly[i].op.c_str(), costly[i].what.c_str());
+    lines.push_back(buf);
+  }
+  return {{"what", "every op the block issued in --repeat extra forward+backward runs after the timed ones (through a "
+                   "profile backend: marks just before and after each call), median seconds per op in issue order, "
+                   "and summed by kind of op"},
+          {"repeats", b.o.repeat},
+          {"forward", passes["forward"]},
+          {"backward", passes["backward"]},
+          {"by_op", by_op}};
+}
+
 struct PointResult {
   json doc;
   // For the table row.
@@ -419,6 +470,7 @@ struct PointResult {
   double modeled_node = 0, modeled_cross = 0;
   std::string check;
   std::string gemms;  // --gemm-check's line
+  std::vector<std::string> ops;  // --op-profile's lines
   std::vector<std::string> exposed;  // --phantom-comm timed: a line per placement
 };
 
@@ -582,6 +634,7 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
               {"per_rank", per_rank_json(p, m)}};
   if (b.o.check && m.have_result) doc["check"] = check_json(p, m, reference, explicit_p1, pr.check);
   if (b.o.gemm_check) doc["gemms"] = gemms_json(b, m, pr.gemms);
+  if (b.o.op_profile) doc["ops"] = ops_json(b, m, pr.ops);
   if (!m.timed.empty()) doc["exposed_communication"] = exposed_json(b, p, m, reps, pr.exposed);
   if (b.device == Device::cuda) doc["attention_calls"] = attention_calls_report(*b.ranks.at(0).be);
   pr.doc = std::move(doc);
@@ -607,8 +660,10 @@ std::string canonical_command(const BenchOptions& o, const std::string& dtype) {
   if (o.phantom_comm != "instant") c << " --phantom-comm " << o.phantom_comm << " --phantom-link " << join(o.phantom_link);
   if (o.check) c << " --check";
   if (o.gemm_check) c << " --gemm-check";
+  if (o.op_profile) c << " --op-profile";
   if (o.kv_grad_reduce_fp32) c << " --kv-grad-reduce-in-fp32";
   if (o.device == "cuda") c << " --attention-provider " << o.attention_provider;
+  if (o.nondeterministic) c << " --nondeterministic";
   if (o.overlap) c << " --overlap";
   if (o.device == "cuda") c << " --gpu " << o.gpu;
   return c.str();
@@ -689,15 +744,23 @@ bool swept(const Grid& g, Layout l, AttentionKernel k, std::size_t v) {
   return !(g.all_kernels && l == Layout::P2P && k != AttentionKernel::fused);
 }
 
-// Every point of the grid, validated before anything runs.
-std::vector<Point> grid_points(const BenchOptions& o, const Bench& b, const Grid& g) {
-  check_attention_provider(o.attention_provider, b.device == Device::cuda);
+// The ranks each sp asks for: on cuda, and for --op-profile, one rank alone (P = 1 or a phantom).
+void check_ranks(const BenchOptions& o, const Bench& b, const Grid& g) {
   if (b.device == Device::cuda) {
     LAGA_REQUIRE(cuda_available(), "device = cuda: ", cuda_device_count() == 0 ? "no usable GPU (or laga was built without CUDA)" : "CUDA is not available");
     for (int P : g.sps)
       LAGA_REQUIRE(P == 1 || o.phantom, "sp = ", P, " on device cuda: bench runs P = 1 or one rank of P alone "
                    "(--phantom); real ranks on several GPUs run under mpirun with `laga run`");
   }
+  for (int P : g.sps)
+    LAGA_REQUIRE(!o.op_profile || P == 1 || o.phantom, "op-profile with sp = ", P, ": the profile is one rank's alone "
+                 "(add --phantom)");
+}
+
+// Every point of the grid, validated before anything runs.
+std::vector<Point> grid_points(const BenchOptions& o, const Bench& b, const Grid& g) {
+  check_attention_provider(o.attention_provider, b.device == Device::cuda);
+  check_ranks(o, b, g);
   LAGA_REQUIRE(o.phantom_comm == "instant" || o.phantom_comm == "timed", "phantom-comm = '", o.phantom_comm,
                "': expected instant or timed");
   LAGA_REQUIRE(o.phantom_comm == "instant" || o.phantom, "phantom-comm = timed: timed collectives are a phantom "
@@ -741,6 +804,7 @@ json config_json(const BenchOptions& o, const Bench& b, const Grid& g, const std
                  {"cpu_threads_per_rank", b.device == Device::cpu ? json(b.default_blas_threads) : json(nullptr)},
                  {"check", o.check},
                  {"gemm_check", o.gemm_check},
+                 {"op_profile", o.op_profile},
                  {"kv_grad_reduce_in_fp32", o.kv_grad_reduce_fp32},
                  {"overlap", o.overlap},
                  {"phantom_comm", o.phantom_comm},
@@ -748,6 +812,7 @@ json config_json(const BenchOptions& o, const Bench& b, const Grid& g, const std
   if (b.device == Device::cuda) {
     config["gpu"] = o.gpu;
     config["attention_provider"] = o.attention_provider;
+    config["deterministic"] = !o.nondeterministic;
   }
   for (Layout l : g.layouts) config["layouts"].push_back(layout_name(l));
   for (AttentionKernel k : g.kernels) config["kernels"].push_back(kernel_name(k));
@@ -799,6 +864,7 @@ void print_point_row(const Bench& b, std::size_t i, std::size_t n, const Point& 
               fmt("%.0f%%", 100 * pr.block.relative_iqr()).c_str(), fmt("%.2f", pr.modeled_node * 1e3).c_str(),
               fmt("%.2f", pr.modeled_cross * 1e3).c_str(), b.o.check ? ("  " + pr.check).c_str() : "");
   if (!pr.gemms.empty()) std::printf("%9s %s\n", "", pr.gemms.c_str());
+  for (const std::string& line : pr.ops) std::printf("%9s %s\n", "", line.c_str());
   for (const std::string& line : pr.exposed) std::printf("%9s %s\n", "", line.c_str());
   std::fflush(stdout);
 }
@@ -919,9 +985,15 @@ std::function<int()> add_bench(CLI::App& app, CLI::App*& sub) {
   sub->add_flag("--gemm-check", o->gemm_check, "Also time every GEMM of the block (in extra instrumented repeats "
                                                "after the timed ones) against the same GEMM alone; adds \"gemms\" "
                                                "to each point");
+  sub->add_flag("--op-profile", o->op_profile, "Also time every op of the block (GEMMs, copies, norms, RoPE, "
+                                               "attention) in extra instrumented repeats after the timed ones; adds "
+                                               "\"ops\" to each point (one rank alone: P = 1 or --phantom)");
   sub->add_option("--attention-provider", o->attention_provider,
                   "Who runs the fused attention on cuda: auto (per shape, by bench/attention-providers.json within "
                   "the scratch cap), laga or cudnn")->capture_default_str();
+  sub->add_flag("--nondeterministic", o->nondeterministic,
+                "Let cuDNN run its non-deterministic attention backward (PyTorch's SDPA default: faster, a small "
+                "workspace, so auto takes cuDNN at long sequences; reruns differ in the last bits)");
   sub->add_flag("--kv-grad-reduce-in-fp32", o->kv_grad_reduce_fp32,
                 "all_gather: explicit reduce-scatters its K/V gradients in float32 (as `laga run`)");
   sub->add_flag("--overlap", o->overlap, "Start each collective as soon as its input exists, computing what does not "

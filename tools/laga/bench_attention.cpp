@@ -153,10 +153,22 @@ std::string time_cudnn(Backend& be, const CudnnInfo& cudnn, const AttentionBwdPa
   try {
     t.cudnn_fwd_ms = median_ms(be, [&] { be.attention_forward(p); }, o.warmup, o.repeat);
     t.cudnn_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o.warmup, o.repeat);
-    for (const auto& slot : cuda_scratch_info(be).slots)
-      if (slot.name == "cudnn_workspace") t.cudnn_workspace_bytes = std::int64_t(slot.peak_bytes);
+    auto workspace = [&] {
+      for (const auto& slot : cuda_scratch_info(be).slots)
+        if (slot.name == "cudnn_workspace") return std::int64_t(slot.peak_bytes);
+      return std::int64_t(0);
+    };
+    t.cudnn_workspace_bytes = workspace();
+    // Its non-deterministic backward (PyTorch's SDPA default), with its own workspace.
+    cuda_reset_scratch_peak(be, /*release=*/true);
+    cuda_set_attention_deterministic(be, false);
+    t.cudnn_nondeterministic_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o.warmup, o.repeat);
+    t.cudnn_nondeterministic_workspace_bytes = workspace();
+    cuda_set_attention_deterministic(be, true);
   } catch (const InvalidArgument& e) {  // cuDNN has no plan for this shape
-    t.cudnn_fwd_ms = t.cudnn_bwd_ms = 0;
+    cuda_set_attention_deterministic(be, true);
+    t.cudnn_fwd_ms = t.cudnn_bwd_ms = t.cudnn_nondeterministic_bwd_ms = 0;
+    t.cudnn_workspace_bytes = t.cudnn_nondeterministic_workspace_bytes = 0;
     return e.what();
   }
   return "";
@@ -184,19 +196,26 @@ json time_shape(Backend& be, const CudnnInfo& cudnn, const Shape& s, i64 d_qk, i
             {"laga_fwd_ms", t.laga_fwd_ms}, {"laga_bwd_ms", t.laga_bwd_ms},
             {"cudnn_fwd_ms", t.cudnn_fwd_ms}, {"cudnn_bwd_ms", t.cudnn_bwd_ms},
             {"cudnn_workspace_bytes", t.cudnn_workspace_bytes},
+            {"cudnn_nondeterministic_bwd_ms", t.cudnn_nondeterministic_bwd_ms},
+            {"cudnn_nondeterministic_workspace_bytes", t.cudnn_nondeterministic_workspace_bytes},
             {"laga_fwd_tflops", fwd_flops / t.laga_fwd_ms * 1e-9}, {"laga_bwd_tflops", bwd_flops / t.laga_bwd_ms * 1e-9},
             {"faster", attention_provider_name(t.faster())}};
   if (t.cudnn_fwd_ms > 0) {
     j["cudnn_fwd_tflops"] = fwd_flops / t.cudnn_fwd_ms * 1e-9;
     j["cudnn_bwd_tflops"] = bwd_flops / t.cudnn_bwd_ms * 1e-9;
+    j["cudnn_nondeterministic_bwd_tflops"] = bwd_flops / t.cudnn_nondeterministic_bwd_ms * 1e-9;
+    j["faster_nondeterministic"] = attention_provider_name(t.faster(false));
   }
   if (!cudnn_error.empty()) j["cudnn_error"] = cudnn_error;
   auto tf = [&](double f, double ms) { return ms > 0 ? fmt("%.0f", f / ms * 1e-9) : std::string("-"); };
   auto ms_text = [](double ms) { return ms > 0 ? fmt("%.3f", ms) : std::string("-"); };
   table.add({s.layout, std::to_string(s.S), std::to_string(s.P), std::to_string(s.heads), std::to_string(s.q_len),
              std::to_string(s.kv_len), fmt("%.3f", t.laga_fwd_ms), fmt("%.3f", t.laga_bwd_ms), ms_text(t.cudnn_fwd_ms),
-             ms_text(t.cudnn_bwd_ms), tf(fwd_flops, t.laga_fwd_ms) + " / " + tf(bwd_flops, t.laga_bwd_ms),
-             tf(fwd_flops, t.cudnn_fwd_ms) + " / " + tf(bwd_flops, t.cudnn_bwd_ms), attention_provider_name(t.faster())});
+             ms_text(t.cudnn_bwd_ms), ms_text(t.cudnn_nondeterministic_bwd_ms),
+             tf(fwd_flops, t.laga_fwd_ms) + " / " + tf(bwd_flops, t.laga_bwd_ms),
+             tf(fwd_flops, t.cudnn_fwd_ms) + " / " + tf(bwd_flops, t.cudnn_bwd_ms) + " / " +
+                 tf(bwd_flops, t.cudnn_nondeterministic_bwd_ms),
+             attention_provider_name(t.faster()), attention_provider_name(t.faster(false))});
   std::printf("done: %s S=%ld P=%d%s\n", s.layout.c_str(), long(s.S), s.P,
               cudnn_error.empty() ? "" : (" (cuDNN: " + cudnn_error + ")").c_str());
   std::fflush(stdout);
@@ -218,7 +237,9 @@ void write_document(const BenchAttentionOptions& o, const json& points) {
   json doc = {{"about", "Median forward and backward milliseconds of each attention provider per shape (bf16, causal, "
                         "batch 1, FLOPs 2 (d_qk + d_v) forward and 2 (3 d_qk + 2 d_v) backward per unmasked (query, "
                         "key, head)): the table `--attention-provider auto` chooses from, by forward + backward of "
-                        "the nearest point. Regenerate on the GPU with the command below."},
+                        "the nearest point (cudnn_nondeterministic_*: cuDNN's non-deterministic backward, which "
+                        "`auto` compares with under --nondeterministic). Regenerate on the GPU with the command "
+                        "below."},
               {"command", "laga bench-attention --model " + o.model + " --seq " + joined(o.seq) + " --sp " +
                               joined(o.sp) + " --layout " + joined(o.layout) + " --repeat " +
                               std::to_string(o.repeat) + " --warmup " + std::to_string(o.warmup) + " --out FILE"},
@@ -250,7 +271,8 @@ int run_bench_attention(const BenchAttentionOptions& o) {
   std::mt19937_64 rng(1);
   json points = json::array();
   Table table({"layout", "S", "P", "heads", "q_len", "kv_len", "laga fwd ms", "laga bwd ms", "cudnn fwd ms",
-               "cudnn bwd ms", "TFLOP/s laga f/b", "TFLOP/s cudnn f/b", "auto"});
+               "cudnn bwd ms", "nondet bwd ms", "TFLOP/s laga f/b", "TFLOP/s cudnn f/b/nondet b", "auto",
+               "auto nondet"});
   for (const Shape& s : shapes) points.push_back(time_shape(*be, cudnn, s, d_qk, d_v, rng, o, table));
   table.print();
   if (!o.out.empty()) write_document(o, points);

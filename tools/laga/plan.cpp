@@ -70,6 +70,8 @@ void print_point(const PlanOptions& o, const PlanQuery& q, const PlanPoint& pt) 
     std::printf("kernel scratch outside these figures with --attention-provider cudnn: cuDNN's workspace %s\n"
                 "  (its deterministic backward, scaled from bench/attention-providers.json; auto runs laga's kernels\n"
                 "  where it exceeds the scratch cap)\n", human_bytes(double(ws)).c_str());
+  if (const std::int64_t ws = plan_cudnn_workspace(q, pt, false); ws > 0)
+    std::printf("  with --nondeterministic (cuDNN's non-deterministic backward): %s\n", human_bytes(double(ws)).c_str());
   std::printf("\n");
 }
 

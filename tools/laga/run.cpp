@@ -49,6 +49,7 @@ struct RunOptions {
   std::string device = "cpu";
   std::string comm = "auto";
   std::string attention_provider = "auto";
+  bool nondeterministic = false;  // cuDNN may run its non-deterministic backward
   int phantom_rank = -1;  // >= 0: run this rank of --sp alone
   std::string phantom_comm = "instant";  // or timed: collectives hold the queue for the model's time
   std::string phantom_link = "node";     // timed: node (NVLink) or cross-node (InfiniBand)
@@ -150,7 +151,7 @@ json document_json(const RunOptions& o, const MlaConfig& cfg, int P) {
           {"options", {{"model", o.model}, {"seq", o.seq}, {"batch", o.batch}, {"sp", P}, {"form", o.form},
                        {"layout", o.layout}, {"kernel", o.kernel}, {"recompute", o.recompute},
                        {"absorbed_attention", o.absorbed_attention}, {"dtype", dtype_text(o)}, {"device", o.device},
-                       {"comm", o.comm}, {"attention_provider", o.attention_provider}, {"seed", o.seed}, {"check", o.check}, {"warmup", o.warmup}}},
+                       {"comm", o.comm}, {"attention_provider", o.attention_provider}, {"deterministic", !o.nondeterministic}, {"seed", o.seed}, {"check", o.check}, {"warmup", o.warmup}}},
           {"runs", json::array()}};
 }
 
@@ -247,7 +248,10 @@ Prepared prepare(const RunOptions& o, int ranks, int rank, int gpu, int copies) 
   }
   if (copies > 0) require_run_fits(o, p, copies);
   p.be = p.device == Device::cuda ? make_cuda_backend(gpu) : make_cpu_backend();
-  if (p.device == Device::cuda) cuda_set_attention_provider(*p.be, parse_attention_provider(o.attention_provider));
+  if (p.device == Device::cuda) {
+    cuda_set_attention_provider(*p.be, parse_attention_provider(o.attention_provider));
+    cuda_set_attention_deterministic(*p.be, !o.nondeterministic);
+  }
   if (!o.load_dir.empty()) {
     p.loaded = load_problem(o, p.cfg, p.sh, p.opts.layout, p.opts.dtype, *p.be);
     p.have = true;
@@ -699,6 +703,7 @@ int run_phantom(const RunOptions& o) {
     if (!cuda) return make_cpu_backend();
     auto be = make_cuda_backend(gpu);
     cuda_set_attention_provider(*be, parse_attention_provider(o.attention_provider));
+    cuda_set_attention_deterministic(*be, !o.nondeterministic);
     return be;
   };
   // Weights and inputs live on a backend of their own, made once; each variant runs on a fresh backend,
@@ -824,6 +829,9 @@ std::function<int()> add_run(CLI::App& app, CLI::App*& sub, int* argc, char*** a
                   "bench/attention-providers.json, within the scratch cap; laga where cuDNN cannot run it), laga or "
                   "cudnn")
       ->capture_default_str();
+  sub->add_flag("--nondeterministic", o->nondeterministic,
+                "Let cuDNN run its non-deterministic attention backward (PyTorch's SDPA default: faster, a small "
+                "workspace, so auto takes cuDNN at long sequences; reruns differ in the last bits)");
   sub->add_option("--recompute", o->recompute, "none, or kv (laga: keep only the gathered latent)")->capture_default_str();
   sub->add_option("--absorbed-attention", o->absorbed_attention,
                   "absorbed form: mqa (native) or expanded (latent copied per head)")->capture_default_str();
