@@ -46,6 +46,10 @@ checked 2 run --model small --seq 256 --layout a2a --form laga --check
 checked 8 run --model small --seq 256 --layout a2a --form laga --kernel eager --check
 checked 3 run --model tiny --seq 24 --layout all_gather --form laga --check
 checked 3 run --model tiny --seq 24 --layout all_gather --form explicit --check
+# The ring (p2p): explicit and laga, fused, at 2, 4 and 8 ranks.
+checked 2 run --model small --seq 256 --layout p2p --form laga --check
+checked 4 run --model tiny --seq 64 --batch 2 --layout p2p --form explicit --check
+checked 8 run --model tiny --seq 64 --layout p2p --form laga --check
 # float64 on MPI.
 checked 4 run --model tiny --seq 32 --dtype float64 --layout all_gather --form absorbed --check
 
@@ -67,6 +71,11 @@ done
 # Another P, layout and form on the loaded problem: within tolerance of the reference.
 checked 2 run --model tiny --seq 32 --batch 2 --form explicit --layout all_gather --load "$D1" --save "$D3" --check
 cmp -s "$D1/x.npy" "$D3/x.npy" || fail "--load at P = 2: x.npy differs"
+# The ring's token map (rank r holds chunks r and 2P-1-r) loads and saves the same whole sequence.
+D4=$TMP/reloaded_ring
+checked 4 run --model tiny --seq 32 --batch 2 --form laga --layout p2p --load "$D1" --save "$D4" --check
+cmp -s "$D1/x.npy" "$D4/x.npy" || fail "--load/--save in p2p: x.npy differs"
+cmp -s "$D1/dy.npy" "$D4/dy.npy" || fail "--load/--save in p2p: dy.npy differs"
 [ "$FAILURES" -eq 0 ] && pass "--save / --load round trip (bit-identical at the same P and form)"
 
 finish
