@@ -2,11 +2,14 @@
 // Python or pybind11 symbol is used, so one build serves every Python version of the same PyTorch.
 #include <torch/library.h>
 
+#include <limits>
+
 #include "block_state.hpp"
 #include "laga/config.hpp"
 #include "laga/errors.hpp"
 #include "laga/plan.hpp"
 #include "laga/report.hpp"
+#include "laga/token_map.hpp"
 
 namespace laga_torch {
 namespace {
@@ -62,6 +65,13 @@ std::string plan_json(const std::string& config_json, const std::string& layout,
   });
 }
 
+std::vector<int64_t> rank_positions(const std::string& layout, int64_t seq, int64_t ranks, int64_t rank) {
+  return translating([&] {
+    LAGA_REQUIRE(ranks >= 1 && ranks <= std::numeric_limits<int>::max(), "world = ", ranks, ": must be >= 1");
+    return laga::rank_positions(laga::parse_layout(layout), seq, int(ranks), int(rank));
+  });
+}
+
 }  // namespace
 }  // namespace laga_torch
 
@@ -83,6 +93,7 @@ TORCH_LIBRARY(laga, m) {
         "(Tensor, Tensor[])",
         &laga_torch::mla_backward);
   m.def("resolve_config(str name_or_path) -> str", &laga_torch::resolve_config);
+  m.def("rank_positions(str layout, int seq, int ranks, int rank) -> int[]", &laga_torch::rank_positions);
   m.def("parse_config(str json_text) -> str", &laga_torch::parse_config);
   m.def("plan_json(str config_json, str layout, str kernel, str dtype, int batch, int[] seqs, int[] sps, int layers, "
         "str gpu_mem, bool kv_grad_reduce_fp32) -> str",

@@ -2,7 +2,8 @@
 
 ``laga.torch.MultiheadLatentAttention`` is the block as an ``nn.Module`` (Hugging Face DeepSeek-V3 parameter
 names); ``laga.plan(...)`` is the per-rank plan of ``laga plan --json`` as a dict; ``laga.config(...)``
-resolves a preset name, a ``config.json`` path or a dict into the validated configuration.
+resolves a preset name, a ``config.json`` path or a dict into the validated configuration;
+``laga.rank_positions(...)`` says which tokens of the sequence each rank holds in a layout.
 """
 
 import json
@@ -31,6 +32,15 @@ def config(config):
 
 
 
+def rank_positions(layout, seq, world, rank):
+    """The global positions of the tokens rank ``rank`` of ``world`` holds of a sequence of ``seq`` tokens, in
+    local order: laga's token map (``include/laga/token_map.hpp``). ``"a2a"`` and ``"all_gather"``: the
+    consecutive ``seq/world`` tokens from ``rank*seq/world``; ``"p2p"`` (the ring): chunks ``rank`` and
+    ``2*world-1-rank`` of ``seq/(2*world)`` tokens (the zigzag that balances causal attention). A rank's input is
+    ``x[:, laga.rank_positions(layout, S, P, r)]``. Raises ValueError when the layout cannot split ``seq``."""
+    return list(_torch.ops.laga.rank_positions(layout, int(seq), int(world), int(rank)))
+
+
 def plan(model="deepseek-v3", seq=16384, sp=8, batch=1, layout="a2a", kernel="fused", dtype="bfloat16", layers=1,
          gpu_mem=None, kv_grad_reduce_fp32=False):
     """The document of ``laga plan --json`` as a dict: per-rank saved tensors, peaks, traffic and FLOPs of every
@@ -45,4 +55,4 @@ def plan(model="deepseek-v3", seq=16384, sp=8, batch=1, layout="a2a", kernel="fu
     return json.loads(text)
 
 
-__all__ = ["config", "plan", "__version__"]
+__all__ = ["config", "plan", "rank_positions", "__version__"]

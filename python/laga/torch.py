@@ -13,7 +13,7 @@ import laga as _laga
 __all__ = ["MultiheadLatentAttention"]
 
 _FORMS = ("explicit", "absorbed", "laga")
-_LAYOUTS = ("a2a", "all_gather")
+_LAYOUTS = ("a2a", "all_gather", "p2p")
 _KERNELS = ("eager", "fused")
 _RECOMPUTE = (None, "none", "kv")
 _ABSORBED = ("mqa", "expanded")
@@ -63,7 +63,7 @@ class MultiheadLatentAttention(nn.Module):
 
     ``config``: a preset name (``"deepseek-v3"``, ``"tiny"``, ...), a path to a Hugging Face ``config.json``
     or a dict of its fields. ``form``: ``"explicit"``, ``"absorbed"`` or ``"laga"``; ``layout``: ``"a2a"``
-    (Ulysses) or ``"all_gather"`` (context parallel); ``kernel``: ``"fused"`` or ``"eager"``; ``recompute``:
+    (Ulysses), ``"all_gather"`` (context parallel) or ``"p2p"`` (the ring: explicit and laga, fused kernel); ``kernel``: ``"fused"`` or ``"eager"``; ``recompute``:
     None or ``"kv"`` (LAGA only); ``absorbed_attention``: ``"mqa"`` or ``"expanded"`` (absorbed only);
     ``kv_grad_reduce_fp32``: explicit's all_gather sums its K/V gradients in float32 (bf16 only).
     ``overlap``: collectives start as soon as their input exists and run under the compute that does not need
@@ -73,9 +73,10 @@ class MultiheadLatentAttention(nn.Module):
     ``group``: the sequence-parallel ``torch.distributed`` group (gloo for CPU tensors, NCCL for CUDA
     tensors); None = one rank.
 
-    ``forward(hidden_states)`` takes ``[batch, s_local, hidden_size]``, this rank's contiguous chunk of the
-    sequence (rank r holds tokens ``r*s_local .. (r+1)*s_local - 1``; RoPE at those global positions;
-    causal) and returns the same shape. After backward, each rank's parameter gradients are its local
+    ``forward(hidden_states)`` takes ``[batch, s_local, hidden_size]``, this rank's tokens of the sequence,
+    ``x[:, laga.rank_positions(layout, S, P, r)]`` (a2a and all_gather: the contiguous chunk ``r*s_local ..
+    (r+1)*s_local - 1``; p2p: chunks r and 2P-1-r of S/(2P) tokens; RoPE at those global positions; causal)
+    and returns the same shape for the same tokens. After backward, each rank's parameter gradients are its local
     partial: their sum over the group is the gradient of the whole sequence, as for any weight replicated
     over a sequence-parallel group; ``reduce_gradients()`` (or a data-parallel reducer over the group) sums
     them. ``last_step`` is laga's accounting of the last forward and backward (saved tensors by name,
@@ -114,6 +115,10 @@ class MultiheadLatentAttention(nn.Module):
         if layout == "a2a" and cfg["num_attention_heads"] % self.world:
             raise ValueError(f"num_attention_heads = {cfg['num_attention_heads']} is not divisible by the group "
                              f"size {self.world}: the a2a layout gives each rank n_h/P heads")
+        if layout == "p2p" and (kernel != "fused" or form == "absorbed" or self.recompute == "kv"):
+            raise ValueError(f"layout = 'p2p' with form = {form!r}, kernel = {kernel!r}, recompute = "
+                             f"{self.recompute!r}: the ring runs the explicit and laga forms with the fused kernel "
+                             "(partial results merged by their log-sum-exp) and rebuilds K/V per chunk already")
         if self.recompute == "kv" and form != "laga":
             raise ValueError(f"recompute = 'kv' with form = {form!r}: K/V recomputation is defined for the laga "
                              "form only")

@@ -20,7 +20,9 @@ def variants():
 
 
 def every_case():
-    return [(v, layout, kernel) for v, layout, kernel in itertools.product(variants(), LAYOUTS, KERNELS)]
+    """Every (variant, layout, kernel) laga runs: the ring (p2p) runs explicit and laga, fused."""
+    grid = [(v, layout, kernel) for v, layout, kernel in itertools.product(variants(), LAYOUTS, KERNELS)]
+    return grid + [(v, "p2p", "fused") for v in (("explicit", None, "mqa"), ("laga", None, "mqa"))]
 
 
 def configs():

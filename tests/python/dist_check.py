@@ -8,6 +8,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+import laga
 import laga.torch as lt
 from common import TOLERANCE, configs, every_case, init_reference, rel_error, seeded
 from reference import ReferenceDeepseekV3Attention
@@ -16,7 +17,7 @@ from reference import ReferenceDeepseekV3Attention
 def check(cfg, case, dtype, group, batch=2, seq=32, seed=5, overlap=False):
     (form, recompute, absorbed), layout, kernel = case
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    s = seq // world
+    mine = laga.rank_positions(layout, seq, world, rank)  # this rank's tokens in the layout
     ref = ReferenceDeepseekV3Attention(cfg, dtype=dtype)
     init_reference(ref, seed)
     mod = lt.MultiheadLatentAttention(cfg, form=form, layout=layout, kernel=kernel, recompute=recompute,
@@ -27,12 +28,12 @@ def check(cfg, case, dtype, group, batch=2, seq=32, seed=5, overlap=False):
     xr = x.clone().requires_grad_(True)
     yr = ref(xr)
     (yr * dy).sum().backward()
-    xl = x[:, rank * s:(rank + 1) * s].clone().requires_grad_(True)
+    xl = x[:, mine].clone().requires_grad_(True)
     yl = mod(xl)
-    (yl * dy[:, rank * s:(rank + 1) * s]).sum().backward()
+    (yl * dy[:, mine]).sum().backward()
     mod.reduce_gradients()
-    errors = {"y": rel_error(yl.detach(), yr.detach()[:, rank * s:(rank + 1) * s]),
-              "dx": rel_error(xl.grad, xr.grad[:, rank * s:(rank + 1) * s])}
+    errors = {"y": rel_error(yl.detach(), yr.detach()[:, mine]),
+              "dx": rel_error(xl.grad, xr.grad[:, mine])}
     ref_params = dict(ref.named_parameters())
     for name, p in mod.named_parameters():
         errors[name] = rel_error(p.grad, ref_params[name].grad)

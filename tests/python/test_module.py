@@ -100,6 +100,18 @@ def test_accounting_after_a_step():
     assert step["ranks"] == 1 and step["batch"] == 2 and step["seq"] == 16
 
 
+def test_rank_positions_is_the_token_map():
+    assert laga.rank_positions("a2a", 12, 3, 1) == [4, 5, 6, 7]
+    assert laga.rank_positions("all_gather", 12, 3, 2) == [8, 9, 10, 11]
+    assert laga.rank_positions("p2p", 8, 2, 0) == [0, 1, 6, 7]
+    assert laga.rank_positions("p2p", 8, 2, 1) == [2, 3, 4, 5]
+    assert sorted(sum((laga.rank_positions("p2p", 32, 4, r) for r in range(4)), [])) == list(range(32))
+    with pytest.raises(ValueError, match="not divisible by 2 x sp = 8"):
+        laga.rank_positions("p2p", 12, 4, 0)
+    with pytest.raises(ValueError, match="layout = 'ring'"):
+        laga.rank_positions("ring", 8, 2, 0)
+
+
 def test_config_forms():
     tiny = laga.config("tiny")
     assert laga.config(dict(tiny)) == tiny
@@ -112,6 +124,8 @@ def test_config_forms():
 @pytest.mark.parametrize("bad, match", [
     (dict(form="latent"), "form = 'latent'"),
     (dict(layout="ring"), "layout = 'ring'"),
+    (dict(layout="p2p", kernel="eager"), "layout = 'p2p' with form = 'laga', kernel = 'eager'"),
+    (dict(layout="p2p", form="absorbed"), "the ring runs the explicit and laga forms"),
     (dict(kernel="flash"), "kernel = 'flash'"),
     (dict(form="explicit", recompute="kv"), "recompute = 'kv' with form = 'explicit'"),
     (dict(dtype=torch.float16), "dtype = torch.float16"),
