@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `laga` without arguments runs the demo: exit 0, a table per layout with a row for every form (and the
-# absorbed and recompute variants) under both kernels, every error within float32's 1e-5 bar.
+# absorbed and recompute variants) under both kernels (p2p: explicit and laga, fused), every error within
+# float32's 1e-5 bar.
 # `laga --help` lists the demo and run subcommands. Usage: bash demo.sh <path-to-laga>
 set -u
 LAGA=${1:?usage: demo.sh <path-to-laga>}
@@ -13,14 +14,16 @@ rc=0
 "$LAGA" >"$TMP/out" 2>"$TMP/err" || rc=$?
 [ "$rc" -eq 0 ] || fail "laga (demo) exit code $rc, expected 0; stderr: $(cat "$TMP/err")"
 
-for layout in a2a all_gather; do
+for layout in a2a all_gather p2p; do
   grep -qE "^layout $layout:" "$TMP/out" || fail "demo output has no table for layout $layout"
 done
-# Each row label appears once per kernel per layout: 4 times.
+# Each row label appears once per kernel per layout (the ring, p2p: explicit and laga, fused only).
 for label in "explicit" "absorbed \(mqa\)" "absorbed \(expanded\)" "laga" "laga \+recompute kv"; do
   for kernel in eager fused; do
+    want=2
+    [ "$kernel" = fused ] && { [ "$label" = explicit ] || [ "$label" = laga ]; } && want=3
     n=$(grep -cE "^$label +$kernel " "$TMP/out")
-    [ "$n" -eq 2 ] || fail "demo: $n rows for '$label' with kernel $kernel, expected 2 (one per layout)"
+    [ "$n" -eq "$want" ] || fail "demo: $n rows for '$label' with kernel $kernel, expected $want (one per layout)"
   done
 done
 # The error columns (the first two numbers in e-notation of each row) are within 1e-5.
@@ -33,7 +36,7 @@ bad=$(grep -E "^(explicit|absorbed|laga)[^:]* (eager|fused) " "$TMP/out" | awk '
 [ -z "$bad" ] || fail "demo rows with an error above 1e-5 or without error columns:
 $bad"
 rows=$(grep -cE "^(explicit|absorbed|laga)[^:]* (eager|fused) " "$TMP/out")
-[ "$rows" -eq 20 ] || fail "demo printed $rows form rows, expected 20 (5 variants x 2 kernels x 2 layouts)"
+[ "$rows" -eq 22 ] || fail "demo printed $rows form rows, expected 22 (5 variants x 2 kernels x 2 layouts, and p2p's 2)"
 
 # `laga demo` with options is the same command.
 rc=0
