@@ -127,7 +127,7 @@ def train(args):
     import torch
     import torch.distributed as dist
 
-    distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
+    distributed = "WORLD_SIZE" in os.environ  # under torchrun, even one rank: laga's collectives on its group
     if distributed:
         dist.init_process_group(args.backend)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)

@@ -70,6 +70,27 @@ def check(args, form, seq):
         return {"form": form, "seq": seq, "rel_error": errors, "max_rel_error": max(errors.values())}
 
 
+def nccl_group_check(args, seq=1024):
+    """The module over a one-rank NCCL process group (laga's collectives through torch.distributed) against the
+    module without a group: the same bits for the output and every gradient, and the group's traffic counted."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29517", rank=0, world_size=1,
+                                device_id=torch.device("cuda", 0))
+    out = {}
+    for name, group in (("none", None), ("nccl", dist.group.WORLD)):
+        torch.manual_seed(0)
+        mod = lt.MultiheadLatentAttention(args.model, form="laga", group=group, dtype=torch.bfloat16, device="cuda")
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        x = (torch.rand((1, seq, mod.config["hidden_size"]), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
+        x.requires_grad_(True)
+        y = mod(x)
+        y.backward(torch.ones_like(y))
+        out[name] = ([y.detach(), x.grad] + [p.grad for p in mod.parameters()], mod.last_step["traffic"])
+    same = all(torch.equal(a, b) for a, b in zip(out["none"][0], out["nccl"][0]))
+    return {"seq": seq, "bitwise_equal": same, "collectives": [t["collective"] for t in out["nccl"][1]]}
+
+
 class SdpaMLA(torch.nn.Module):
     """DeepSeek-V3 attention in plain PyTorch: the explicit form, scaled_dot_product_attention (causal)."""
 
@@ -175,6 +196,8 @@ def main():
     ap.add_argument("--check-seq", type=int, default=2048)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--variants", default=",".join(variant_name(*v) for v in VARIANTS),
+                    help="the variants to time (default: every one)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     cfg = laga.config(args.model)
@@ -187,6 +210,11 @@ def main():
         except Exception as e:  # noqa: BLE001  (recorded; the bench still runs)
             doc["check"].append({"form": form, "error": repr(e)[:2000]})
         print(json.dumps(doc["check"][-1]), flush=True)
+    try:
+        doc["nccl_group"] = nccl_group_check(args)
+    except Exception as e:  # noqa: BLE001
+        doc["nccl_group"] = {"error": repr(e)[:2000]}
+    print("nccl group:", json.dumps(doc["nccl_group"]), flush=True)
     for seq in [int(s) for s in args.seqs.split(",")]:
         point = {"seq": seq, "variants": {}}
         try:
@@ -199,7 +227,7 @@ def main():
             point["sdpa"] = {"error": repr(e)[:2000]}
             print(f"S={seq} sdpa module: {e!r}", flush=True)
         torch.cuda.empty_cache()
-        for form, recompute, absorbed in VARIANTS:
+        for form, recompute, absorbed in [v for v in VARIANTS if variant_name(*v) in args.variants.split(",")]:
             mod = lt.MultiheadLatentAttention(args.model, form=form, recompute=recompute, absorbed_attention=absorbed,
                                               dtype=torch.bfloat16, device="cuda")
             name = variant_name(form, recompute, absorbed)
