@@ -37,6 +37,16 @@ PY
   --json "$tmp/r.json" >"$tmp/run.txt" 2>&1 || fail "run exited $?: $(cat "$tmp/run.txt")"
 grep -qF "held the queue for the model's time" "$tmp/run.txt" || fail "run does not say the collectives were timed"
 
+# The ring: its shifts are timed as one step each, held on the same queue.
+"$laga" run --model tiny --seq 64 --sp 4 --phantom-rank 3 --phantom-comm timed --phantom-link node --layout p2p \
+  --form laga --json "$tmp/ring.json" >"$tmp/ring.txt" 2>&1 || fail "run --layout p2p exited $?: $(cat "$tmp/ring.txt")"
+python3 - "$tmp/ring.json" <<'PY' || fail "the p2p run's document has no ring shifts"
+import json, sys
+d = json.load(open(sys.argv[1]))
+text = json.dumps(d["runs"])
+assert text.count('"collective": "ring_shift"') == 3, text[:400]  # kv_latent forward; resend, gradient backward
+PY
+
 expect2() {
   local what="$1" pattern="$2"; shift 2
   local msg rc
