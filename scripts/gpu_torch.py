@@ -234,6 +234,8 @@ def main():
                 del mod
                 torch.cuda.empty_cache()
                 continue
+            mod.timing = True  # one more step, timed by laga (op by op, waiting at the end of each pass)
+            time_module(mod, seq, cfg["hidden_size"], 1, 1)
             step = mod.last_step
             t["block_ms_fwd_bwd"] = 1e3 * (step["forward"]["total_seconds"] + step["backward"]["total_seconds"])
             t["block_ms_fwd_bwd_span"] = 1e3 * (step["forward"]["span_seconds"] + step["backward"]["span_seconds"])

@@ -212,6 +212,11 @@ class MlaBlock {
   Tensor backward(MlaGrads& grads, SavedContext& ctx, const Tensor& dy, const Tensor& x,
                   const MlaWeights& w);
 
+  // Timing (on by default): every op is marked on the backend's queue and each pass ends by waiting for the
+  // queue to read the marks (PassStats::seconds, span_seconds). Off, the block marks nothing and never waits,
+  // so a device queue runs ahead of the host as any framework op would; seconds stay 0.
+  void set_timing(bool on) { timing_ = on; }
+  bool timing() const { return timing_; }
   const PassStats& forward_stats() const { return fwd_; }
   const PassStats& backward_stats() const { return bwd_; }
   const MlaConfig& config() const { return cfg_; }
@@ -227,6 +232,7 @@ class MlaBlock {
   CountingCommunicator& comm_;
   RopeTables rope_;
   PassStats fwd_, bwd_;
+  bool timing_ = true;
 };
 
 }  // namespace laga

@@ -29,6 +29,7 @@ Block::Block(const std::string& config_json, const std::string& options_json, co
   opts_.kv_grad_reduce_fp32 = o.at("kv_grad_reduce_fp32");
   opts_.overlap = o.at("overlap");
   provider_ = laga::parse_attention_provider(o.at("attention_provider"));
+  timing_ = o.at("timing");
   LAGA_REQUIRE(size_ >= 1 && rank_ >= 0 && rank_ < size_, "rank ", rank_, " of ", size_, ": must be in [0, size)");
   LAGA_REQUIRE(!group_name_.empty() || size_ == 1, "a group of ", size_, " ranks needs a process group");
 }
@@ -119,6 +120,7 @@ std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> Block::forward(const at::Tenso
   follow_current_stream(*r);
   laga::BlockShape shape{.batch = x.size(1), .seq = x.size(0) * size_, .ranks = size_, .rank = rank_};
   auto mla = std::make_unique<laga::MlaBlock>(cfg_, opts_, shape, *r->backend, *r->comm);
+  mla->set_timing(timing_);
   laga::MlaWeights w = borrow_weights(*r, weights, opts_.dtype);
   laga::Tensor xb = r->borrow->borrow(x, "x");
   auto saved = c10::make_intrusive<Saved>(c10::intrusive_ptr<Block>::unsafe_reclaim_from_nonowning(this), r, std::move(mla));
@@ -197,6 +199,7 @@ std::string Block::stats_json() const {
       {"kernel", laga::kernel_name(opts_.kernel)},
       {"recompute", laga::recompute_name(opts_.recompute)},
       {"dtype", laga::dtype_name(opts_.dtype)},
+      {"timed", timing_},
       {"batch", shape_.batch},
       {"seq", shape_.seq},
       {"ranks", shape_.ranks},

@@ -33,7 +33,7 @@ class Saved;
 class Block : public torch::CustomClassHolder {
  public:
   // options_json: {"form", "layout", "kernel", "recompute", "absorbed_attention", "attention_provider"} as the
-  // CLI spells them, {"kv_grad_reduce_fp32", "overlap"} booleans; group_name "" = one rank.
+  // CLI spells them, {"kv_grad_reduce_fp32", "overlap", "timing"} booleans; group_name "" = one rank.
   Block(const std::string& config_json, const std::string& options_json, const std::string& group_name, int64_t rank,
         int64_t size);
 
@@ -41,6 +41,8 @@ class Block : public torch::CustomClassHolder {
   std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> forward(const at::Tensor& x, const std::vector<at::Tensor>& weights);
   // The last forward's and backward's figures: saved tensors by name, peaks, traffic, FLOPs, seconds (JSON).
   std::string stats_json() const;
+  // Whether the next steps are timed (MlaBlock::set_timing).
+  void set_timing(bool on) { timing_ = on; }
 
  private:
   friend class Saved;
@@ -50,6 +52,7 @@ class Block : public torch::CustomClassHolder {
   laga::MlaConfig cfg_;
   laga::BlockOptions opts_;
   laga::AttentionProvider provider_ = laga::AttentionProvider::automatic;
+  bool timing_ = false;  // MlaBlock::set_timing
   std::string group_name_;
   int rank_ = 0, size_ = 1;
   std::shared_ptr<Resources> res_;

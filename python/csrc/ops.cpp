@@ -84,7 +84,8 @@ TORCH_LIBRARY(laga, m) {
         return laga_torch::translating(
             [&] { return c10::make_intrusive<Block>(config_json, options_json, group_name, rank, size); });
       }))
-      .def("stats_json", &Block::stats_json);
+      .def("stats_json", &Block::stats_json)
+      .def("set_timing", &Block::set_timing);
   m.class_<Saved>("Saved");
   m.def("mla_forward(__torch__.torch.classes.laga.Block block, Tensor x, Tensor[] weights) -> "
         "(Tensor, __torch__.torch.classes.laga.Saved)",

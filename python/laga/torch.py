@@ -69,7 +69,9 @@ class MultiheadLatentAttention(nn.Module):
     ``overlap``: collectives start as soon as their input exists and run under the compute that does not need
     them (results bitwise the same). ``attention_provider``: who runs the fused attention on CUDA, ``"auto"``
     (per shape, from laga's table of measured times), ``"laga"`` (laga's kernels) or ``"cudnn"`` (cuDNN's graph
-    API where it supports the shape, deterministic backward); CPU tensors always run laga's.
+    API where it supports the shape, deterministic backward); CPU tensors always run laga's. ``timing``: laga
+    times each op on the device's queue and waits for the queue at the end of forward and of backward to read
+    the times (``last_step``'s seconds); off (the default) it never waits, as any PyTorch op.
     ``group``: the sequence-parallel ``torch.distributed`` group (gloo for CPU tensors, NCCL for CUDA
     tensors); None = one rank.
 
@@ -80,12 +82,12 @@ class MultiheadLatentAttention(nn.Module):
     partial: their sum over the group is the gradient of the whole sequence, as for any weight replicated
     over a sequence-parallel group; ``reduce_gradients()`` (or a data-parallel reducer over the group) sums
     them. ``last_step`` is laga's accounting of the last forward and backward (saved tensors by name,
-    peaks, traffic, FLOPs, seconds).
+    peaks, traffic, FLOPs; seconds with timing=True).
     """
 
     def __init__(self, config, form="laga", layout="a2a", kernel="fused", recompute=None, group=None,
                  absorbed_attention="mqa", kv_grad_reduce_fp32=False, overlap=False, attention_provider="auto",
-                 device=None, dtype=None):
+                 timing=False, device=None, dtype=None):
         super().__init__()
         if isinstance(config, dict) and config.get("attention_bias"):
             raise ValueError("attention_bias = true: laga's MLA block has no projection biases")
@@ -124,8 +126,8 @@ class MultiheadLatentAttention(nn.Module):
                              "form only")
         options = {"form": form, "layout": layout, "kernel": kernel, "recompute": self.recompute,
                    "absorbed_attention": absorbed_attention, "kv_grad_reduce_fp32": bool(kv_grad_reduce_fp32),
-                   "overlap": bool(overlap), "attention_provider": attention_provider}
-        self.overlap, self.attention_provider = bool(overlap), attention_provider
+                   "overlap": bool(overlap), "attention_provider": attention_provider, "timing": bool(timing)}
+        self.overlap, self.attention_provider, self._timing = bool(overlap), attention_provider, bool(timing)
         self._block = torch.classes.laga.Block(json.dumps(cfg), json.dumps(options), group_name, self.rank,
                                                self.world)
         d, nh = cfg["hidden_size"], cfg["num_attention_heads"]
@@ -222,9 +224,20 @@ class MultiheadLatentAttention(nn.Module):
                 dist.all_reduce(p.grad, group=self.group)
 
     @property
+    def timing(self):
+        """Whether laga times its ops (and waits for the device at the end of each pass); settable."""
+        return self._timing
+
+    @timing.setter
+    def timing(self, on):
+        self._timing = bool(on)
+        self._block.set_timing(self._timing)
+
+    @property
     def last_step(self):
         """laga's figures for this rank's last forward and backward: ``saved`` (name, bytes, shape, dtype),
-        ``saved_bytes``, ``forward``/``backward`` (``peak_bytes``, ``flops`` and ``seconds`` by phase),
+        ``saved_bytes``, ``forward``/``backward`` (``peak_bytes``, ``flops``; with ``timing``, ``seconds`` by
+        phase and ``span_seconds``, the first op's start to the last one's end),
         ``traffic`` (each collective's bytes sent and received), ``bytes_sent``, ``bytes_received``."""
         return json.loads(self._block.stats_json())
 

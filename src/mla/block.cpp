@@ -60,8 +60,9 @@ struct BlockImpl {
     OpPhase ph;
     bool collective = false;
     int record = -1;
-    int start = self.be.mark();
+    int start = self.blk.timing_ ? self.be.mark() : -1;
     ~Timer() {
+      if (start < 0) return;
       self.marks.push_back({ph, start, self.be.mark(), record >= 0 ? record : collective ? self.comm.last_record() : -1});
     }
   };
@@ -72,6 +73,7 @@ struct BlockImpl {
   };
   std::vector<Mark> marks;
   void finish_timing() {
+    if (!blk.timing_) return;  // nothing marked: the pass ends without waiting for the queue
     be.synchronize();
     if (!marks.empty()) {
       int first = marks.front().start, last = marks.front().end;

@@ -51,7 +51,7 @@ def test_overlap_and_provider_keep_results_bitwise(case):
     # overlap=True moves collectives under compute and attention_provider='laga' pins what 'auto' runs on the
     # CPU: the same ops on the same data, so the same bits.
     base, _ = run_pair(configs()["tiny"], case, torch.float32)
-    for options in (dict(overlap=True), dict(attention_provider="laga")):
+    for options in (dict(overlap=True), dict(attention_provider="laga"), dict(timing=True)):
         got, mod = run_pair(configs()["tiny"], case, torch.float32, **options)
         assert f"overlap={options.get('overlap', False)}" in repr(mod)
         for k, v in base["laga"].items():
@@ -98,6 +98,14 @@ def test_accounting_after_a_step():
     assert step["forward"]["peak_bytes"] >= step["saved_bytes"]
     assert step["forward"]["total_flops"] > 0 and step["backward"]["total_flops"] > 0
     assert step["ranks"] == 1 and step["batch"] == 2 and step["seq"] == 16
+    # Untimed by default (laga never waits for the device); timing=True times every op and the passes' spans.
+    assert not step["timed"] and step["forward"]["total_seconds"] == 0 == step["backward"]["span_seconds"]
+    mod.timing = True
+    mod(seeded((2, 16, mod.config["hidden_size"]), 1, torch.float32)).sum().backward()
+    step = mod.last_step
+    assert step["timed"]
+    for p in ("forward", "backward"):
+        assert step[p]["span_seconds"] >= step[p]["total_seconds"] > 0, step[p]
 
 
 def test_rank_positions_is_the_token_map():
