@@ -6,7 +6,8 @@
 #   a. `laga bench-attention`: both providers' fused attention at DeepSeek-V3's per-rank shapes (S = 4k, 16k,
 #      32k, P = 8, a2a and all_gather) -> attention-providers.json, the table `auto` chooses from;
 #   p. `laga bench --device cuda --phantom`, DeepSeek-V3, a2a, P = 8, fused, per provider (laga: LAGA,
-#      explicit, absorbed; cudnn: LAGA, explicit; auto: LAGA, explicit) -> h200-block-<provider>.json;
+#      explicit, absorbed; cudnn: LAGA, explicit; auto: LAGA, explicit; cudnn and auto again with
+#      --nondeterministic) -> h200-block-<provider>[-nondet].json;
 #   c. scripts/peer_torch_block.py: the same rank in plain PyTorch (SDPA), explicit and LAGA, eager and with
 #      torch.compile around the attention -> peer.json.
 # Everything in $OUT/cudnn.tar.gz ($OUT defaults to /tmp/laga_gpu_cudnn); a summary to stdout.
@@ -62,14 +63,18 @@ if [[ $parts == *a* ]]; then
     2>&1 | tee "$out/bench-attention.txt" | grep -vE '^done'
 fi
 if [[ $parts == *p* ]]; then
-  for provider in laga cudnn auto; do
+  # cudnn-nondet, auto-nondet: the same with --nondeterministic (cuDNN's non-deterministic backward, as SDPA's).
+  for run in laga cudnn auto cudnn-nondet auto-nondet; do
+    provider=${run%-nondet}
+    flag=""
+    [ "$run" != "$provider" ] && flag=--nondeterministic
     forms=laga,explicit
     [ $provider = laga ] && forms=laga,explicit,absorbed
-    stamp "bench $provider"
+    stamp "bench $run"
     "$laga" bench --device cuda --phantom --model deepseek-v3 --seq "$seqs" --sp 8 --layout a2a --kernel fused \
-      --form $forms --attention-provider $provider --repeat 5 --warmup 1 --out "$out/h200-block-$provider.json" \
-      >"$out/bench-$provider.txt" 2>&1
-    echo "exit $?"; tail -12 "$out/bench-$provider.txt"
+      --form $forms --attention-provider $provider $flag --repeat 5 --warmup 1 --out "$out/h200-block-$run.json" \
+      >"$out/bench-$run.txt" 2>&1
+    echo "exit $?"; tail -12 "$out/bench-$run.txt"
   done
 fi
 if [[ $parts == *c* ]]; then

@@ -74,7 +74,8 @@ struct RmsNormArgs {
 // Rotary embedding with DeepSeek's interleaved pairing (Hugging Face DeepseekV3 apply_rotary_pos_emb):
 // the pair (x[2i], x[2i+1]) is rotated by angle pos * inv_freq[i] and written to (y[i], y[i + dim/2]);
 // cos and sin are multiplied by `mscale` (YaRN). Position of token t is pos_offset + t.
-// Backward applies the transpose: dx from dy (same strides, x->dy, y->dx).
+// Backward applies the transpose: dx from dy (same strides, x->dy, y->dx). y may be x (in place) when both
+// have the same strides and dtype.
 struct RopeArgs {
   DType dtype = DType::f32;
   std::int64_t tokens = 0, batch = 0, heads = 0, dim = 0;

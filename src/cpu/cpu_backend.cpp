@@ -100,7 +100,7 @@ void rope_impl(const RopeArgs& a) {
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
   const std::int64_t half = a.dim / 2;
-  std::vector<double> cs(half), sn(half);
+  std::vector<double> cs(half), sn(half), row(a.dim);  // the row is read whole before it is written: y may be x
   for (std::int64_t t = 0; t < a.tokens; ++t) {
     const double pos = double(a.pos_offset + t);
     for (std::int64_t i = 0; i < half; ++i) {
@@ -112,13 +112,14 @@ void rope_impl(const RopeArgs& a) {
       for (std::int64_t h = 0; h < a.heads; ++h) {
         const T* xs = x + t * a.x_token_stride + b * a.x_batch_stride + h * a.x_head_stride;
         T* ys = y + t * a.y_token_stride + b * a.y_batch_stride + h * a.y_head_stride;
+        std::copy(xs, xs + a.dim, row.begin());
         for (std::int64_t i = 0; i < half; ++i) {
           if constexpr (!kBackward) {
-            const double x0 = xs[2 * i], x1 = xs[2 * i + 1];
+            const double x0 = row[2 * i], x1 = row[2 * i + 1];
             ys[i] = T(x0 * cs[i] - x1 * sn[i]);
             ys[i + half] = T(x1 * cs[i] + x0 * sn[i]);
           } else {
-            const double d0 = xs[i], d1 = xs[i + half];
+            const double d0 = row[i], d1 = row[i + half];
             ys[2 * i] = T(d0 * cs[i] + d1 * sn[i]);
             ys[2 * i + 1] = T(-d0 * sn[i] + d1 * cs[i]);
           }

@@ -141,38 +141,49 @@ __global__ void __launch_bounds__(kDgammaThreads) rmsnorm_dgamma_final_kernel(i6
 }
 
 // ================================================================ RoPE
-// One thread per (token, batch, head, pair). The angle and its cos/sin are computed in double (positions
-// reach 1e5 and more: in float the angle alone would be off by 1e-2), the rotation in float.
+// One block per (token, batch) row and kRopeWarps warps over its heads. The block's angles are computed once in
+// double (positions reach 1e5 and more: in float the angle alone would be off by 1e-2) into shared memory and
+// reused by every head; each warp stages a head's `dim` inputs in shared memory before it writes, so y may be x
+// (in place), and reads and writes are whole rows.
+constexpr int kRopeWarps = 8;
+
 template <typename X, typename T, bool kBackward>
-__global__ void rope_kernel(RopeArgs a, const double* inv_freq) {
-  const i64 half = a.dim / 2;
-  const i64 total = a.tokens * a.batch * a.heads * half;
-  const X* x = static_cast<const X*>(a.x);
-  T* y = static_cast<T*>(a.y);
-  for (i64 idx = i64(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += i64(gridDim.x) * blockDim.x) {
-    const i64 i = idx % half;
-    i64 rest = idx / half;
-    const i64 h = rest % a.heads;
-    rest /= a.heads;
-    const i64 b = rest % a.batch;
-    const i64 t = rest / a.batch;
+__global__ void __launch_bounds__(32 * kRopeWarps) rope_kernel(RopeArgs a, const double* inv_freq) {
+  extern __shared__ float rope_smem[];
+  const int half = int(a.dim / 2), dim = int(a.dim);
+  float* cs = rope_smem;                                // [half]
+  float* sn = cs + half;                                // [half]
+  float* row = sn + half + threadIdx.y * dim;           // this warp's [dim]
+  const i64 t = blockIdx.x / a.batch, b = blockIdx.x - t * a.batch;
+  for (int i = threadIdx.y * 32 + threadIdx.x; i < half; i += 32 * kRopeWarps) {
     double sd, cd;
     sincos(double(a.pos_offset + t) * inv_freq[i], &sd, &cd);
-    const float c = float(cd * a.mscale), s = float(sd * a.mscale);
-    const X* xs = x + t * a.x_token_stride + b * a.x_batch_stride + h * a.x_head_stride;
-    T* ys = y + t * a.y_token_stride + b * a.y_batch_stride + h * a.y_head_stride;
-    if constexpr (!kBackward) {
-      const float x0 = to_float(xs[2 * i]), x1 = to_float(xs[2 * i + 1]);
-      ys[i] = from_float<T>(x0 * c - x1 * s);
-      ys[i + half] = from_float<T>(x1 * c + x0 * s);
-    } else {
-      const float d0 = to_float(xs[i]), d1 = to_float(xs[i + half]);
-      ys[2 * i] = from_float<T>(d0 * c + d1 * s);
-      ys[2 * i + 1] = from_float<T>(-d0 * s + d1 * c);
+    cs[i] = float(cd * a.mscale);
+    sn[i] = float(sd * a.mscale);
+  }
+  __syncthreads();
+  const X* x = static_cast<const X*>(a.x) + t * a.x_token_stride + b * a.x_batch_stride;
+  T* y = static_cast<T*>(a.y) + t * a.y_token_stride + b * a.y_batch_stride;
+  for (i64 h = threadIdx.y; h < a.heads; h += kRopeWarps) {
+    const X* xs = x + h * a.x_head_stride;
+    T* ys = y + h * a.y_head_stride;
+    for (int j = threadIdx.x; j < dim; j += 32) row[j] = to_float(xs[j]);
+    __syncwarp();
+    for (int i = threadIdx.x; i < half; i += 32) {
+      const float c = cs[i], s = sn[i];
+      if constexpr (!kBackward) {
+        const float x0 = row[2 * i], x1 = row[2 * i + 1];
+        ys[i] = from_float<T>(x0 * c - x1 * s);
+        ys[i + half] = from_float<T>(x1 * c + x0 * s);
+      } else {
+        const float d0 = row[i], d1 = row[i + half];
+        ys[2 * i] = from_float<T>(d0 * c + d1 * s);
+        ys[2 * i + 1] = from_float<T>(-d0 * s + d1 * c);
+      }
     }
+    __syncwarp();
   }
 }
-
 
 // ================================================================ attention merge
 
@@ -335,7 +346,11 @@ void rope_op(Context& ctx, const RopeArgs& a, const double* inv_freq_device, boo
   LAGA_REQUIRE(a.tokens >= 0 && a.batch >= 0 && a.heads >= 0, "rope: negative size");
   const i64 total = a.tokens * a.batch * a.heads * (a.dim / 2);
   if (total == 0 || a.x == nullptr || a.y == nullptr) return;
-  const unsigned blocks = blocks_for(total, kElementwiseThreads);
+  const i64 rows = a.tokens * a.batch;
+  LAGA_REQUIRE(rows <= INT32_MAX, "rope: tokens x batch = ", rows, " exceeds the grid limit");
+  const std::size_t smem = sizeof(float) * std::size_t(a.dim + kRopeWarps * a.dim);
+  LAGA_REQUIRE(smem <= 48 * 1024, "rope: dim = ", a.dim, " needs more shared memory than a block has");
+  const dim3 grid{unsigned(rows)}, block{32, kRopeWarps};
   dispatch_compute(a.dtype, "rope", [](auto) {});
   dispatch_pair(a.x_dtype.value_or(a.dtype), a.dtype, "rope", [&](auto zx, auto z) {
     using X = decltype(zx);
@@ -343,9 +358,9 @@ void rope_op(Context& ctx, const RopeArgs& a, const double* inv_freq_device, boo
     if constexpr (std::is_same_v<X, double> || std::is_same_v<T, double>) {
       LAGA_REQUIRE(false, "rope: float64 is not supported by the cuda backend: use float32 or bfloat16");
     } else if (backward) {
-      rope_kernel<X, T, true><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(a, inv_freq_device);
+      rope_kernel<X, T, true><<<grid, block, smem, ctx.stream>>>(a, inv_freq_device);
     } else {
-      rope_kernel<X, T, false><<<blocks, kElementwiseThreads, 0, ctx.stream>>>(a, inv_freq_device);
+      rope_kernel<X, T, false><<<grid, block, smem, ctx.stream>>>(a, inv_freq_device);
     }
   });
   LAGA_CUDA_CHECK_LAUNCH("rope_kernel");

@@ -149,6 +149,19 @@ struct BlockImpl {
                       .c = dw, .ldc = lddw, .beta = 1.0, .c_dtype = accum_dtype(dt)},
          dtype);
   }
+  // dW[n, k] = dy[rows, n]^T x[rows, k]: a weight gradient that this one GEMM writes whole (no zero fill first,
+  // and C is not read).
+  void linear_dw_first(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x,
+                       std::int64_t ldx, const void* dy, std::int64_t lddy, Tensor& dw, std::int64_t lddw) {
+    gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = n, .n = k, .k = rows, .a = dy, .lda = lddy, .b = x, .ldb = ldx,
+                      .c = dw.data(), .ldc = lddw, .beta = 0.0, .c_dtype = accum_dtype(dt)});
+  }
+  // The weight gradients backward writes whole with linear_dw_first, once each; the others (the norms' scales,
+  // summed into by the RMSNorm backward, and kv_b_proj, written head slice by head slice or summed over ring
+  // steps) start from zero.
+  static bool written_whole(const MlaGrads& g, const Tensor& t) {
+    return &t == &g.o_proj || &t == &g.q_a_proj || &t == &g.q_up() || &t == &g.kv_a_proj_with_mqa;
+  }
   // kv_b_proj's rows of head h: W_UK[h]^T [d_n, r_kv], then W_UV[h]^T [d_v, r_kv]; heads kv_head_stride apart.
   std::int64_t kv_head_stride() const { return (dn + dv) * rkv; }
   void* uk(const Tensor& kv_b, std::int64_t h) const { return kv_b.at(h * (dn + dv) * rkv); }
@@ -479,7 +492,7 @@ struct BlockImpl {
   // Queries: q = RMSNorm(x W_DQ) W_UQ (or x W_Q), RoPE on the rope part, at global positions. [T, n_h * d_qk]
   Tensor query_path(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     const void* xp = x.data();
-    Tensor q_pre = empty({T, nh * dqk}, "q_pre");
+    Tensor q_pre = empty({T, nh * dqk}, "q");  // q once RoPE has run on it in place
     if (cfg.q_lora_rank) {
       Tensor q_down = empty({T, rq_in}, "q_down");
       linear(OpPhase::projections, T, d, rq_in, xp, d, w.q_a_proj.data(), d, q_down.data(), rq_in);
@@ -498,15 +511,12 @@ struct BlockImpl {
     } else {
       linear(OpPhase::projections, T, d, nh * dqk, xp, d, w.q_up().data(), d, q_pre.data(), nh * dqk);
     }
-    Tensor q = empty({T, nh * dqk}, "q");
-    copy(OpPhase::projections, CopyArgs{.batch = nh, .rows = T, .cols = dn, .src = q_pre.data(), .src_ld = nh * dqk,
-                                        .src_batch_stride = dqk, .dst = q.data(), .dst_ld = nh * dqk,
-                                        .dst_batch_stride = dqk});
+    // RoPE in place on each head's rope columns: the nope columns are q's already.
     {
       Timer timer{*this, OpPhase::projections};
-      apply_rope(rope_args(nh, q_pre.at(dn), nh * dqk, q.at(dn), nh * dqk, dqk), false);
+      apply_rope(rope_args(nh, q_pre.at(dn), nh * dqk, q_pre.at(dn), nh * dqk, dqk), false);
     }
-    return q;
+    return q_pre;
   }
 
   // Latent: [c_kv | k_pe] = x W_DKV; c_kv = RMSNorm(c_kv); RoPE on k_pe. [T, dl]
@@ -1016,7 +1026,8 @@ struct BlockImpl {
 
   // ---------------------------------------------------------------- backward
   Tensor backward(MlaGrads& g, SavedContext& ctx, const Tensor& dy, const Tensor& x, const MlaWeights& w) {
-    for (auto& [name, t] : g.named()) be.fill(*t, 0.0);
+    for (auto& [name, t] : g.named())
+      if (!written_whole(g, *t)) be.fill(*t, 0.0);
 
     // y = o W_O
     Tensor do_att;
@@ -1025,12 +1036,12 @@ struct BlockImpl {
       linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.o_proj.data(), nh * dv, d_o.data(), nh * dv);
       InFlight dof = start_scatter_heads(d_o, dv, "o");
       d_o = Tensor();
-      linear_dw(OpPhase::projections, T, nh * dv, d, ctx.get("o").data(), nh * dv, dy.data(), d, g.o_proj.data(), nh * dv);
+      linear_dw_first(OpPhase::projections, T, nh * dv, d, ctx.get("o").data(), nh * dv, dy.data(), d, g.o_proj, nh * dv);
       ctx.tensors.erase("o");
       do_att = finish(dof);
     } else {
       Tensor o = ctx.get("o");
-      linear_dw(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, dy.data(), d, g.o_proj.data(), nh * dv);
+      linear_dw_first(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, dy.data(), d, g.o_proj, nh * dv);
       Tensor d_o = empty({T, nh * dv}, "d_o");
       linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.o_proj.data(), nh * dv, d_o.data(), nh * dv);
       o = Tensor();
@@ -1206,23 +1217,19 @@ struct BlockImpl {
     }
     dlatent = Tensor();
     release(ctx, {"kv_down", "kv_rstd"});
-    linear_dw(OpPhase::projections, T, d, dl, x.data(), d, dkv_down.data(), dl, g.kv_a_proj_with_mqa.data(), d);
+    linear_dw_first(OpPhase::projections, T, d, dl, x.data(), d, dkv_down.data(), dl, g.kv_a_proj_with_mqa, d);
     linear_dx(OpPhase::projections, T, d, dl, dkv_down.data(), dl, w.kv_a_proj_with_mqa.data(), d, dx.data(), d);
     dkv_down = Tensor();
 
-    // Queries: RoPE^T on the rope part, then the up- and down-projections.
-    Tensor dq_pre = empty({T, nh * dqk}, "d_q_pre");
-    copy(OpPhase::projections, CopyArgs{.batch = nh, .rows = T, .cols = dn, .src = dq.data(), .src_ld = nh * dqk,
-                                        .src_batch_stride = dqk, .dst = dq_pre.data(), .dst_ld = nh * dqk,
-                                        .dst_batch_stride = dqk});
+    // Queries: RoPE^T in place on the rope part, then the up- and down-projections.
+    Tensor dq_pre = std::move(dq);
     {
       Timer timer{*this, OpPhase::projections};
-      apply_rope(rope_args(nh, dq.at(dn), nh * dqk, dq_pre.at(dn), nh * dqk, dqk), true);
+      apply_rope(rope_args(nh, dq_pre.at(dn), nh * dqk, dq_pre.at(dn), nh * dqk, dqk), true);
     }
-    dq = Tensor();
     if (cfg.q_lora_rank) {
       const Tensor c_q = ctx.get("c_q");
-      linear_dw(OpPhase::projections, T, rq_in, nh * dqk, c_q.data(), rq_in, dq_pre.data(), nh * dqk, g.q_up().data(),
+      linear_dw_first(OpPhase::projections, T, rq_in, nh * dqk, c_q.data(), rq_in, dq_pre.data(), nh * dqk, g.q_up(),
                 rq_in);
       Tensor dc_q = empty({T, rq_in}, "d_c_q");
       linear_dx(OpPhase::projections, T, rq_in, nh * dqk, dq_pre.data(), nh * dqk, w.q_up().data(), rq_in, dc_q.data(),
@@ -1239,10 +1246,10 @@ struct BlockImpl {
       }
       dc_q = Tensor();
       release(ctx, {"q_down", "q_rstd"});
-      linear_dw(OpPhase::projections, T, d, rq_in, x.data(), d, dq_down.data(), rq_in, g.q_a_proj.data(), d);
+      linear_dw_first(OpPhase::projections, T, d, rq_in, x.data(), d, dq_down.data(), rq_in, g.q_a_proj, d);
       linear_dx(OpPhase::projections, T, d, rq_in, dq_down.data(), rq_in, w.q_a_proj.data(), d, dx.data(), d, 1.0);
     } else {
-      linear_dw(OpPhase::projections, T, d, nh * dqk, x.data(), d, dq_pre.data(), nh * dqk, g.q_up().data(), d);
+      linear_dw_first(OpPhase::projections, T, d, nh * dqk, x.data(), d, dq_pre.data(), nh * dqk, g.q_up(), d);
       linear_dx(OpPhase::projections, T, d, nh * dqk, dq_pre.data(), nh * dqk, w.q_up().data(), d, dx.data(), d, 1.0);
     }
     LAGA_CHECK(ctx.tensors.empty(), "saved tensors left after backward, first: '", ctx.tensors.begin()->first, "'");

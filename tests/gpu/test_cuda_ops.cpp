@@ -388,6 +388,7 @@ const RopeCase kRopeCases[] = {
     {"query_heads", 37, 2, 3, 16, 0, 1.0},
     {"latent_single_head_offset", 50, 3, 1, 64, 96, 1.2},
     {"far_positions", 20, 1, 2, 64, 100000, 0.9},
+    {"wide_heads_many", 9, 1, 19, 192, 7, 1.0},
 };
 struct RopeParam {
   RopeCase c;
@@ -445,6 +446,39 @@ TEST_P(CudaRope, ForwardAndBackwardMatchCpuFloat64) {
   be.gpu->rope_backward(ag);
   be.cpu->rope_backward(ac);
   expect_output("dx", dt, dx.download(*be.gpu), dx_ref, y_view, op_tolerance(dt));
+}
+
+// In place (y = x, the block's query path): forward then backward on the same rows, against the CPU doing the
+// same in float64; the columns around each row stay as they were.
+TEST_P(CudaRope, InPlaceMatchesCpuFloat64) {
+  LAGA_REQUIRE_GPU();
+  const RopeCase& c = GetParam().c;
+  const DType dt = GetParam().dtype;
+  Backends be;
+  auto rng = rng_for_test();
+  std::vector<double> inv_freq(static_cast<std::size_t>(c.dim / 2));
+  for (std::size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0, -2.0 * double(i) / double(c.dim));
+  const i64 xh = c.dim + 8, xb = c.heads * xh, xt = c.batch * xb;
+  const i64 size = c.tokens * xt;
+  Mirror x = random_mirror(*be.gpu, dt, size, rng, "x");
+  std::vector<double> ref(x.host.begin(), x.host.end());
+  std::vector<char> view(static_cast<std::size_t>(size), 1);
+  for (bool backward : {false, true}) {
+    RopeArgs ag{.dtype = dt, .tokens = c.tokens, .batch = c.batch, .heads = c.heads, .dim = c.dim,
+                .pos_offset = c.pos_offset, .inv_freq = inv_freq.data(), .mscale = c.mscale, .x = x.gpu(),
+                .x_token_stride = xt, .x_batch_stride = xb, .x_head_stride = xh, .y = x.gpu(), .y_token_stride = xt,
+                .y_batch_stride = xb, .y_head_stride = xh};
+    RopeArgs ac = ag;
+    ac.dtype = DType::f64, ac.x = ref.data(), ac.y = ref.data();
+    if (backward) {
+      be.gpu->rope_backward(ag);
+      be.cpu->rope_backward(ac);
+    } else {
+      be.gpu->rope_forward(ag);
+      be.cpu->rope_forward(ac);
+    }
+  }
+  expect_output("x", dt, x.download(*be.gpu), ref, view, 2 * op_tolerance(dt));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, CudaRope, ::testing::ValuesIn(rope_params()),
