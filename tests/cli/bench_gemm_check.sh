@@ -34,9 +34,11 @@ for p in d["points"]:
     keys = [tuple(e[k] for k in ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "c_dtype", "lda", "ldb", "ldc",
                                  "stride_a", "stride_b", "stride_c", "alpha", "beta")) for e in g["list"]]
     assert len(keys) == len(set(keys)), "a GEMM listed twice"
-    # Weight gradients are accumulated (beta 1) into float32 transposed-A GEMMs in backward only.
+    # Weight gradients are float32 transposed-A GEMMs in backward only: written whole (beta 0) or summed into
+    # (beta 1: kv_b_proj's head slices), one of each at least.
     dw = [e for e in g["list"] if e["trans_a"]]
-    assert dw and all(e["beta"] == 1.0 and all(w["pass"] == "backward" for w in e["issued"]) for e in dw)
+    assert dw and all(e["c_dtype"] == "float32" and all(w["pass"] == "backward" for w in e["issued"]) for e in dw)
+    assert {e["beta"] for e in dw} == {0.0, 1.0}, sorted({e["beta"] for e in dw})
 PY
 
 # P = 2 as threads (rank 1 through the probe) and one phantom rank of 4.
