@@ -83,7 +83,7 @@ double default_tolerance(DType, Form);
 // replaces the same-device defaults.
 struct CheckPolicy {
   double single_rank = 0;          // explicit at P = 1, same device and dtype
-  bool same_p = false;             // bf16, P > 1, not explicit: also explicit at the same P (a collective)
+  bool same_p = false;             // bf16, P > 1 or p2p, not explicit: also explicit at the same P and layout
   double same_p_tolerance = 0;
   bool cpu_float64 = false;        // cuda: also the CPU's float64 result of the same problem
   double cpu_float64_tolerance = 0;

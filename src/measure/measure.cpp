@@ -54,7 +54,9 @@ double default_tolerance(DType dt, Form form) {
 
 CheckPolicy check_policy(const BlockOptions& opts, int ranks, Device device, double tolerance) {
   CheckPolicy p;
-  const bool bf16_parallel = opts.dtype == DType::bf16 && ranks > 1;
+  // The ring (p2p) sums a key chunk's gradient over its query chunks' attention calls in the storage dtype
+  // even at P = 1 (two calls on the first chunk), as a P > 1 all_gather sums its ranks' partials.
+  const bool bf16_parallel = opts.dtype == DType::bf16 && (ranks > 1 || opts.layout == Layout::P2P);
   p.same_p_tolerance = tolerance > 0 ? tolerance : default_tolerance(opts.dtype, opts.form);
   // bf16 at P > 1: the bar (1e-3) is LAGA against explicit at the same P (DESIGN.md section 5). Against the
   // single-rank result every form is held to bf16's own precision: at P > 1 the per-rank partial K/V

@@ -39,6 +39,10 @@ TEST(CheckPolicy, Bf16AtPAboveOneHoldsLagaToExplicitAtTheSameP) {
   EXPECT_FALSE(check_policy(BlockOptions{.form = Form::Explicit, .dtype = DType::bf16}, 4, Device::cuda, 0).same_p);
   EXPECT_FALSE(check_policy(laga, 1, Device::cuda, 0).same_p);
   EXPECT_EQ(check_policy(laga, 1, Device::cuda, 0).single_rank, 1e-3);
+  // The ring sums key-chunk gradients of two attention calls in bf16 even at P = 1: held as P > 1 is.
+  const BlockOptions ring{.form = Form::Laga, .layout = Layout::P2P, .dtype = DType::bf16};
+  EXPECT_TRUE(check_policy(ring, 1, Device::cuda, 0).same_p);
+  EXPECT_EQ(check_policy(ring, 1, Device::cuda, 0).single_rank, 3e-2);
   EXPECT_EQ(check_policy(BlockOptions{.form = Form::Absorbed, .dtype = DType::bf16}, 2, Device::cuda, 0).same_p_tolerance,
             3e-2);
   // float32 and float64 on the cpu: one reference, the dtype's tolerance; --tolerance replaces it.
