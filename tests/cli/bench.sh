@@ -49,6 +49,12 @@ for layout in ("a2a", "all_gather"):
 assert len(pick(sp=2)[0]["per_rank"]) == 2 and "block_slowest_rank" in pick(sp=2)[0]["time"]
 PY
 
+# The ring (p2p): its ring shifts in a document that validates.
+"$laga" bench --model tiny --sweep seq=64 --sweep sp=2 --form explicit,laga --layout p2p --kernel fused \
+  --repeat 1 --warmup 0 --out "$tmp/ring.json" >/dev/null || fail "bench --layout p2p exited $?"
+python3 "$root/scripts/check_bench.py" "$tmp/ring.json" >/dev/null || fail "the p2p document does not validate"
+grep -q '"ring_shift"' "$tmp/ring.json" || fail "the p2p document has no ring shift"
+
 # --sweep and --phantom: one rank of 4 alone.
 out=$("$laga" bench --model tiny --sweep seq=64 --sweep sp=4 --form explicit,laga --layout a2a --kernel fused \
       --phantom --repeat 2 --warmup 0 --out "$tmp/phantom.json") || fail "bench --phantom exited $?"
