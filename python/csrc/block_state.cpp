@@ -73,28 +73,13 @@ void follow_current_stream(Resources& r) {
 #endif
 }
 
-namespace {
-// The fields of a weights (or gradients) struct by name.
-std::map<std::string, laga::Tensor*> fields(laga::MlaWeights& w) {
-  return {{"q_a_proj", &w.q_a_proj},
-          {"q_a_layernorm", &w.q_a_layernorm},
-          {"q_b_proj", &w.q_b_proj},
-          {"q_proj", &w.q_proj},
-          {"kv_a_proj_with_mqa", &w.kv_a_proj_with_mqa},
-          {"kv_a_layernorm", &w.kv_a_layernorm},
-          {"kv_b_proj", &w.kv_b_proj},
-          {"o_proj", &w.o_proj}};
-}
-}  // namespace
-
 laga::MlaWeights Block::borrow_weights(Resources& r, const std::vector<at::Tensor>& weights, laga::DType dtype) const {
-  // The expected names and shapes: the configuration's weights on the meta device.
+  // The expected names and shapes: the configuration's weights on the meta device, each replaced below by the
+  // caller's tensor once it is checked.
   laga::MetaAllocator meta;
-  const laga::MlaWeights expected = laga::allocate_weights(cfg_, dtype, meta);
-  const auto named = expected.named();
+  laga::MlaWeights out = laga::allocate_weights(cfg_, dtype, meta);
+  const auto named = out.named();
   LAGA_REQUIRE(weights.size() == named.size(), "got ", weights.size(), " weights, expected ", named.size());
-  laga::MlaWeights out;
-  auto slots = fields(out);
   for (std::size_t i = 0; i < named.size(); ++i) {
     const auto& [name, t] = named[i];
     const at::Tensor& src = weights[i];
@@ -106,7 +91,7 @@ laga::MlaWeights Block::borrow_weights(Resources& r, const std::vector<at::Tenso
     LAGA_REQUIRE(to_laga(src.scalar_type()) == dtype, "weight ", name, " is ", c10::toString(src.scalar_type()),
                  " but the input is ", laga::dtype_name(dtype), ": one dtype for input and weights");
     LAGA_REQUIRE(src.is_contiguous(), "weight ", name, " must be contiguous");
-    *slots.at(name) = r.borrow->borrow(src, name);
+    *t = r.borrow->borrow(src, name);
   }
   return out;
 }
@@ -145,17 +130,14 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> Saved::backward(const at::Tensor
   const laga::DType dtype = mla_->options().dtype;
   laga::MlaWeights w = block_->borrow_weights(r, weights, dtype);
   laga::Tensor xb = r.borrow->borrow(x, "x"), dyb = r.borrow->borrow(dy, "dy");
-  laga::MlaGrads g;
+  // The gradients have the weights' fields and shapes: each handle of a copy of `w` is replaced by a new tensor.
+  laga::MlaGrads g = w;
   std::vector<at::Tensor> grads;
   const auto grad_type = to_torch(laga::accum_dtype(dtype));
-  for (auto& [name, t] : w.named()) {
-    at::Tensor gt = at::empty(at::IntArrayRef(t->shape()), at::TensorOptions().dtype(grad_type).device(r.device));
-    grads.push_back(gt);
+  for (auto& [name, t] : g.named()) {
+    grads.push_back(at::empty(at::IntArrayRef(t->shape()), at::TensorOptions().dtype(grad_type).device(r.device)));
+    *t = r.borrow->borrow(grads.back(), "grad." + name);
   }
-  auto slots = fields(g);
-  const auto named = w.named();
-  for (std::size_t i = 0; i < named.size(); ++i)
-    *slots.at(named[i].first) = r.borrow->borrow(grads[i], "grad." + named[i].first);
   laga::SavedContext kept;
   if (retain) kept = ctx_;  // the handles keep every saved tensor alive through backward's releases
   laga::Tensor dx = mla_->backward(g, retain ? kept : ctx_, dyb, xb, w);
