@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tables of `laga run --json` documents from real multi-GPU runs (scripts/gpu_multi.sh): the block's time
+"""Tables of `laga run --json` documents from real multi-GPU runs (scripts/gpu.sh multi): the block's time
 per form, the collectives' time and bus bandwidth, LAGA's speed-up over explicit, and what the alpha-beta
 time model (include/laga/bench.hpp; NVLink 450 GB/s per direction and 2 us per step, all ranks on one node)
 predicts for the same points from the measured compute (`laga plan --json`: the collectives of the same

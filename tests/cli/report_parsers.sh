@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check summary (scripts/gpu_check_summary.awk) reads the GPUCHECK lines as the GPU tests print them
+# The GPU check summary (`bash scripts/gpu.sh check-summary`) reads the GPUCHECK lines as the GPU tests print them
 # (formats of tests/gpu/gpu_test_util.hpp and test_nccl.cpp): the worst error per suite, output and dtype,
 # and one row per LagaVsExplicitSameP configuration with its own error (a "P=4" in the line is not an
 # error of 4).   usage: bash report_parsers.sh <path-to-laga>
@@ -19,7 +19,7 @@ GPUCHECK LagaVsExplicitSameP/a2a eager P=2 worst_rel_error=6.000e-05
 GPUCHECK fused_dq deepseek dq_fused_vs_separate_rel=1.000e-07
 GPUCHECK scratch slot scores held=1024 peak=2048
 LOG
-awk -f scripts/gpu_check_summary.awk "$TMP/checks.txt" | sort >"$TMP/summary.txt"
+bash scripts/gpu.sh check-summary "$TMP/checks.txt" | sort >"$TMP/summary.txt"
 cat "$TMP/summary.txt"
 expect() {  # expect KEY ERROR: the row starting with KEY reports ERROR
   local row

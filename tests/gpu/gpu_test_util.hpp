@@ -5,7 +5,7 @@
 // Method: inputs are random (uniform, never zeros), drawn fresh for each check, uploaded in the test's dtype
 // and read back, so the CPU float64 reference sees exactly the values the GPU sees. Outputs are poisoned
 // with NaN before each run. Each measured error is printed on a line starting with "GPUCHECK" (collected by
-// scripts/gpu_check.sh into its table).
+// scripts/gpu.sh check into its table).
 #pragma once
 
 #include <gtest/gtest.h>

@@ -19,7 +19,7 @@ constexpr std::int64_t kBatch = 2;
 constexpr std::uint64_t kSeed = 11;
 
 // Tolerances of the whole block (forward and every gradient) against float64, set from the errors measured
-// on an H200 (scripts/gpu_check.sh) with a margin of about 10x for f32 and 3x for bf16. f32: fp32 arithmetic
+// on an H200 (scripts/gpu.sh check) with a margin of about 10x for f32 and 3x for bf16. f32: fp32 arithmetic
 // everywhere (no TF32), at most 9e-7 measured. bf16: every intermediate is stored in bf16 (relative rounding
 // up to 2^-9 per store, compounding over ~30 ops), at most 1.1e-2 measured.
 double block_tolerance(DType t) { return t == DType::bf16 ? 3e-2 : 1e-5; }

@@ -1,5 +1,5 @@
 // Timings of the CUDA backend's heavy ops at MLA sizes, for the notes of the speed work (not a correctness
-// test: disabled by default; scripts/gpu_check.sh runs them with --gtest_also_run_disabled_tests). Each
+// test: disabled by default; scripts/gpu.sh check runs them with --gtest_also_run_disabled_tests). Each
 // prints "GPUPERF <name> <median ms> <TFLOP/s>" over random inputs, after a warm-up, timed on the host
 // around Backend::synchronize() (every timed call is a millisecond or more of device work).
 #include <gtest/gtest.h>
