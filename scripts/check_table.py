@@ -20,6 +20,7 @@ def summary_row(d):
             "dtype": r["dtype"], "kv_grad_reduce_in_fp32": r.get("kv_grad_reduce_in_fp32", False),
             "sp": d["options"]["sp"], "communicator": d["machine"]["communicator"],
             "device": d["machine"].get("device_name", d["machine"]["device"]), "commit": d["machine"]["commit"],
+            "dirty": d["machine"].get("dirty"), "hostname": d["machine"].get("hostname"),
             "checks": [{"reference": c["reference"], "tolerance": c["tolerance"],
                         "tensors": {t["tensor"]: t["rel_error"] for t in c["tensors"]},
                         "ok": all(t["ok"] for t in c["tensors"])} for c in r.get("check", [])]}

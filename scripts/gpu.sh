@@ -102,6 +102,7 @@ build_stamp() {  # the commit the carried binaries were built from and the tree'
     commit=$(sed -n 's/^commit=//p' "$dist/BUILD")
     dirty=$(sed -n 's/^dirty=//p' "$dist/BUILD")
   fi
+  export LAGA_BUILD_COMMIT=$commit LAGA_BUILD_DIRTY=$dirty  # for the Python measurements' documents
   case $dirty in
     0) echo "build: commit $commit, clean tree" ;;
     1) echo "build: commit $commit WITH UNCOMMITTED CHANGES (figures from it are not reproducible from the commit)" ;;

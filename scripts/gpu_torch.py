@@ -202,7 +202,9 @@ def main():
     args = ap.parse_args()
     cfg = laga.config(args.model)
     doc = {"machine": {"device": torch.cuda.get_device_name(0), "host": platform.node(), "torch": torch.__version__,
-                       "commit": os.environ.get("LAGA_COMMIT", "")},
+                       # the carried build's commit and tree state, as `scripts/gpu.sh` exports them from BUILD
+                       "commit": os.environ.get("LAGA_BUILD_COMMIT") or os.environ.get("LAGA_COMMIT", ""),
+                       "dirty": {"0": False, "1": True}.get(os.environ.get("LAGA_BUILD_DIRTY", ""))},
            "command": " ".join(sys.argv), "model": args.model, "check": [], "bench": []}
     for form in ("explicit", "laga"):
         try:

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Tables of `laga run --json` documents from real multi-GPU runs (scripts/gpu.sh multi): the block's time
 per form, the collectives' time and bus bandwidth, LAGA's speed-up over explicit, and what the alpha-beta
-time model (include/laga/bench.hpp; NVLink 450 GB/s per direction and 2 us per step, all ranks on one node)
-predicts for the same points from the measured compute (`laga plan --json`: the collectives of the same
-configuration priced at the "node" placement, all ranks of the group on one node).
+time model predicts for the same points from the measured compute (`laga plan --json`: the collectives of the
+same configuration priced at the "node" placement, all ranks of the group on one node, with the plan's default
+link figures, which the --json output records).
 
     python3 scripts/multi_gpu_table.py run1.json run2.json ... [--laga build/laga] [--json out.json]
 """

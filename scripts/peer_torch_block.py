@@ -20,6 +20,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -182,6 +183,20 @@ def measure(c, S, P, B, form, compile_parts, warmup, repeat):
             "peak_bytes": max(peaks), "attention_kernels": sorted(kernels)}
 
 
+def source_tree():
+    """(commit, dirty) of the code measured: git's where this is a checkout, else what `scripts/gpu.sh` exports from
+    the carried build's BUILD (LAGA_BUILD_COMMIT, LAGA_BUILD_DIRTY 1/0); dirty is None when unknown."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        if commit and status.returncode == 0:
+            return commit, bool(status.stdout.strip())
+    except OSError:
+        pass
+    return (os.environ.get("LAGA_BUILD_COMMIT") or "unknown",
+            {"0": False, "1": True}.get(os.environ.get("LAGA_BUILD_DIRTY", "")))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seq", default="4096,16384,32768")
@@ -194,10 +209,7 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
     c = DSV3
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = "unknown"
+    commit, dirty = source_tree()
     doc = {"schema": "laga-peer/1", "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "command": "python3 scripts/peer_torch_block.py " + " ".join(
                f"--{k} {v}" for k, v in [("seq", a.seq), ("sp", a.sp), ("batch", a.batch), ("form", a.form),
@@ -205,7 +217,7 @@ def main():
            "machine": {"hostname": platform.node(), "device_name": torch.cuda.get_device_name(),
                        "torch": torch.__version__, "cuda": torch.version.cuda,
                        "cudnn": torch.backends.cudnn.version()},
-           "commit": commit, "model": "deepseek-v3", "dtype": "bfloat16", "layout": "a2a",
+           "commit": commit, "dirty": dirty, "model": "deepseek-v3", "dtype": "bfloat16", "layout": "a2a",
            "rank": "P-1 of P, exchanges emulated by local copies", "points": []}
     compiles = {"off": [False], "on": [True], "both": [False, True]}[a.compile]
     for S in [int(v) for v in a.seq.split(",")]:

@@ -13,7 +13,7 @@ import subprocess
 
 SEQS = [4096, 8192, 16384, 32768, 65536, 131072]
 SPS = [1, 2, 4, 8, 16, 32]
-LAYERS = 61  # DeepSeek-V3's attention layers
+LAYERS = 61  # DeepSeek-V3's attention layers (its config.json's num_hidden_layers; laga's preset does not carry it)
 GB = 1e9
 
 
@@ -144,7 +144,8 @@ def main():
     lat_gather = sent(v["laga"], "kv_latent", "all_gather")
     bf16_grad = lat_grad / 2
     t8_bf16 = v["explicit"]["bytes_sent"] / (v["laga"]["bytes_sent"] - bf16_grad)
-    alt = v["explicit"]["bytes_sent"] / (v["laga"]["bytes_sent"] - lat_grad - lat_gather + (lat_gather + bf16_grad) / 8)
+    P = 8
+    alt = v["explicit"]["bytes_sent"] / (v["laga"]["bytes_sent"] - lat_grad - lat_gather + (lat_gather + bf16_grad) / P)
     ag = data[("all_gather", "fused")][(16384, 8)]
     # explicit with its K/V gradients reduced in float32 (--kv-grad-reduce-in-fp32, what LAGA's 1e-3 match in
     # bf16 all_gather needs)

@@ -7,7 +7,9 @@
 Documents named *-axis-* (one model width varied, for the linearity claim) get a table, not plots.
 
 Every measured figure in the page comes from the committed JSON files (each names the machine, the commit and
-the command that made it); the closed-form traffic and the collectives' modeled times come from
+the command that made it, and whether the tree it was built from had uncommitted changes: the page's Sources
+table lists every document with these, flags the ones from a tree with uncommitted changes and counts them, and
+this script names them on stderr); the closed-form traffic and the collectives' modeled times come from
 `laga plan --json` (the C++ is the only model: this script formats, it derives no formula). The verdicts on
 the paper's claims are computed here from those figures, with the criterion stated beside each, so adding a
 file (say, a GPU run) and re-running this re-judges them. Plots need matplotlib (Debian: python3-matplotlib); --no-plots keeps the images there.
@@ -29,8 +31,7 @@ import plot_bench  # noqa: E402
 
 GB = 1e9
 MiB = 1024.0 ** 2
-LAYERS = 61  # DeepSeek-V3's attention layers
-DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
+LAYERS = 61  # DeepSeek-V3's attention layers (its config.json's num_hidden_layers; laga's preset does not carry it)
 LAGA = os.path.join(HERE, "..", "build", "laga")  # the binary whose `laga plan --json` gives the closed forms
 _PLANS = {}
 
@@ -97,8 +98,72 @@ def is_axis(stem):
 
 
 def dirty_text(build):
-    return {True: " (with uncommitted changes)", False: "", None: " (tree state unknown: commit from configure time)"}[
+    return {True: " **(with uncommitted changes)**", False: "", None: " (tree state unknown: commit from configure time)"}[
         build["dirty"]]
+
+
+def tree_text(dirty):
+    """The state of the tree a source document was measured from, as the Sources table shows it."""
+    return {True: "**uncommitted changes**", False: "clean"}.get(dirty, "not recorded")
+
+
+def sources(docs, results_dir):
+    """Every document the page is built from: (document link, machine, commit, tree state (True: with uncommitted
+    changes, False: clean, None: not recorded), command as markdown)."""
+    rows = []
+
+    def bench_row(rel, doc):
+        b, m = doc["build"], doc["machine"]
+        return (f"[{os.path.basename(rel)}](../{rel})", f"{describe(doc)}, `{m['hostname']}`", b["commit"], b["dirty"],
+                f"`{doc['config']['command']}`")
+    for stem, doc in docs:
+        rows.append(bench_row(f"bench/results/{stem}.json", doc))
+    peer_dir = os.path.join(results_dir, "peer")
+    if os.path.exists(os.path.join(peer_dir, "peer.json")):
+        for path in sorted(glob.glob(os.path.join(peer_dir, "h200-block-*.json"))):
+            with open(path) as f:
+                rows.append(bench_row(f"bench/results/peer/{os.path.basename(path)}", json.load(f)))
+        with open(os.path.join(peer_dir, "peer.json")) as f:
+            peer = json.load(f)
+        m = peer["machine"]
+        rows.append(("[peer.json](../bench/results/peer/peer.json)", f"{m['device_name']} (GPU), `{m['hostname']}`",
+                     peer["commit"], peer.get("dirty"), f"`{peer['command']}`"))
+    for path in sorted(glob.glob(os.path.join(results_dir, "checks", "*.json"))):
+        with open(path) as f:
+            runs = json.load(f)["runs"]
+        commits = sorted({r["commit"] for r in runs})
+        states = {r.get("dirty") for r in runs}
+        dirty = True if True in states else (False if states == {False} else None)
+        rows.append((f"[{os.path.basename(path)}](../bench/results/checks/{os.path.basename(path)})",
+                     ", ".join(sorted({f"{r['device']} ({r['communicator']})" for r in runs})), ", ".join(commits), dirty,
+                     f"{len(runs)} runs of `laga run --check --json`, summarised by `python3 scripts/check_table.py --json`"))
+    table = os.path.join(HERE, "..", "bench", "attention-providers.json")
+    if os.path.exists(table):
+        with open(table) as f:
+            t = json.load(f)
+        if t["points"]:
+            rows.append(("[attention-providers.json](../bench/attention-providers.json)",
+                         f"{t['machine'].get('device_name', '?')} (GPU)", t["commit"], t.get("dirty"), f"`{t['command']}`"))
+    return rows
+
+
+def sources_section(rows):
+    dirty = [r for r in rows if r[3] is True]
+    unknown = [r for r in rows if r[3] is None]
+    md = ["## Sources", "",
+          f"Every document this page is built from: the machine, the commit and the command that made it, and the state "
+          f"of the tree the binary was built from. **{len(dirty)} of {len(rows)} were measured from a tree with "
+          "uncommitted changes**: their figures come from code that differs from the commit named, so they do not "
+          "reproduce from it exactly and are to be re-measured from a clean tree. "
+          f"{len(unknown)} do not record the tree state." if dirty else
+          f"Every document this page is built from: the machine, the commit and the command that made it. All "
+          f"{len(rows) - len(unknown)} that record the tree state were measured from a clean tree"
+          + (f"; {len(unknown)} do not record it." if unknown else "."), "",
+          "| document | machine | commit | tree | command |", "|---|---|---|---|---|"]
+    for link, machine, commit, state, command in rows:
+        short = ", ".join(f"`{c[:10]}`" for c in commit.split(", "))
+        md.append(f"| {link} | {machine} | {short} | {tree_text(state)} | {command} |")
+    return md + [""]
 
 
 def ranks_text(doc):
@@ -320,22 +385,13 @@ def claim_absorbed_gap(c):
     """The absorbed gap at DeepSeek-V3: 9.2 GB with the eager kernel, 19.2 GB fused."""
     dsv3_docs, small, gpu_cmd = c.dsv3_docs, c.small, c.gpu_cmd
     rows = []
-    # 2. 9.2 GB, eager, DeepSeek-V3, S=16k, SP=8 -- measured there, or at a shorter S and extrapolated
+    # 2. 9.2 GB, eager, DeepSeek-V3, S=16k, SP=8 -- where measured there in bf16; else the plan's figure alone
     def dsv3_gap(kernel, variant):
-        """(text, gap in bf16 bytes per layer at S=16384, measured?) from the DeepSeek-V3 documents, or None."""
-        best = None
-        for stem, doc, ex, ab in pairs(dsv3_docs, variant, layout="a2a", kernel=kernel, sp=8, batch=1):
-            if best is None or abs(ex["seq"] - 16384) < abs(best[2]["seq"] - 16384):
-                best = (stem, doc, ex, ab)
-        if best is None:
-            return None
-        stem, doc, ex, ab = best
-        to_bf16 = 2 / DTYPE_BYTES[doc["config"]["dtype"]]
-        gap = (ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]) * to_bf16 * 16384 / ex["seq"]
-        how = ("measured" if ex["seq"] == 16384 and to_bf16 == 1 else
-               f"measured at S={ex['seq']} in {doc['config']['dtype']} ({stem}), EXTRAPOLATED to S=16384 and bf16 "
-               f"(x 16384/{ex['seq']}, the gap being linear in S; x {to_bf16:g} for the dtype)")
-        return how, gap
+        """("measured", gap in bytes per layer) of a DeepSeek-V3 document at S=16384, P=8, bf16, or None."""
+        for stem, doc, ex, ab in pairs(dsv3_docs, variant, layout="a2a", kernel=kernel, sp=8, batch=1, seq=16384):
+            if doc["config"]["dtype"] == "bfloat16":
+                return "measured", ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]
+        return None
     g2 = dsv3_gap("eager", "absorbed (mqa)")
     eager = plan_point(plan_doc("deepseek-v3", "a2a", "bfloat16", [16384], [8], kernel="eager"), 16384, 8)
     plan_gap = eager["absorbed (mqa)"]["saved_bytes"] - eager["explicit"]["saved_bytes"]
@@ -527,12 +583,14 @@ def claim_traffic(c):
     ag = plan_point(plan_doc("deepseek-v3", "all_gather", "bfloat16", [16384], [8]), 16384, 8)
     ex_b, la_b = a2a["explicit"]["closed_form"]["bytes_sent"], a2a["laga"]["closed_form"]["bytes_sent"]
     ds = ex_b / la_b
-    # What-ifs on the closed form's records: the latent's gradient (reduce-scattered in float32) in bf16, and the
-    # latent's all-gather and reduce-scatter counted as (P-1)/P of their input, like an all-to-all.
+    # What-ifs on the closed form's records (the plan gives neither): the latent's gradient (reduce-scattered in
+    # float32) in bf16, and the latent's all-gather and reduce-scatter counted as (P-1)/P of their input, like an
+    # all-to-all (their records count every byte to each of the P-1 other ranks).
     lat_grad = sent(a2a["laga"], tensor="kv_latent", collective="reduce_scatter")
     lat_gather = sent(a2a["laga"], tensor="kv_latent", collective="all_gather")
     ds_bf16 = ex_b / (la_b - lat_grad / 2)
-    alt = ex_b / (la_b - lat_grad - lat_gather + (lat_gather + lat_grad / 2) / 8)
+    P = 8
+    alt = ex_b / (la_b - lat_grad - lat_gather + (lat_gather + lat_grad / 2) / P)
     ag = ag["explicit"]["closed_form"]["bytes_sent"] / ag["laga"]["closed_form"]["bytes_sent"]
     rows.append(("Collective communication cut 1.98x",
                  f"measured, a2a, explicit / LAGA bytes sent ({', '.join(models)}): {meas}. The closed form of "
@@ -766,7 +824,7 @@ def peer_section(results_dir, schema):
                    "over S; all_gather: 128 heads, the last rank's S/8 queries over S keys). TFLOP/s: forward "
                    "2 (d_qk + d_v), backward 2 (3 d_qk + 2 d_v) per unmasked (query, key, head). From "
                    "[bench/attention-providers.json](../bench/attention-providers.json) (`" + table["command"] +
-                   "`, commit `" + table["commit"][:10] + "`), the table `--attention-provider auto` chooses from.",
+                   "`, commit `" + table["commit"][:10] + "`" + dirty_text({"dirty": table.get("dirty")}) + "), the table `--attention-provider auto` chooses from.",
                    "`auto` takes the faster by forward + backward where cuDNN's workspace (its deterministic "
                    "backward's, last column) fits the scratch cap (1 GiB by default), else laga's kernels.", "",
                    "Under `--nondeterministic` it compares with cuDNN's non-deterministic backward (its workspace: "
@@ -845,6 +903,12 @@ def main():
           "run (rank P-1, median over the repeats). **Modeled** figures are the measured compute plus the "
           "collectives priced by the alpha-beta model of [bench.md](bench.md); they are labelled so everywhere.",
           ""]
+    source_rows = sources(docs, args.results)
+    flagged = [r[0].split("]")[0][1:] for r in source_rows if r[3] is True]
+    if flagged:
+        print(f"results.py: {len(flagged)} source document(s) measured from a tree with uncommitted changes: "
+              + ", ".join(flagged), file=sys.stderr)
+    md += sources_section(source_rows)
     tm = docs[0][1]["time_model"]
     md += ["## Reproduction of the paper's claims", "",
            "The claims of the paper's abstract against our figures. The verdicts are computed by "

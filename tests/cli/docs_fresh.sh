@@ -15,6 +15,11 @@ mkdir -p "$TMP/docs"
 if python3 "$ROOT/scripts/results.py" --laga "$LAGA" --no-plots --out "$TMP/docs/results.md" --img "$TMP/docs/img" >/dev/null; then
   diff -q "$TMP/docs/results.md" "$ROOT/docs/results.md" >/dev/null ||
     fail "docs/results.md is not what scripts/results.py makes of bench/results/ (re-run it): $(diff "$TMP/docs/results.md" "$ROOT/docs/results.md" | head -5)"
+  # The Sources table names every document the page is built from, with its tree state.
+  for doc in "$ROOT"/bench/results/*.json "$ROOT"/bench/results/peer/*.json "$ROOT"/bench/results/checks/*.json; do
+    grep -qE "^\| \[$(basename "$doc")\]\(.*\| (clean|\*\*uncommitted changes\*\*|not recorded) \|" "$TMP/docs/results.md" ||
+      fail "docs/results.md's Sources table has no row with a tree state for $(basename "$doc")"
+  done
   # laga plan's closed forms (traffic, and the collectives' modeled time) must agree with every measured point.
   for what in "equals the measured bytes at" "prices"; do
     line=$(grep -o "$what [0-9]* of [0-9]*" "$TMP/docs/results.md" | head -1)
