@@ -579,8 +579,9 @@ def claim_traffic(c):
         if ex["sp"] > 1:
             tr.setdefault(ex["sp"], set()).add(round(ex["traffic"]["bytes_sent"] / la["traffic"]["bytes_sent"], 2))
     meas = "; ".join(f"P={P}: {', '.join(f'{x:.2f}x' for x in sorted(v))}" for P, v in sorted(tr.items()))
-    a2a = plan_point(plan_doc("deepseek-v3", "a2a", "bfloat16", [16384], [8]), 16384, 8)
-    ag = plan_point(plan_doc("deepseek-v3", "all_gather", "bfloat16", [16384], [8]), 16384, 8)
+    S, P = 16384, 8  # the paper's point
+    a2a = plan_point(plan_doc("deepseek-v3", "a2a", "bfloat16", [S], [P]), S, P)
+    ag = plan_point(plan_doc("deepseek-v3", "all_gather", "bfloat16", [S], [P]), S, P)
     ex_b, la_b = a2a["explicit"]["closed_form"]["bytes_sent"], a2a["laga"]["closed_form"]["bytes_sent"]
     ds = ex_b / la_b
     # What-ifs on the closed form's records (the plan gives neither): the latent's gradient (reduce-scattered in
@@ -589,7 +590,6 @@ def claim_traffic(c):
     lat_grad = sent(a2a["laga"], tensor="kv_latent", collective="reduce_scatter")
     lat_gather = sent(a2a["laga"], tensor="kv_latent", collective="all_gather")
     ds_bf16 = ex_b / (la_b - lat_grad / 2)
-    P = 8
     alt = ex_b / (la_b - lat_grad - lat_gather + (lat_gather + lat_grad / 2) / P)
     ag = ag["explicit"]["closed_form"]["bytes_sent"] / ag["laga"]["closed_form"]["bytes_sent"]
     rows.append(("Collective communication cut 1.98x",
