@@ -147,7 +147,34 @@ def sources(docs, results_dir):
     return rows
 
 
-def sources_section(rows):
+def other_sources(results_dir):
+    """The committed measurement documents the page is not built from (cited by bench.md, gpu-run.md and others),
+    in the same form as sources(): whatever each records of its machine, commit, tree state and command."""
+    rows = []
+    for path in sorted(glob.glob(os.path.join(results_dir, "*", "**", "*.json"), recursive=True)):
+        rel = os.path.relpath(path, os.path.join(results_dir, "..", ".."))
+        if os.path.dirname(rel) in ("bench/results/peer", "bench/results/checks"):
+            continue
+        with open(path) as f:
+            d = json.load(f)
+        link = f"[{os.path.relpath(rel, 'bench/results')}](../{rel})"
+        m = d.get("machine") if isinstance(d.get("machine"), dict) else {}
+        if d.get("schema") == "laga-bench/1":
+            rows.append((link, f"{describe(d)}, `{m['hostname']}`", d["build"]["commit"], d["build"]["dirty"],
+                         f"`{d['config']['command']}`"))
+        elif "collectives" in d and "speedups" in d:  # scripts/multi_gpu_table.py --json
+            rows.append((link, f"{m.get('device_name', '?')} ({m.get('communicator', '?')}), `{m.get('hostname', '?')}`",
+                         m.get("commit", "unknown"), m.get("dirty"),
+                         f"{len(d['points'])} runs of `laga run --json`, tabled by `python3 scripts/multi_gpu_table.py --json`"))
+        elif m:  # scripts/gpu_torch.py
+            rows.append((link, f"{m.get('device', '?')}, `{m.get('host', '?')}`", m.get("commit") or "unknown", m.get("dirty"),
+                         f"`{d['command']}`" if d.get("command") else "not recorded"))
+        else:
+            rows.append((link, "not recorded", "unknown", None, "not recorded"))
+    return rows
+
+
+def sources_section(rows, others=()):
     dirty = [r for r in rows if r[3] is True]
     unknown = [r for r in rows if r[3] is None]
     md = ["## Sources", "",
@@ -163,6 +190,17 @@ def sources_section(rows):
     for link, machine, commit, state, command in rows:
         short = ", ".join(f"`{c[:10]}`" for c in commit.split(", "))
         md.append(f"| {link} | {machine} | {short} | {tree_text(state)} | {command} |")
+    if others:
+        flagged = sum(r[3] is True for r in others)
+        bare = sum(r[1] == "not recorded" for r in others)
+        md += ["", f"The other measurement documents under [bench/results/](../bench/results/) (cited by "
+               f"[bench.md](bench.md), [gpu-run.md](gpu-run.md) and the README), the same way: **{flagged} of "
+               f"{len(others)} from a tree with uncommitted changes**" + (f"; {bare} record no machine, commit or "
+               "command" if bare else "") + ".", "",
+               "| document | machine | commit | tree | command |", "|---|---|---|---|---|"]
+        for link, machine, commit, state, command in others:
+            short = ", ".join(f"`{c[:10]}`" for c in commit.split(", "))
+            md.append(f"| {link} | {machine} | {short} | {tree_text(state)} | {command} |")
     return md + [""]
 
 
@@ -903,12 +941,12 @@ def main():
           "run (rank P-1, median over the repeats). **Modeled** figures are the measured compute plus the "
           "collectives priced by the alpha-beta model of [bench.md](bench.md); they are labelled so everywhere.",
           ""]
-    source_rows = sources(docs, args.results)
-    flagged = [r[0].split("]")[0][1:] for r in source_rows if r[3] is True]
+    source_rows, other_rows = sources(docs, args.results), other_sources(args.results)
+    flagged = [r[0].split("]")[0][1:] for r in source_rows + other_rows if r[3] is True]
     if flagged:
         print(f"results.py: {len(flagged)} source document(s) measured from a tree with uncommitted changes: "
               + ", ".join(flagged), file=sys.stderr)
-    md += sources_section(source_rows)
+    md += sources_section(source_rows, other_rows)
     tm = docs[0][1]["time_model"]
     md += ["## Reproduction of the paper's claims", "",
            "The claims of the paper's abstract against our figures. The verdicts are computed by "

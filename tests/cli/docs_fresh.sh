@@ -15,10 +15,12 @@ mkdir -p "$TMP/docs"
 if python3 "$ROOT/scripts/results.py" --laga "$LAGA" --no-plots --out "$TMP/docs/results.md" --img "$TMP/docs/img" >/dev/null; then
   diff -q "$TMP/docs/results.md" "$ROOT/docs/results.md" >/dev/null ||
     fail "docs/results.md is not what scripts/results.py makes of bench/results/ (re-run it): $(diff "$TMP/docs/results.md" "$ROOT/docs/results.md" | head -5)"
-  # The Sources table names every document the page is built from, with its tree state.
-  for doc in "$ROOT"/bench/results/*.json "$ROOT"/bench/results/peer/*.json "$ROOT"/bench/results/checks/*.json; do
-    grep -qE "^\| \[$(basename "$doc")\]\(.*\| (clean|\*\*uncommitted changes\*\*|not recorded) \|" "$TMP/docs/results.md" ||
-      fail "docs/results.md's Sources table has no row with a tree state for $(basename "$doc")"
+  # The Sources tables name every committed measurement document, with its tree state.
+  mapfile -t measured < <(cd "$ROOT" && find bench/results -name '*.json' | sort)
+  [ "${#measured[@]}" -gt 0 ] || fail "no documents under bench/results"
+  for doc in "${measured[@]}"; do
+    grep -F "](../$doc) |" "$TMP/docs/results.md" | grep -qE '\| (clean|\*\*uncommitted changes\*\*|not recorded) \|' ||
+      fail "docs/results.md's Sources tables have no row with a tree state for $doc"
   done
   # laga plan's closed forms (traffic, and the collectives' modeled time) must agree with every measured point.
   for what in "equals the measured bytes at" "prices"; do
