@@ -7,8 +7,8 @@
 #
 # What every subcommand on the GPU machine shares, written once below:
 #   - the carried build: the first argument (default build/dist-run), made by `pack`: laga, laga_gpu_tests, the
-#     libraries a bare machine may lack (OpenBLAS and its Fortran runtime, Open MPI) and BUILD, the commit the
-#     binaries were built from and whether the tree was clean;
+#     libraries a bare machine may lack (OpenBLAS and its Fortran runtime, Open MPI; in libs.tar.gz, unpacked on
+#     first use) and BUILD, the commit the binaries were built from and whether the tree was clean;
 #   - the environment (`env` prints it): the carried libraries first, then the machine's cuBLASLt, NCCL, cuDNN and
 #     CUDA runtime; NVLink multicast off (the device notes: it can take the host's GPUs out of service); mpirun
 #     as root;
@@ -24,7 +24,7 @@ usage() {
   cat <<'EOF'
 usage: bash scripts/gpu.sh <subcommand> [arguments]    (dist: the carried build, default build/dist-run)
   help                                     this list
-  pack [build]                             (here) laga, laga_gpu_tests, libraries and BUILD into <build>/dist-run, the folder to carry
+  pack [build]                             (here) laga, laga_gpu_tests, BUILD and libs.tar.gz into <build>/dist-run, the folder to carry
   env [dist]                               the environment the GPU subcommands run in, as export lines: eval "$(bash scripts/gpu.sh env DIST)"
   check-summary FILE                       the worst relative error per suite, output and dtype of the GPU tests' GPUCHECK lines
   check [dist] [filter]                    the GPU test suite with the disabled timing tests: failures, worst error per op and dtype, timings
@@ -57,9 +57,12 @@ need_gpu() {  # a clear message, not a crash, where there is no GPU
   [ -z "$why" ] || die "no NVIDIA GPU on this machine ($why). It runs on a GPU machine: build here, \`bash scripts/gpu.sh pack build\`, carry build/dist-run and run \`bash scripts/gpu.sh $SUB build/dist-run\` there."
 }
 
-use_dist() {  # the carried build folder (absolute)
+use_dist() {  # the carried build folder (absolute), its libraries unpacked
   local d=${1:-$DEFAULT_DIST}
   dist=$(cd "$d" 2>/dev/null && pwd) || die "no carried build at '$d' (make one with \`bash scripts/gpu.sh pack BUILD\` and carry BUILD/dist-run)" 2
+  if [ -f "$dist/libs.tar.gz" ] && [ ! -d "$dist/libs" ]; then
+    tar -xzf "$dist/libs.tar.gz" -C "$dist" || die "cannot unpack $dist/libs.tar.gz"
+  fi
 }
 
 need_bin() { [ -x "$dist/$1" ] || die "$dist/$1 is missing (pack a build that has it: ninja -C BUILD laga laga_gpu_tests)" 2; }
@@ -131,7 +134,7 @@ gpu_start() {  # every GPU subcommand: GPU, carried build, environment, output f
 
 # ---------------------------------------------------------------- here
 
-cmd_pack() {  # the folder to carry: laga, laga_gpu_tests, OpenBLAS and its Fortran runtime, Open MPI, BUILD
+cmd_pack() {  # the folder to carry: laga, laga_gpu_tests, BUILD, and libs.tar.gz (OpenBLAS, Fortran runtime, Open MPI)
   local build=${1:-build}
   [ -d "$build" ] || die "no build folder '$build'" 2
   dist=$build/dist-run
@@ -168,7 +171,10 @@ cmd_pack() {  # the folder to carry: laga, laga_gpu_tests, OpenBLAS and its Fort
     cp -rL "$ompi_data" "$dist/mpi/share/openmpi"
     cp -L "$(command -v orterun)" "$(command -v orted)" "$dist/mpi/bin/"
   fi
-  du -sh "$dist"; ls "$dist" "$dist/libs"; cat "$dist/BUILD"
+  ls "$dist/libs"
+  # Compressed (a third of the size; the carried folder and the tree share a size limit), unpacked there on first use.
+  tar -czf "$dist/libs.tar.gz" -C "$dist" libs mpi && rm -rf "$dist/libs" "$dist/mpi"
+  du -sh "$dist"; ls "$dist"; cat "$dist/BUILD"
 }
 
 cmd_env() {  # export lines, for a command of one's own on the GPU machine
