@@ -763,7 +763,7 @@ def claims(docs, gpu_checks=()):
 
 def peer_section(results_dir, schema):
     """laga's block per rank (phantom rank P-1, a2a) per attention provider against the same rank written in
-    plain PyTorch (scripts/peer_torch_block.py), measured in one call: bench/results/peer/. And the attention
+    plain PyTorch (scripts/peer_torch_block.py), measured in one run: bench/results/peer/. And the attention
     table both providers were timed into (bench/attention-providers.json, what `auto` chooses from)."""
     folder = os.path.join(results_dir, "peer")
     peer_path = os.path.join(folder, "peer.json")
@@ -795,7 +795,7 @@ def peer_section(results_dir, schema):
           "copies) in laga (`laga bench --device cuda --phantom --layout a2a --kernel fused`, one document per "
           "`--attention-provider`) and in plain PyTorch (`scripts/peer_torch_block.py`: projections, RMSNorm, RoPE, "
           "`scaled_dot_product_attention`, autograd; eager, and with the parts around attention under "
-          "`torch.compile`), measured in one call on "
+          "`torch.compile`), measured in one run on "
           f"{m['device_name']} (PyTorch {m['torch']} with its cuDNN {m['cudnn']}, which SDPA ran; laga's cuDNN "
           f"provider loaded {cudnn.get('version', 'none')}). Time: forward + backward, median, ms. Peak: laga's "
           "allocator peak of the backward plus its kernel scratch (weights, inputs and the float32 weight gradients "
