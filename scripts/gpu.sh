@@ -175,6 +175,10 @@ cmd_pack() {  # the folder to carry: laga, laga_gpu_tests, BUILD, and libs.tar.g
   # Compressed (a third of the size; the carried folder and the tree share a size limit), unpacked there on first use.
   tar -czf "$dist/libs.tar.gz" -C "$dist" libs mpi && rm -rf "$dist/libs" "$dist/mpi"
   du -sh "$dist"; ls "$dist"; cat "$dist/BUILD"
+  if grep -qx 'dirty=1' "$dist/BUILD"; then
+    echo "pack: WARNING: built from a tree with uncommitted changes; every document measured with it records so" \
+         "(build.dirty) and docs/results.md flags it. Commit, rebuild and pack again for results to keep."
+  fi
 }
 
 cmd_env() {  # export lines, for a command of one's own on the GPU machine
