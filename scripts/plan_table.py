@@ -30,6 +30,18 @@ def sent(plan, tensor, collective):
     return sum(r["bytes_sent"] for r in plan["traffic"] if r["tensor"] == tensor and r["collective"] == collective)
 
 
+def traffic_ratios(variants, sp):
+    """explicit / LAGA bytes sent at one point of `laga plan --json`: as the block sends them, and two what-ifs on
+    the records of the latent (tensor kv_latent) that the plan does not model: its gradient, reduce-scattered in
+    float32 (the accumulation dtype), in bf16 (half those bytes); and the latent's all-gather and reduce-scatter
+    (gradient in bf16) counted as (P-1)/P of their input, like an all-to-all (the records count every byte to each
+    of the P-1 other ranks). Used by this page and by scripts/results.py."""
+    ex, la = variants["explicit"]["bytes_sent"], variants["laga"]["bytes_sent"]
+    grad, gather = sent(variants["laga"], "kv_latent", "reduce_scatter"), sent(variants["laga"], "kv_latent", "all_gather")
+    return {"as_sent": ex / la, "latent_grad_bf16": ex / (la - grad / 2),
+            "latent_as_all_to_all": ex / (la - grad - gather + (gather + grad / 2) / sp)}
+
+
 def pct(a, b):
     return 100.0 * (a / b - 1.0)
 
@@ -136,17 +148,10 @@ def main():
                   "pays it back")))
     # 5. traffic 1.98x
     S, P = 16384, 8  # the paper's point
-    v = data[("a2a", "fused")][(S, P)]
-    t8 = v["explicit"]["bytes_sent"] / v["laga"]["bytes_sent"]
-    # What-ifs on the plan's records of the latent (tensor kv_latent): its gradient is reduce-scattered in
-    # float32 (the accumulation dtype), so in bf16 LAGA would send half those bytes; and the ratio if the latent's
-    # all-gather and reduce-scatter (gradient in bf16) were counted as (P-1)/P of their input, like an all-to-all.
-    lat_grad = sent(v["laga"], "kv_latent", "reduce_scatter")
-    lat_gather = sent(v["laga"], "kv_latent", "all_gather")
-    bf16_grad = lat_grad / 2
-    t8_bf16 = v["explicit"]["bytes_sent"] / (v["laga"]["bytes_sent"] - bf16_grad)
-    alt = v["explicit"]["bytes_sent"] / (v["laga"]["bytes_sent"] - lat_grad - lat_gather + (lat_gather + bf16_grad) / P)
+    r = traffic_ratios(data[("a2a", "fused")][(S, P)], P)
+    t8, t8_bf16, alt = r["as_sent"], r["latent_grad_bf16"], r["latent_as_all_to_all"]
     ag = data[("all_gather", "fused")][(S, P)]
+    ag_r = traffic_ratios(ag, P)
     # explicit with its K/V gradients reduced in float32 (--kv-grad-reduce-in-fp32, what LAGA's 1e-3 match in
     # bf16 all_gather needs)
     ag32 = plan(args.laga, "all_gather", "fused", seqs=[S], sps=[P], extra=["--kv-grad-reduce-in-fp32"])[(S, P)]
@@ -154,8 +159,7 @@ def main():
                  f"a2a, SP=8: {t8:.2f}x (explicit moves Q, K, V, O; LAGA moves Q, O and the 576-wide latent to "
                  f"7 ranks, its gradient back in float32). With the latent's gradient in bf16: {t8_bf16:.2f}x. "
                  f"Counting the latent all-gather like an all-to-all ((P-1)/P of its input, both ways in bf16) "
-                 f"gives {alt:.2f}x. all_gather layout: {ag['explicit']['bytes_sent'] / ag['laga']['bytes_sent']:.1f}x "
-                 f"({ag['explicit']['bytes_sent'] / (ag['laga']['bytes_sent'] - sent(ag['laga'], 'kv_latent', 'reduce_scatter') / 2):.1f}x "
+                 f"gives {alt:.2f}x. all_gather layout: {ag_r['as_sent']:.1f}x ({ag_r['latent_grad_bf16']:.1f}x "
                  "with a bf16 gradient; "
                  f"{ag32['explicit']['bytes_sent'] / ag32['laga']['bytes_sent']:.1f}x when explicit reduce-scatters its "
                  f"K/V gradients in float32, `--kv-grad-reduce-in-fp32`).",

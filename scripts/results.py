@@ -27,6 +27,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import check_bench  # noqa: E402
+import plan_table  # noqa: E402
 import plot_bench  # noqa: E402
 
 GB = 1e9
@@ -261,11 +262,6 @@ def bench_plans(doc):
                 for p in pd["points"]:
                     out[(p["seq"], p["sp"], batch, layout, kernel)] = p["variants"]
     return out
-
-
-def sent(plan, **match):
-    """Closed-form bytes sent of the records of a plan that match (tensor=..., collective=...)."""
-    return sum(r["bytes_sent"] for r in plan["closed_form"]["traffic"] if all(r[k] == v for k, v in match.items()))
 
 
 def modeled_s(plan, placement_name):
@@ -620,16 +616,9 @@ def claim_traffic(c):
     S, P = 16384, 8  # the paper's point
     a2a = plan_point(plan_doc("deepseek-v3", "a2a", "bfloat16", [S], [P]), S, P)
     ag = plan_point(plan_doc("deepseek-v3", "all_gather", "bfloat16", [S], [P]), S, P)
-    ex_b, la_b = a2a["explicit"]["closed_form"]["bytes_sent"], a2a["laga"]["closed_form"]["bytes_sent"]
-    ds = ex_b / la_b
-    # What-ifs on the closed form's records (the plan gives neither): the latent's gradient (reduce-scattered in
-    # float32) in bf16, and the latent's all-gather and reduce-scatter counted as (P-1)/P of their input, like an
-    # all-to-all (their records count every byte to each of the P-1 other ranks).
-    lat_grad = sent(a2a["laga"], tensor="kv_latent", collective="reduce_scatter")
-    lat_gather = sent(a2a["laga"], tensor="kv_latent", collective="all_gather")
-    ds_bf16 = ex_b / (la_b - lat_grad / 2)
-    alt = ex_b / (la_b - lat_grad - lat_gather + (lat_gather + lat_grad / 2) / P)
-    ag = ag["explicit"]["closed_form"]["bytes_sent"] / ag["laga"]["closed_form"]["bytes_sent"]
+    r = plan_table.traffic_ratios(a2a, P)  # as sent, and the plan's records under two what-ifs
+    ds, ds_bf16, alt = r["as_sent"], r["latent_grad_bf16"], r["latent_as_all_to_all"]
+    ag = plan_table.traffic_ratios(ag, P)["as_sent"]
     rows.append(("Collective communication cut 1.98x",
                  f"measured, a2a, explicit / LAGA bytes sent ({', '.join(models)}): {meas}. The closed form of "
                  f"DESIGN.md section 3 equals the measured bytes at {exact} of {total} points; at DeepSeek-V3, SP=8 "
