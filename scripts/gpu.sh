@@ -10,7 +10,7 @@
 #     libraries a bare machine may lack (OpenBLAS and its Fortran runtime, Open MPI; in libs.tar.gz, unpacked on
 #     first use) and BUILD, the commit the binaries were built from and whether the tree was clean;
 #   - the environment (`env` prints it): the carried libraries first, then the machine's cuBLASLt, NCCL, cuDNN and
-#     CUDA runtime; NVLink multicast off (the device notes: it can take the host's GPUs out of service); mpirun
+#     CUDA runtime; NVLink multicast off (it can take the host's GPUs out of service); mpirun
 #     as root;
 #   - the output folder: $OUT, else /tmp/laga_gpu_<subcommand>; every subcommand first prints the build's commit
 #     and tree state and writes it to build.txt there, so each result names the code it measured.
@@ -172,7 +172,7 @@ cmd_pack() {  # the folder to carry: laga, laga_gpu_tests, BUILD, and libs.tar.g
     cp -L "$(command -v orterun)" "$(command -v orted)" "$dist/mpi/bin/"
   fi
   ls "$dist/libs"
-  # Compressed (a third of the size; the carried folder and the tree share a size limit), unpacked there on first use.
+  # Compressed to a third of the size (less to copy to the GPU machine), unpacked there on first use.
   tar -czf "$dist/libs.tar.gz" -C "$dist" libs mpi && rm -rf "$dist/libs" "$dist/mpi"
   du -sh "$dist"; ls "$dist"; cat "$dist/BUILD"
   if grep -qx 'dirty=1' "$dist/BUILD"; then
