@@ -1021,18 +1021,23 @@ def main():
     md += peer_section(args.results, schema)
 
     gpu_docs = [stem for stem, d in docs if d["config"]["device"] == "cuda"]
+    flagged_rows = [r for r in source_rows + other_rows if r[3] is True]
+    names = lambda gpu: ", ".join(r[0].split("]")[0][1:] for r in flagged_rows if ("(CPU)" not in r[1]) == gpu)  # noqa: E731
     md += ["## What remains for a GPU", "",
            ("GPU documents here: " + ", ".join(gpu_docs) + "." if gpu_docs else "No GPU document yet.") + " Left:", "",
-           "- The fused kernel at speed: the throughput claims are about a fused kernel, and a fused document's "
-           "attention throughput (computed in the claims table) must approach the eager kernel's before its modeled "
-           "ratios mean anything. Re-run `laga bench --device cuda --model deepseek-v3 --phantom --seq 4096,8192,16384 "
-           "--sp 4,8,16 --layout all --kernel fused --form all --out bench/results/h200-deepseek-v3-fused.json`, then "
-           "`python3 scripts/results.py`.",
+           f"- Re-measure from a clean tree the {len(flagged_rows)} documents flagged in Sources (GPU: {names(True) or 'none'}; "
+           f"CPU: {names(False) or 'none'}): each one's command is in the tables above. On the GPU machine "
+           "(docs/gpu-run.md) `bash scripts/gpu.sh all DIST 5` re-measures the two h200-deepseek-v3 documents, "
+           "`bash scripts/gpu.sh cudnn DIST apc` the peer documents and attention-providers.json, `bash scripts/gpu.sh "
+           "run-check DIST 45` and `bash scripts/gpu.sh multi DIST 1 1` the `laga run --check` documents that "
+           "`python3 scripts/check_table.py --json` summarises into checks/, `bash scripts/gpu.sh multi DIST 1 2 16384` "
+           "the NCCL timing at P = 1; then `python3 scripts/results.py`.",
            "- Longer sequences and P = 1, 2 at S >= 16k: the eager kernel keeps S^2 probabilities per head, so "
            "some of these points do not fit one H200 (a2a, P = 2, S = 16384, absorbed with the latent expanded ran "
            "out of memory); sweep them with the fused kernel.",
-           "- Real multi-GPU collectives (NCCL, `laga run` under mpirun) to measure the bandwidths the alpha-beta "
-           "model assumes, on one node and across nodes, and to replace the modeled collective time by a measured one.",
+           "- Real multi-GPU collectives (NCCL, one rank per GPU: `bash scripts/gpu.sh multi DIST` on a host with "
+           "several GPUs) to measure the bandwidths the alpha-beta model assumes, on one node and across nodes, and "
+           "to replace the modeled collective time by a measured one.",
            ""]
     with open(args.out, "w") as f:
         f.write("\n".join(md))
