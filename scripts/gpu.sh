@@ -195,6 +195,7 @@ cmd_check_summary() {
   # The worst relative error per suite, output and dtype from the GPUCHECK lines of the GPU tests. Fields are
   # found by their key, not their position, since the lines differ in how many words they carry:
   #   GPUCHECK <Suite>/<Case>.<Test>/<param> <tensor> <dtype> rel_err=<e> tol=<t>     (gpu_test_util.hpp report)
+  #   GPUCHECK Block/<platform>.<case>_<kernel>_<variant> <tensor> <dtype> rel_err=<e> tol=<t>  (tests/conformance)
   #   GPUCHECK LagaVsExplicitSameP/<layout> <kernel> [kv-grad-fp32] P=<n> worst_rel_error=<e>  (test_nccl.cpp)
   # Lines with neither key (scratch, bitwise flags) are not errors and are skipped.
   [ $# -ge 1 ] || die "usage: bash scripts/gpu.sh check-summary FILE (GPUCHECK lines of laga_gpu_tests)" 2
@@ -233,8 +234,7 @@ cmd_check() {  # the GPU suites and a short table of what they measured; full lo
   start=$(date +%s)
   "$bin" --gtest_filter="$filter" --gtest_also_run_disabled_tests >"$final/gpu_tests.log" 2>&1
   rc=$?
-  # (the host-staging suite's lines have another layout: run-check reads them)
-  grep '^GPUCHECK' "$final/gpu_tests.log" | grep -v '^GPUCHECK HostStaging' >"$final/gpu_checks.txt"
+  grep '^GPUCHECK' "$final/gpu_tests.log" >"$final/gpu_checks.txt"
   grep -E '^\[  FAILED  \]' "$final/gpu_tests.log" | sort -u | head -40
   grep -B3 -E 'Failure|error:' "$final/gpu_tests.log" | head -60
   echo
@@ -359,17 +359,17 @@ cmd_run_check() {
 
   if [[ $steps == *1* ]]; then
     say ""
-    say "== 1. GPU communicator tests (tests/gpu/test_nccl.cpp)"
+    say "== 1. GPU communicator tests (tests/gpu/test_nccl.cpp; the block through host staging, test_cuda_block.cpp)"
     NCCL_DEBUG=VERSION timeout 150 "$dist/laga_gpu_tests" --gtest_filter='*GpuComm*:*HostStaging*:*CudaMemInfo*' \
       >"$work/gtest_nccl.log" 2>&1
     local rc=$?
     say "exit $rc; $(grep -m1 -o 'NCCL version [^ ]*' "$work/gtest_nccl.log")"
     grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\]' "$work/gtest_nccl.log" | tee -a "$SUMMARY"
     grep -B2 -A6 'Failure' "$work/gtest_nccl.log" | head -40 | tee -a "$SUMMARY"
-    # GPUCHECK HostStagingThreads/<form> <layout> P=<n> <dtype> <tensor> rel_error=<e> tol=<t>
-    awk '/^GPUCHECK HostStaging/ { k = $2 " " $3 " " $4 " " $5; split($7, e, "=");
+    # GPUCHECK Block/cuda_host_staging.<config>_P<n>_S<s>_B<b>_<layout>_<dtype>_<kernel>_<variant> <tensor> <dtype> rel_err=<e> tol=<t>
+    awk '/^GPUCHECK Block\/cuda_host_staging\./ { k = $2; sub(/^[^.]*\./, "", k); split($5, e, "=");
            if (!(k in w) || e[2] + 0 > w[k]) { w[k] = e[2] + 0; t[k] = $6 } }
-         END { for (c in w) printf "  %-48s worst rel. error %.2e (%s)\n", c, w[c], t[c] }' "$work/gtest_nccl.log" |
+         END { for (c in w) printf "  %-64s worst rel. error %.2e (%s)\n", c, w[c], t[c] }' "$work/gtest_nccl.log" |
       sort | tee -a "$SUMMARY"
   fi
 

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/block_configs.hpp"
 #include "laga/backend.hpp"
 #include "laga/config.hpp"
 #include "laga/cuda.hpp"
@@ -48,18 +49,7 @@ inline std::vector<std::uint8_t> raw_bytes(Backend& be, const Tensor& t) {
   return out;
 }
 
-// DeepSeek-V3's head dims (192/128 per head, latent 576/512) on a small model: exercises the tensor-core
-// attention kernels at the real MLA dims inside the block.
-inline MlaConfig mla_dims() {
-  MlaConfig c = preset("deepseek-v3");
-  c.name = "mla_dims";
-  c.hidden_size = 256;
-  c.num_attention_heads = 4;
-  c.q_lora_rank = 96;
-  c.rope_scaling = std::nullopt;
-  validate(c);
-  return c;
-}
+using test::mla_dims;  // DeepSeek-V3's head dims on a small model (tests/common/block_configs.hpp)
 
 // One random generator per test, seeded from the test's name: reruns draw the same data, tests differ.
 inline std::mt19937_64 rng_for_test() {

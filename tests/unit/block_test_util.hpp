@@ -1,6 +1,6 @@
-// Shared helpers of the MLA block tests (test_block.cpp, test_block_parallel.cpp): the variants every test
-// loops over, the test configurations, a single-rank runner that drives MlaBlock directly, and
-// comparisons (relative Frobenius error, raw bytes).
+// Shared helpers of the single-rank MLA block tests (test_block.cpp, test_ring_block.cpp): the variants every
+// test loops over, the test configurations, a single-rank runner that drives MlaBlock directly, and
+// comparisons (relative Frobenius error by laga::relative_error, raw bytes).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/block_configs.hpp"
 #include "laga/backend.hpp"
 #include "laga/block.hpp"
 #include "laga/comm.hpp"
@@ -29,68 +30,22 @@ inline const char* dtype_tag(DType t) { return t == DType::f64 ? "f64" : t == DT
 
 // ---------------------------------------------------------------- configurations
 inline MlaConfig tiny() { return preset("tiny"); }
-
-// `tiny` without query compression (x W_Q directly, as DeepSeek-V2-Lite): no w_dq, no q_norm.
-inline MlaConfig tiny_no_q_lora() {
-  MlaConfig c = preset("tiny");
-  c.name = "tiny_no_q_lora";
-  c.q_lora_rank = std::nullopt;
-  validate(c);
-  return c;
-}
-
-// `tiny` with 8 heads, so that a2a can split the heads over P = 8 ranks.
-inline MlaConfig tiny_8_heads() {
-  MlaConfig c = preset("tiny");
-  c.name = "tiny_8_heads";
-  c.num_attention_heads = 8;
-  validate(c);
-  return c;
-}
-
-// `tiny` with YaRN's mscale != mscale_all_dim, so RoPE's cos/sin carry a factor != 1 (0.1 ln 4 + 1) / (0.05 ln 4 + 1)
-// and the softmax scale another one: exercises the mscale in RoPE forward and backward.
-inline MlaConfig tiny_mscale() {
-  MlaConfig c = preset("tiny");
-  c.name = "tiny_mscale";
-  c.rope_scaling->mscale = 1.0;
-  c.rope_scaling->mscale_all_dim = 0.5;
-  validate(c);
-  return c;
-}
-
-inline MlaConfig config_by_name(const std::string& name) {
-  if (name == "tiny_no_q_lora") return tiny_no_q_lora();
-  if (name == "tiny_mscale") return tiny_mscale();
-  if (name == "tiny_8_heads") return tiny_8_heads();
-  return preset(name);
-}
+using test::config_by_name;
+using test::tiny_8_heads;
+using test::tiny_mscale;
+using test::tiny_no_q_lora;
 
 // ---------------------------------------------------------------- comparisons
-// ||a - b|| / ||b|| (written here rather than taken from the library under test); NaN when sizes differ
-// or a value is NaN.
-inline double rel_frobenius(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return NAN;
-  long double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const long double diff = (long double)a[i] - (long double)b[i];
-    num += diff * diff;
-    den += (long double)b[i] * (long double)b[i];
-  }
-  if (den == 0) return num == 0 ? 0.0 : INFINITY;
-  return double(std::sqrt(num / den));
-}
-
 // Every tensor of `got` within `tol` of `ref` (y, dx and every weight gradient, matched by name).
 // `what` says which comparison failed.
 inline void expect_close(const GlobalResult& got, const GlobalResult& ref, double tol, const std::string& what) {
   ASSERT_FALSE(ref.y.empty()) << what;
-  EXPECT_LE(rel_frobenius(got.y, ref.y), tol) << what << ": y";
-  EXPECT_LE(rel_frobenius(got.dx, ref.dx), tol) << what << ": dx";
+  EXPECT_LE(relative_error(got.y, ref.y), tol) << what << ": y";
+  EXPECT_LE(relative_error(got.dx, ref.dx), tol) << what << ": dx";
   ASSERT_EQ(got.grads.size(), ref.grads.size()) << what;
   for (std::size_t i = 0; i < ref.grads.size(); ++i) {
     EXPECT_EQ(got.grads[i].first, ref.grads[i].first) << what;
-    EXPECT_LE(rel_frobenius(got.grads[i].second, ref.grads[i].second), tol)
+    EXPECT_LE(relative_error(got.grads[i].second, ref.grads[i].second), tol)
         << what << ": gradient of " << ref.grads[i].first;
   }
 }
@@ -211,7 +166,7 @@ inline void expect_bit_identical(const SingleResult& a, const SingleResult& b, c
     EXPECT_EQ(a.grads_raw[i].first, b.grads_raw[i].first) << what;
     EXPECT_TRUE(!a.grads_raw[i].second.empty() && a.grads_raw[i].second == b.grads_raw[i].second)
         << what << ": gradient of " << a.grads_raw[i].first << " differs (max rel. error "
-        << rel_frobenius(a.values.grads[i].second, b.values.grads[i].second) << ")";
+        << relative_error(a.values.grads[i].second, b.values.grads[i].second) << ")";
   }
 }
 

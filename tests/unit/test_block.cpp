@@ -1,7 +1,8 @@
 // The MLA block on one rank (P = 1): finite-difference gradients in float64 for every form and kernel,
 // absorbed == explicit and eager == fused in float64, inputs left untouched and gradients overwritten, edge
-// shapes, LAGA bit-identical to explicit, the saved-tensor accounting of the allocator, and the validation
-// of (config, options, shape).
+// shapes, the saved-tensor accounting of the allocator, and the validation of (config, options, shape).
+// The matrix of forms x layouts x kernels x P against the float64 reference (LAGA bit-identical to explicit
+// at P = 1 among it) is the conformance suite's (tests/conformance).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -263,8 +264,8 @@ TEST(BlockEdgeShapes, EveryVariantMatchesExplicit) {
           const SingleResult got = r.run();
           const std::string what = v.name() + "_" + layout_name(l) + "_" + kernel_name(k) + " batch " +
                                    std::to_string(batch) + " seq " + std::to_string(seq);
-          EXPECT_LE(rel_frobenius(got.values.y, e.values.y), 1e-10) << what << ": y";
-          EXPECT_LE(rel_frobenius(got.values.dx, e.values.dx), 1e-10) << what << ": dx";
+          EXPECT_LE(relative_error(got.values.y, e.values.y), 1e-10) << what << ": y";
+          EXPECT_LE(relative_error(got.values.dx, e.values.dx), 1e-10) << what << ": dx";
           double scale = 0;
           for (const auto& [n, g] : e.values.grads) {
             double ss = 0;
@@ -280,58 +281,10 @@ TEST(BlockEdgeShapes, EveryVariantMatchesExplicit) {
       }
 }
 
-// ================================================================ LAGA bit-identical to explicit at P = 1
+// ================================================================ bit identity can fail
 
-struct BitParam {
-  std::string config;
-  DType dtype;
-  Layout layout;
-  AttentionKernel kernel;
-};
-std::string bit_name(const BitParam& p) {
-  return p.config + "_" + layout_tag(p.layout) + "_" + kernel_name(p.kernel) + "_" + dtype_tag(p.dtype);
-}
-void PrintTo(const BitParam& p, std::ostream* os) { *os << bit_name(p); }
-
-std::vector<BitParam> bit_params() {
-  std::vector<BitParam> out;
-  for (const char* cfg : {"tiny", "tiny_no_q_lora", "small"})
-    for (DType dt : {DType::f32, DType::f64})
-      for (Layout l : kAllLayouts)
-        for (AttentionKernel k : kAllKernels) out.push_back({cfg, dt, l, k});
-  return out;
-}
-
-// DESIGN.md section 5: at P = 1 LAGA runs exactly the explicit form's operations (the latent all-gather is a
-// copy, the K/V up-projection the same GEMMs), so y, dx and every gradient are equal bit for bit. No
-// tolerance: any difference means a different sequence of floating-point operations.
-class LagaBitIdentical : public ::testing::TestWithParam<BitParam> {};
-
-TEST_P(LagaBitIdentical, ToExplicitAndWithRecompute) {
-  const BitParam& p = GetParam();
-  const MlaConfig cfg = config_by_name(p.config);
-  const std::int64_t seq = p.config == "small" ? 32 : kSeq;
-  auto run = [&](Variant v, Layout layout) {
-    SingleRank r(cfg, v.options(layout, p.kernel, p.dtype), kBatch, seq);
-    return r.run();
-  };
-  const Variant laga{.form = Form::Laga}, laga_kv{.form = Form::Laga, .recompute = Recompute::KV};
-  const SingleResult expl = run(Variant{}, p.layout);
-  const SingleResult l = run(laga, p.layout);
-  const SingleResult lr = run(laga_kv, p.layout);
-  expect_bit_identical(l, expl, bit_name(p) + ": laga vs explicit");
-  expect_bit_identical(lr, l, bit_name(p) + ": laga recompute kv vs laga");
-  // At P = 1 the layout is a no-op: the same bits as the a2a layout.
-  if (p.layout != Layout::A2A) {
-    expect_bit_identical(l, run(laga, Layout::A2A), bit_name(p) + ": laga vs laga a2a");
-    expect_bit_identical(expl, run(Variant{}, Layout::A2A), bit_name(p) + ": explicit vs explicit a2a");
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(P1, LagaBitIdentical, ::testing::ValuesIn(bit_params()),
-                         [](const ::testing::TestParamInfo<BitParam>& info) { return bit_name(info.param); });
-
-// The bit-identity check can fail: a different input (another seed) changes the bits.
+// The bit-identity checks (tests/conformance: LAGA against explicit at P = 1) can fail: a different input
+// (another seed) changes the bits.
 TEST(LagaBitIdenticalSanity, DifferentInputsGiveDifferentBits) {
   const MlaConfig cfg = tiny();
   const BlockOptions opts = Variant{.form = Form::Laga}.options(Layout::A2A, AttentionKernel::fused, DType::f32);
@@ -506,39 +459,6 @@ TEST(SavedContextStorage, SharedBuffersCountOnceUnderJoinedNames) {
       }
   EXPECT_GT(shared_seen, 0) << "no variant shares a saved buffer: the all_gather + fused case should";
 }
-
-struct LayoutKernel {
-  Layout layout;
-  AttentionKernel kernel;
-};
-std::string lk_name(const LayoutKernel& p) { return layout_tag(p.layout) + "_" + kernel_name(p.kernel); }
-void PrintTo(const LayoutKernel& p, std::ostream* os) { *os << lk_name(p); }
-std::vector<LayoutKernel> lk_params() {
-  std::vector<LayoutKernel> out;
-  for (Layout l : kAllLayouts)
-    for (AttentionKernel k : kAllKernels) out.push_back({l, k});
-  return out;
-}
-
-// Recomputing K/V in backward keeps only the gathered latent: strictly fewer bytes, the same results.
-class LagaRecomputeSaves : public ::testing::TestWithParam<LayoutKernel> {};
-
-TEST_P(LagaRecomputeSaves, StrictlyFewerBytesSameOutputs) {
-  const LayoutKernel& p = GetParam();
-  for (const char* cfg_name : {"tiny", "small"}) {
-    const MlaConfig cfg = config_by_name(cfg_name);
-    SingleRank laga(cfg, Variant{.form = Form::Laga}.options(p.layout, p.kernel, DType::f32), kBatch, kSeq);
-    SingleRank kv(cfg, Variant{.form = Form::Laga, .recompute = Recompute::KV}.options(p.layout, p.kernel, DType::f32),
-                  kBatch, kSeq);
-    const SingleResult a = laga.run(), b = kv.run();
-    EXPECT_LT(b.saved_bytes, a.saved_bytes)
-        << cfg_name << ": recompute " << records_string(b.saved) << " vs " << records_string(a.saved);
-    expect_bit_identical(b, a, std::string(cfg_name) + ": recompute vs laga");
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(P1, LagaRecomputeSaves, ::testing::ValuesIn(lk_params()),
-                         [](const ::testing::TestParamInfo<LayoutKernel>& info) { return lk_name(info.param); });
 
 // DESIGN.md section 1, the memory trap: the absorbed form's intermediates are n_h x r_kv per token, more than
 // the per-head K/V the explicit form keeps. Preset `small`, per token: absorbed keeps q_abs n_h x (r_kv + d_r)
