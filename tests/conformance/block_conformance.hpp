@@ -52,7 +52,7 @@ struct Platform {
   // The backend's allocator counts what the plan (meta backend) counts: saved bytes, peaks and FLOPs are
   // compared with plan_rank. Traffic is compared on every platform (the counting communicator's).
   bool plan_exact = true;
-  // Each error printed as a GPUCHECK line (scripts/gpu_check.sh collects them).
+  // Each error printed as a GPUCHECK line (`bash scripts/gpu.sh check` collects them).
   bool report = false;
 };
 

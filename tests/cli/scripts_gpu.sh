@@ -2,9 +2,9 @@
 # scripts/gpu.sh on a machine without a GPU: `help` lists every subcommand the script dispatches (one line each), an
 # unknown subcommand exits 2 naming it, a GPU subcommand says there is no GPU (exit 1, no shell error), a missing
 # carried build is named (exit 2), and `pack` stamps the commit and tree state of the build it packs.
-#   usage: bash gpu_script.sh <path-to-laga>
+#   usage: bash scripts_gpu.sh <path-to-laga>
 set -u
-LAGA=${1:?usage: gpu_script.sh <path-to-laga>}
+LAGA=${1:?usage: scripts_gpu.sh <path-to-laga>}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 GPU_SH=$ROOT/scripts/gpu.sh
 TMP=$(mktemp -d)
