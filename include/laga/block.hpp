@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,7 +75,20 @@ struct BlockOptions {
   // the order of allocations changes, so peaks may differ (the plan runs the same orchestration). Off by
   // default. No effect on p2p, whose ring always starts the next shift before the chunk in hand's attention.
   bool overlap = false;
+  // The weight gradients' dtype: accum_dtype(dtype) when unset (float32 for a bfloat16 block, as Megatron's
+  // main_grad), or the weights' own dtype (PyTorch's .grad of bfloat16 parameters). A gradient one GEMM writes
+  // whole, or head slice by head slice, is written in that dtype by the GEMM (float32 accumulation, one
+  // rounding: the float32 result rounded once); the norms' scales and gradients summed over ring steps are
+  // summed in float32 and rounded once at the end of backward.
+  std::optional<DType> grad_dtype;
+  // Backward adds this rank's weight gradients to what the gradient tensors hold (Megatron's gradient-
+  // accumulation fusion into main_grad over micro-batches) instead of overwriting them: no zero fill, every
+  // weight-gradient GEMM with beta = 1.
+  bool accumulate_grads = false;
 };
+
+// The dtype of the weight gradients under these options.
+inline DType grad_dtype(const BlockOptions& o) { return o.grad_dtype.value_or(accum_dtype(o.dtype)); }
 
 // Whether explicit's K/V gradients are summed over `ranks` ranks in float32 under these options: only where
 // there is such a sum (all_gather's reduce-scatter, p2p's accumulators going round the ring; P > 1) and only
@@ -165,7 +179,7 @@ struct MlaWeights {
   std::vector<std::pair<std::string, Tensor*>> named();
   std::vector<std::pair<std::string, const Tensor*>> named() const;
 };
-using MlaGrads = MlaWeights;  // same shapes and names; dtype accum_dtype (float32 for bfloat16 weights)
+using MlaGrads = MlaWeights;  // same shapes and names; dtype grad_dtype(options), by default accum_dtype
 
 // Allocate weights (or gradients) of the configuration as external memory, uninitialised.
 MlaWeights allocate_weights(const MlaConfig&, DType, Allocator&, const std::string& prefix = "");
@@ -173,6 +187,10 @@ MlaWeights allocate_weights(const MlaConfig&, DType, Allocator&, const std::stri
 // Megatron's main_grad) and their sum over ranks is not a sum of rounded partials.
 inline MlaGrads allocate_grads(const MlaConfig& c, DType dtype, Allocator& a) {
   return allocate_weights(c, accum_dtype(dtype), a, "grad.");
+}
+// Weight gradients in grad_dtype(opts).
+inline MlaGrads allocate_grads(const MlaConfig& c, const BlockOptions& opts, Allocator& a) {
+  return allocate_weights(c, grad_dtype(opts), a, "grad.");
 }
 
 // Counters of one forward or backward pass on one rank.
@@ -207,8 +225,10 @@ class MlaBlock {
 
   // x: this rank's tokens [s, batch, d] (Megatron's sbhd layout). Returns y [s, batch, d]; fills ctx.
   Tensor forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w);
-  // dy [s, batch, d]. Consumes ctx; writes this rank's weight gradients into grads (overwritten) and
-  // returns dx [s, batch, d]. The sum of grads over ranks is the single-rank gradient.
+  // dy [s, batch, d]. Consumes ctx; writes this rank's weight gradients into grads (overwritten, or added to
+  // with BlockOptions::accumulate_grads) and returns dx [s, batch, d]. The sum of grads over ranks is the
+  // single-rank gradient. Each gradient is kept in its own tensor's dtype: the block's dtype or its
+  // accumulation dtype (they may differ between gradients: see BlockOptions::grad_dtype).
   Tensor backward(MlaGrads& grads, SavedContext& ctx, const Tensor& dy, const Tensor& x,
                   const MlaWeights& w);
 

@@ -28,6 +28,7 @@ Block::Block(const std::string& config_json, const std::string& options_json, co
   opts_.absorbed_attention = laga::parse_absorbed_attention(o.at("absorbed_attention"));
   opts_.kv_grad_reduce_fp32 = o.at("kv_grad_reduce_fp32");
   opts_.overlap = o.at("overlap");
+  opts_.accumulate_grads = o.at("accumulate_grads");
   provider_ = laga::parse_attention_provider(o.at("attention_provider"));
   timing_ = o.at("timing");
   LAGA_REQUIRE(size_ >= 1 && rank_ >= 0 && rank_ < size_, "rank ", rank_, " of ", size_, ": must be in [0, size)");
@@ -101,6 +102,8 @@ std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> Block::forward(const at::Tenso
   LAGA_REQUIRE(x.dim() == 3, "x has ", x.dim(), " dimensions: expected [s, batch, hidden_size]");
   LAGA_REQUIRE(x.is_contiguous(), "x must be contiguous");
   opts_.dtype = to_laga(x.scalar_type());
+  // Gradients in the weights' dtype (autograd's .grad), or added to main_grad in its own.
+  opts_.grad_dtype = opts_.accumulate_grads ? std::nullopt : std::optional(opts_.dtype);
   std::shared_ptr<Resources> r = resources(x.device());
   follow_current_stream(*r);
   laga::BlockShape shape{.batch = x.size(1), .seq = x.size(0) * size_, .ranks = size_, .rank = rank_};
@@ -119,7 +122,8 @@ std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> Block::forward(const at::Tenso
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> Saved::backward(const at::Tensor& dy, const at::Tensor& x,
-                                                                const std::vector<at::Tensor>& weights, bool retain) {
+                                                                const std::vector<at::Tensor>& weights,
+                                                                const std::vector<at::Tensor>& main_grads, bool retain) {
   LAGA_REQUIRE(!consumed_, "this forward's backward has run already (laga's block frees what forward kept; "
                "retain_saved=True keeps it for another backward)");
   consumed_ = !retain;
@@ -130,13 +134,26 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> Saved::backward(const at::Tensor
   const laga::DType dtype = mla_->options().dtype;
   laga::MlaWeights w = block_->borrow_weights(r, weights, dtype);
   laga::Tensor xb = r.borrow->borrow(x, "x"), dyb = r.borrow->borrow(dy, "dy");
-  // The gradients have the weights' fields and shapes: each handle of a copy of `w` is replaced by a new tensor.
+  // The gradients have the weights' fields and shapes: each handle of a copy of `w` is replaced by a new tensor
+  // in the weights' dtype, or by the weight's main_grad, which the block adds to.
   laga::MlaGrads g = w;
   std::vector<at::Tensor> grads;
-  const auto grad_type = to_torch(laga::accum_dtype(dtype));
+  const bool into_main = !main_grads.empty();
+  LAGA_REQUIRE(into_main == mla_->options().accumulate_grads, "main_grads are given exactly when the module adds "
+               "to them (fuse_wgrad_accumulation)");
+  LAGA_REQUIRE(!into_main || main_grads.size() == weights.size(), main_grads.size(), " main_grads for ",
+               weights.size(), " weights");
+  std::size_t i = 0;
   for (auto& [name, t] : g.named()) {
-    grads.push_back(at::empty(at::IntArrayRef(t->shape()), at::TensorOptions().dtype(grad_type).device(r.device)));
-    *t = r.borrow->borrow(grads.back(), "grad." + name);
+    if (into_main) {
+      const at::Tensor& m = main_grads[i++];
+      LAGA_REQUIRE(m.device() == r.device && m.is_contiguous() && m.sizes() == at::IntArrayRef(t->shape()),
+                   name, ".main_grad must be a contiguous tensor of the weight's shape on ", r.device.str());
+      *t = r.borrow->borrow(m, "grad." + name);
+    } else {
+      grads.push_back(at::empty(at::IntArrayRef(t->shape()), at::TensorOptions().dtype(to_torch(dtype)).device(r.device)));
+      *t = r.borrow->borrow(grads.back(), "grad." + name);
+    }
   }
   laga::SavedContext kept;
   if (retain) kept = ctx_;  // the handles keep every saved tensor alive through backward's releases

@@ -33,7 +33,8 @@ class Saved;
 class Block : public torch::CustomClassHolder {
  public:
   // options_json: {"form", "layout", "kernel", "recompute", "absorbed_attention", "attention_provider"} as the
-  // CLI spells them, {"kv_grad_reduce_fp32", "overlap", "timing"} booleans; group_name "" = one rank.
+  // CLI spells them, {"kv_grad_reduce_fp32", "overlap", "timing", "accumulate_grads"} booleans; group_name ""
+  // = one rank.
   Block(const std::string& config_json, const std::string& options_json, const std::string& group_name, int64_t rank,
         int64_t size);
 
@@ -69,11 +70,14 @@ class Saved : public torch::CustomClassHolder {
  public:
   Saved(c10::intrusive_ptr<Block> block, std::shared_ptr<Resources> res, std::unique_ptr<laga::MlaBlock> mla)
       : block_(std::move(block)), res_(std::move(res)), mla_(std::move(mla)) {}
-  // dy [s, batch, d]; returns dx and the weight gradients in the order of the weights (float32 for bfloat16).
-  // Consumes what forward kept, unless `retain` (backward through the same graph again, as gradcheck
-  // does: the saved tensors then stay alive until this object goes).
+  // dy [s, batch, d]; returns dx and the weight gradients in the order of the weights, in the weights' dtype,
+  // or, given main_grads (one per weight, its shape, the weights' dtype or float32), adds the gradients to them
+  // (the module's fuse_wgrad_accumulation) and returns no gradient. Consumes what forward kept, unless `retain`
+  // (backward through the same graph again, as gradcheck does: the saved tensors then stay alive until this
+  // object goes).
   std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, const at::Tensor& x,
-                                                           const std::vector<at::Tensor>& weights, bool retain);
+                                                           const std::vector<at::Tensor>& weights,
+                                                           const std::vector<at::Tensor>& main_grads, bool retain);
   laga::SavedContext& context() { return ctx_; }
 
  private:

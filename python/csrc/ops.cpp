@@ -31,8 +31,9 @@ std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> mla_forward(const c10::intrusi
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> mla_backward(const c10::intrusive_ptr<Saved>& saved,
                                                              const at::Tensor& dy, const at::Tensor& x,
-                                                             std::vector<at::Tensor> weights, bool retain) {
-  return translating([&] { return saved->backward(dy, x, weights, retain); });
+                                                             std::vector<at::Tensor> weights,
+                                                             std::vector<at::Tensor> main_grads, bool retain) {
+  return translating([&] { return saved->backward(dy, x, weights, main_grads, retain); });
 }
 
 // A preset name or a config.json path -> the configuration as JSON (every field validated).
@@ -90,7 +91,8 @@ TORCH_LIBRARY(laga, m) {
   m.def("mla_forward(__torch__.torch.classes.laga.Block block, Tensor x, Tensor[] weights) -> "
         "(Tensor, __torch__.torch.classes.laga.Saved)",
         &laga_torch::mla_forward);
-  m.def("mla_backward(__torch__.torch.classes.laga.Saved saved, Tensor dy, Tensor x, Tensor[] weights, bool retain) -> "
+  m.def("mla_backward(__torch__.torch.classes.laga.Saved saved, Tensor dy, Tensor x, Tensor[] weights, Tensor[] main_grads, "
+        "bool retain) -> "
         "(Tensor, Tensor[])",
         &laga_torch::mla_backward);
   m.def("resolve_config(str name_or_path) -> str", &laga_torch::resolve_config);

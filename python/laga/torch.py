@@ -51,11 +51,24 @@ class _LatentAttention(torch.autograd.Function):
     def backward(ctx, dy):
         x, *params = ctx.saved_tensors
         retain = ctx.module.retain_saved
-        dx, grads = torch.ops.laga.mla_backward(ctx.saved, dy.contiguous(), x, list(params), retain)
+        fused = ctx.module.fuse_wgrad_accumulation
+        main_grads = [p.main_grad for p in params] if fused else []
+        dx, grads = torch.ops.laga.mla_backward(ctx.saved, dy.contiguous(), x, list(params), main_grads, retain)
         if not retain:
             ctx.saved = None
-        # The block keeps bfloat16 weights' gradients in float32; autograd wants the parameters' dtype.
-        return (None, dx, *(g if g.dtype == p.dtype else g.to(p.dtype) for g, p in zip(grads, params)))
+        if not fused:
+            return (None, dx, *grads)  # in the parameters' dtype, written there by the block
+        # The gradients went into main_grad. As TransformerEngine does for Megatron-Core's DDP, whose hooks
+        # fire when a gradient reaches the parameter: flag the parameter and hand autograd a placeholder.
+        out = []
+        for p in params:
+            if hasattr(p, "grad_added_to_main_grad"):
+                p.grad_added_to_main_grad = True
+                zero = getattr(p, "zero_out_wgrad", False)
+                out.append(torch.zeros_like(p) if zero else torch.empty_like(p))
+            else:
+                out.append(None)
+        return (None, dx, *out)
 
 
 class MultiheadLatentAttention(nn.Module):
@@ -72,6 +85,12 @@ class MultiheadLatentAttention(nn.Module):
     API where it supports the shape, deterministic backward); CPU tensors always run laga's. ``timing``: laga
     times each op on the device's queue and waits for the queue at the end of forward and of backward to read
     the times (``last_step``'s seconds); off (the default) it never waits, as any PyTorch op.
+    Gradients: by default backward hands autograd each parameter's gradient in the parameter's dtype, written
+    there by laga's GEMMs (float32 accumulation, one rounding for bfloat16). ``fuse_wgrad_accumulation=True``
+    (TransformerEngine's and Megatron-Core's gradient-accumulation fusion): every parameter carries a
+    ``main_grad`` tensor of its shape (float32 for bfloat16 parameters, or the parameter's dtype), which
+    backward adds this step's gradient to (no zero fill, no cast); ``.grad`` stays None, or gets a placeholder
+    where the parameter has ``grad_added_to_main_grad`` (set to True, as Megatron-Core's DDP expects).
     ``group``: the sequence-parallel ``torch.distributed`` group (gloo for CPU tensors, NCCL for CUDA
     tensors); None = one rank.
 
@@ -87,7 +106,7 @@ class MultiheadLatentAttention(nn.Module):
 
     def __init__(self, config, form="laga", layout="a2a", kernel="fused", recompute=None, group=None,
                  absorbed_attention="mqa", kv_grad_reduce_fp32=False, overlap=False, attention_provider="auto",
-                 timing=False, device=None, dtype=None):
+                 timing=False, fuse_wgrad_accumulation=False, device=None, dtype=None):
         super().__init__()
         if isinstance(config, dict) and config.get("attention_bias"):
             raise ValueError("attention_bias = true: laga's MLA block has no projection biases")
@@ -126,7 +145,9 @@ class MultiheadLatentAttention(nn.Module):
                              "form only")
         options = {"form": form, "layout": layout, "kernel": kernel, "recompute": self.recompute,
                    "absorbed_attention": absorbed_attention, "kv_grad_reduce_fp32": bool(kv_grad_reduce_fp32),
-                   "overlap": bool(overlap), "attention_provider": attention_provider, "timing": bool(timing)}
+                   "overlap": bool(overlap), "attention_provider": attention_provider, "timing": bool(timing),
+                   "accumulate_grads": bool(fuse_wgrad_accumulation)}
+        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         self.overlap, self.attention_provider, self._timing = bool(overlap), attention_provider, bool(timing)
         self._block = torch.classes.laga.Block(json.dumps(cfg), json.dumps(options), group_name, self.rank,
                                                self.world)
@@ -158,7 +179,8 @@ class MultiheadLatentAttention(nn.Module):
     _CHECKS = ("ok", "the input must be [batch, s_local, hidden_size] with s_local >= 1",
                "the input's dtype must be the parameters' (float32, float64 or bfloat16)",
                "the input and the parameters must be on one device (CPU and CUDA tensors mixed)",
-               "the group's backend cannot run collectives on the input's device (gloo: CPU, NCCL: CUDA)")
+               "the group's backend cannot run collectives on the input's device (gloo: CPU, NCCL: CUDA)",
+               "fuse_wgrad_accumulation needs every parameter's main_grad (its shape, device and dtype or float32)")
 
     def _local_check(self, x):
         p = self.kv_a_layernorm.weight
@@ -173,6 +195,15 @@ class MultiheadLatentAttention(nn.Module):
             return 3, (f"hidden_states is on {x.device} but a parameter is on "
                        f"{next(t.device for t in self._hf_params() if t.device != x.device)}: CPU and CUDA "
                        "tensors mixed")
+        if self.fuse_wgrad_accumulation:
+            for name, p in self.named_parameters():
+                g = getattr(p, "main_grad", None)
+                allowed = (p.dtype, torch.float64 if p.dtype == torch.float64 else torch.float32)
+                if not isinstance(g, torch.Tensor) or g.shape != p.shape or g.device != p.device or \
+                        g.dtype not in allowed or not g.is_contiguous():
+                    got = "none" if not isinstance(g, torch.Tensor) else f"{tuple(g.shape)} {g.dtype} on {g.device}"
+                    return 5, (f"fuse_wgrad_accumulation=True: {name}.main_grad is {got}; it must be a contiguous "
+                               f"{tuple(p.shape)} tensor on {p.device} in {' or '.join(map(str, set(allowed)))}")
         if self.group is not None:
             backend = str(dist.get_backend(self.group)).lower()
             needs = "nccl" if x.device.type == "cuda" else "gloo"

@@ -62,6 +62,7 @@ Fingerprint run_fingerprint(const MlaConfig& c, const BlockOptions& o, const Blo
   f.add("absorbed_attention", absorbed_attention_name(o.absorbed_attention));
   f.add("dtype", dtype_name(o.dtype));
   f.add("kv_grad_reduce_in_fp32", o.kv_grad_reduce_fp32 ? "true" : "false");
+  f.add("grad_dtype", dtype_name(grad_dtype(o)));
   f.add("seq", std::to_string(sh.seq));
   f.add("batch", std::to_string(sh.batch));
   f.add("sp", std::to_string(sh.ranks));

@@ -81,6 +81,8 @@ json options_report(const BlockOptions& opts) {
           {"absorbed_attention", absorbed_attention_name(opts.absorbed_attention)},
           {"dtype", dtype_name(opts.dtype)},
           {"kv_grad_reduce_in_fp32", opts.kv_grad_reduce_fp32},
+          {"grad_dtype", dtype_name(grad_dtype(opts))},
+          {"accumulate_grads", opts.accumulate_grads},
           {"overlap", opts.overlap}};
 }
 

@@ -141,26 +141,34 @@ struct BlockImpl {
                       .beta = beta, .c_dtype = dx_dtype},
          dtype);
   }
-  // dW[n, k] += dy[rows, n]^T x[rows, k]
+  // dW[n, k] += dy[rows, n]^T x[rows, k], dW in `dw_dtype`
   void linear_dw(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x, std::int64_t ldx,
-                 const void* dy, std::int64_t lddy, void* dw, std::int64_t lddw,
+                 const void* dy, std::int64_t lddy, void* dw, std::int64_t lddw, DType dw_dtype,
                  std::optional<DType> dtype = std::nullopt) {
     gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = n, .n = k, .k = rows, .a = dy, .lda = lddy, .b = x, .ldb = ldx,
-                      .c = dw, .ldc = lddw, .beta = 1.0, .c_dtype = accum_dtype(dt)},
+                      .c = dw, .ldc = lddw, .beta = 1.0, .c_dtype = dw_dtype},
          dtype);
   }
   // dW[n, k] = dy[rows, n]^T x[rows, k]: a weight gradient that this one GEMM writes whole (no zero fill first,
-  // and C is not read).
+  // and C is not read), or adds to with accumulate_grads.
   void linear_dw_first(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x,
                        std::int64_t ldx, const void* dy, std::int64_t lddy, Tensor& dw, std::int64_t lddw) {
     gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = n, .n = k, .k = rows, .a = dy, .lda = lddy, .b = x, .ldb = ldx,
-                      .c = dw.data(), .ldc = lddw, .beta = 0.0, .c_dtype = accum_dtype(dt)});
+                      .c = dw.data(), .ldc = lddw, .beta = opts.accumulate_grads ? 1.0 : 0.0,
+                      .c_dtype = dw.dtype()});
   }
   // The weight gradients backward writes whole with linear_dw_first, once each; the others (the norms' scales,
   // summed into by the RMSNorm backward, and kv_b_proj, written head slice by head slice or summed over ring
   // steps) start from zero.
   static bool written_whole(const MlaGrads& g, const Tensor& t) {
     return &t == &g.o_proj || &t == &g.q_a_proj || &t == &g.q_up() || &t == &g.kv_a_proj_with_mqa;
+  }
+  // Gradients summed into in the accumulation dtype whatever their own: the norms' scales (the RMSNorm
+  // backward's contract) and kv_b_proj where the ring sums it over steps or explicit's float32 K/V gradient
+  // sums feed its GEMM. Below that dtype, they are summed in a float32 scratch and rounded once at the end.
+  bool summed_in_accum_dtype(const MlaGrads& g, const Tensor& t) const {
+    if (&t == &g.q_a_layernorm || &t == &g.kv_a_layernorm) return true;
+    return &t == &g.kv_b_proj && (opts.layout == Layout::P2P || kv_grads_reduced_in_fp32(opts, P));
   }
   // kv_b_proj's rows of head h: W_UK[h]^T [d_n, r_kv], then W_UV[h]^T [d_v, r_kv]; heads kv_head_stride apart.
   std::int64_t kv_head_stride() const { return (dn + dv) * rkv; }
@@ -485,7 +493,8 @@ struct BlockImpl {
                       .mode = CopyMode::accumulate, .dst_dtype = dlatent.dtype()},
          op);
     if (between) between();
-    linear_dw(ph, rows, rkv, heads * dkv_w, lat, dl, dkv.data(), heads * dkv_w, uk(g.kv_b_proj, first), rkv, op);
+    linear_dw(ph, rows, rkv, heads * dkv_w, lat, dl, dkv.data(), heads * dkv_w, uk(g.kv_b_proj, first), rkv,
+              g.kv_b_proj.dtype(), op);
   }
 
   // ---------------------------------------------------------------- forward
@@ -1025,9 +1034,37 @@ struct BlockImpl {
   }
 
   // ---------------------------------------------------------------- backward
-  Tensor backward(MlaGrads& g, SavedContext& ctx, const Tensor& dy, const Tensor& x, const MlaWeights& w) {
-    for (auto& [name, t] : g.named())
-      if (!written_whole(g, *t)) be.fill(*t, 0.0);
+  Tensor backward(MlaGrads& out, SavedContext& ctx, const Tensor& dy, const Tensor& x, const MlaWeights& w) {
+    // g: where backward writes each gradient; `out`'s own tensor, or a float32 scratch for those summed in the
+    // accumulation dtype below it, rounded into `out` at the end.
+    MlaGrads g = out;
+    std::vector<std::pair<Tensor*, Tensor*>> rounded;  // (scratch in g, its tensor in out)
+    {
+      auto gn = g.named(), on = out.named();
+      for (std::size_t i = 0; i < gn.size(); ++i) {
+        Tensor& t = *gn[i].second;
+        LAGA_REQUIRE(t.dtype() == dt || t.dtype() == accum_dtype(dt), "gradient ", gn[i].first, " is ",
+                     dtype_name(t.dtype()), " for a ", dtype_name(dt), " block: it must be ", dtype_name(dt),
+                     dt == accum_dtype(dt) ? "" : " or ", dt == accum_dtype(dt) ? "" : dtype_name(accum_dtype(dt)));
+        if (t.dtype() != accum_dtype(dt) && summed_in_accum_dtype(g, t)) {
+          t = zeros_of(accum_dtype(dt), t.shape(), "grad." + gn[i].first + ".sum");
+          rounded.emplace_back(&t, on[i].second);
+        } else if (!opts.accumulate_grads && !written_whole(g, t)) {
+          be.fill(t, 0.0);
+        }
+      }
+    }
+    Tensor dx = backward_into(g, ctx, dy, x, w);
+    for (auto [sum, dst] : rounded)
+      copy(OpPhase::other, CopyArgs{.rows = 1, .cols = sum->numel(), .src = sum->data(), .src_ld = sum->numel(),
+                                    .dst = dst->data(), .dst_ld = dst->numel(),
+                                    .mode = opts.accumulate_grads ? CopyMode::accumulate : CopyMode::assign,
+                                    .dst_dtype = dst->dtype()},
+           accum_dtype(dt));
+    return dx;
+  }
+
+  Tensor backward_into(MlaGrads& g, SavedContext& ctx, const Tensor& dy, const Tensor& x, const MlaWeights& w) {
 
     // y = o W_O
     Tensor do_att;
@@ -1139,7 +1176,7 @@ struct BlockImpl {
         gemm(OpPhase::up_projections,
              GemmArgs{.trans_a = Trans::yes, .m = dv, .n = rkv, .k = Tq, .batch = H, .a = do_att.data(), .lda = H * dv,
                       .stride_a = dv, .b = o_lat.data(), .ldb = H * rkv, .stride_b = rkv, .c = uv(g.kv_b_proj, h0),
-                      .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = accum_dtype(dt)});
+                      .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = g.kv_b_proj.dtype()});
         do_att = Tensor();
         Tensor dlat_full = latent_grad(Tk, "d_latent_gathered");
         Tensor dq_abs;
@@ -1189,7 +1226,7 @@ struct BlockImpl {
         gemm(OpPhase::up_projections,
              GemmArgs{.trans_a = Trans::yes, .m = dn, .n = rkv, .k = Tq, .batch = H, .a = q_att.data(), .lda = H * dqk,
                       .stride_a = dqk, .b = dq_abs.data(), .ldb = H * dl, .stride_b = dl, .c = uk(g.kv_b_proj, h0),
-                      .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = accum_dtype(dt)});
+                      .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = g.kv_b_proj.dtype()});
         dq_abs = Tensor();
         release(ctx, {"q_abs"});
         dlatent = opts.overlap ? finish(rs) : reduce_scatter(dlat_full, dl, "kv_latent");

@@ -98,6 +98,11 @@ void validate(const MlaConfig& cfg, const BlockOptions& opts, const BlockShape& 
     LAGA_REQUIRE(opts.recompute == Recompute::None, "recompute = kv with layout = p2p: the ring rebuilds K/V per "
                  "chunk in forward and backward already");
   }
+  if (opts.grad_dtype)
+    LAGA_REQUIRE(*opts.grad_dtype == opts.dtype || *opts.grad_dtype == accum_dtype(opts.dtype), "grad dtype = ",
+                 dtype_name(*opts.grad_dtype), " with dtype = ", dtype_name(opts.dtype),
+                 ": weight gradients are kept in the weights' dtype or in its accumulation dtype (",
+                 dtype_name(accum_dtype(opts.dtype)), ")");
   LAGA_REQUIRE(opts.recompute == Recompute::None || opts.form == Form::Laga, "recompute = kv with form = ",
                form_name(opts.form), ": K/V recomputation is defined for the laga form only");
   try {

@@ -122,7 +122,7 @@ RankRun run_rank(const MlaConfig& cfg, const BlockOptions& opts, const BlockShap
   run.y = block.forward(ctx, x, *weights);
   run.saved = be.allocator().saved_tensors();
   run.saved_bytes = be.allocator().saved_bytes();
-  run.grads = allocate_grads(cfg, opts.dtype, be.allocator());
+  run.grads = allocate_grads(cfg, opts, be.allocator());
   run.dx = block.backward(run.grads, ctx, dy, x, *weights);
   run.fwd = block.forward_stats();
   run.bwd = block.backward_stats();

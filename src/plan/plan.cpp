@@ -43,7 +43,7 @@ RankPlan plan_rank(const MlaConfig& cfg, const BlockOptions& opts, const BlockSh
     return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
   });
   plan.saved_bytes = meta->allocator().saved_bytes();
-  MlaGrads g = allocate_grads(cfg, opts.dtype, meta->allocator());
+  MlaGrads g = allocate_grads(cfg, opts, meta->allocator());
   block.backward(g, ctx, dy, x, w);
   plan.peak_forward = block.forward_stats().peak_bytes;
   plan.peak_backward = block.backward_stats().peak_bytes;
@@ -136,7 +136,7 @@ DeviceFit device_fit(const RankPlan& p, int layers) {
   std::size_t bytes = 0;
   auto meta = make_meta_backend();
   const MlaWeights w = allocate_weights(p.cfg, p.opts.dtype, meta->allocator());
-  const MlaGrads g = allocate_grads(p.cfg, p.opts.dtype, meta->allocator());
+  const MlaGrads g = allocate_grads(p.cfg, p.opts, meta->allocator());
   for (const auto& [name, t] : w.named()) bytes += t->bytes();
   for (const auto& [name, t] : g.named()) bytes += t->bytes();
   f.weights_and_grads = std::size_t(checked_mul(std::int64_t(bytes), layers, "layers x weight and gradient bytes"));

@@ -58,6 +58,40 @@ def test_overlap_and_provider_keep_results_bitwise(case):
             assert torch.equal(got["laga"][k], v), (options, k)
 
 
+@pytest.mark.parametrize("case", [c for c in every_case() if c[2] == "fused"],
+                         ids=lambda c: f"{c[0][0]}-{c[0][1] or 'none'}-{c[0][2]}-{c[1]}")
+def test_fuse_wgrad_accumulation_adds_to_main_grad(case):
+    # Megatron-style gradient-accumulation fusion: two steps add 2 g to what main_grad held; .grad stays None,
+    # or is a placeholder where the parameter carries grad_added_to_main_grad (then set to True).
+    cfg, dtype = configs()["tiny"], torch.float64
+    base, _ = run_pair(cfg, case, dtype)
+    (form, recompute, absorbed), layout, kernel = case
+    mod = lt.MultiheadLatentAttention(cfg, form=form, layout=layout, kernel=kernel, recompute=recompute,
+                                      absorbed_attention=absorbed, dtype=dtype, fuse_wgrad_accumulation=True)
+    ref = ReferenceDeepseekV3Attention(cfg, dtype=dtype)
+    init_reference(ref, 7)
+    mod.load_state_dict(ref.state_dict())
+    for name, p in mod.named_parameters():
+        p.main_grad = torch.ones_like(p)
+    mod.o_proj.weight.grad_added_to_main_grad = False
+    mod.o_proj.weight.zero_out_wgrad = True
+    x = seeded((2, 16, cfg["hidden_size"]), 107, dtype)
+    dy = seeded((2, 16, cfg["hidden_size"]), 207, dtype)
+    for step in (1, 2):
+        xi = x.clone().requires_grad_(True)
+        (mod(xi) * dy).sum().backward()
+        assert rel_error(xi.grad, base["laga"]["dx"]) <= 1e-12
+    for name, p in mod.named_parameters():
+        assert rel_error(p.main_grad - 1, 2 * base["laga"][name]) <= 1e-12, name
+        if p is mod.o_proj.weight:
+            assert p.grad_added_to_main_grad is True and torch.count_nonzero(p.grad) == 0
+        else:
+            assert p.grad is None, name
+    del mod.kv_b_proj.weight.main_grad
+    with pytest.raises(ValueError, match="kv_b_proj.weight.main_grad is none"):
+        mod(x)
+
+
 def test_gradcheck_float64():
     cfg = configs()["tiny"]
     mod = lt.MultiheadLatentAttention(cfg, dtype=torch.float64)

@@ -235,6 +235,76 @@ TEST_P(BlockInputsUntouched, GradientsOverwrittenInputsUnchanged) {
 INSTANTIATE_TEST_SUITE_P(P1, BlockInputsUntouched, ::testing::ValuesIn(form_params(false, false)),
                          [](const ::testing::TestParamInfo<FormParam>& info) { return form_param_name(info.param); });
 
+// BlockOptions::accumulate_grads: backward adds to what the gradients hold (gradient-accumulation fusion into
+// Megatron's main_grad). Starting from 1, one backward gives 1 + g and a second 1 + 2g, g the gradient of a
+// plain backward; y and dx are those of the plain run, bit for bit. Tolerance 1e-13 relative in float64: the
+// GEMMs fold beta = 1 into their sums, which changes nothing but the last bits.
+class BlockAccumulatesGradients : public ::testing::TestWithParam<FormParam> {};
+
+TEST_P(BlockAccumulatesGradients, IntoWhatTheGradientsHold) {
+  const FormParam& p = GetParam();
+  const MlaConfig cfg = tiny();
+  BlockOptions opts = p.variant.options(p.layout, p.kernel, DType::f64);
+  const SingleResult clean = SingleRank(cfg, opts, kBatch, kSeq).run();
+  opts.accumulate_grads = true;
+  SingleRank rank(cfg, opts, kBatch, kSeq);
+  Backend& be = rank.backend();
+  MlaGrads g = allocate_grads(cfg, opts, be.allocator());
+  for (auto& [n, t] : g.named()) be.fill(*t, 1.0);
+  for (int step = 1; step <= 2; ++step) {
+    SavedContext ctx;
+    Tensor y = rank.block().forward(ctx, rank.x(), rank.weights());
+    Tensor dx = rank.block().backward(g, ctx, rank.dy(), rank.x(), rank.weights());
+    EXPECT_EQ(raw_bytes(be, y), clean.y_raw);
+    EXPECT_EQ(raw_bytes(be, dx), clean.dx_raw);
+    std::size_t i = 0;
+    for (auto& [n, t] : g.named()) {
+      const std::vector<double>& ref = clean.values.grads.at(i++).second;
+      std::vector<double> got = to_host(be, *t), want(ref.size());
+      for (std::size_t k = 0; k < ref.size(); ++k) want[k] = 1.0 + step * ref[k];
+      EXPECT_LE(relative_error(got, want), 1e-13) << "gradient of " << n << " after " << step << " backward(s)";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(P1, BlockAccumulatesGradients, ::testing::ValuesIn(form_params(false, false)),
+                         [](const ::testing::TestParamInfo<FormParam>& info) { return form_param_name(info.param); });
+
+// The gradients' dtype is the weights' or its accumulation dtype; anything else is refused before any op.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+#define EXPECT_THROW_MSG(stmt, text) \
+  EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
+
+TEST(BlockGradDtype, OnlyTheWeightsOrTheAccumulationDtype) {
+  const MlaConfig cfg = tiny();
+  const BlockShape shape{.batch = 1, .seq = 8, .ranks = 1, .rank = 0};
+  BlockOptions o{.dtype = DType::f64};
+  o.grad_dtype = DType::bf16;
+  EXPECT_THROW_MSG(validate(cfg, o, shape), "grad dtype = bfloat16 with dtype = float64");
+  o.dtype = DType::bf16;
+  EXPECT_NO_THROW(validate(cfg, o, shape));
+  o.grad_dtype = DType::f32;
+  EXPECT_NO_THROW(validate(cfg, o, shape));
+  EXPECT_EQ(grad_dtype(BlockOptions{.dtype = DType::bf16}), DType::f32);
+  // Gradients handed to backward in another dtype than the block's or its accumulation dtype are refused.
+  const BlockOptions f64{.dtype = DType::f64};
+  SingleRank rank(cfg, f64, 1, 8);
+  Backend& be = rank.backend();
+  MlaGrads g = allocate_grads(cfg, DType::f32, be.allocator());
+  SavedContext ctx;
+  rank.block().forward(ctx, rank.x(), rank.weights());
+  EXPECT_THROW_MSG(rank.block().backward(g, ctx, rank.dy(), rank.x(), rank.weights()),
+                   "gradient q_a_proj is float32 for a float64 block: it must be float64");
+}
+
 // ||a - b|| <= tol * max(||b||, scale): a relative error that does not divide by a norm that is zero in exact
 // arithmetic.
 void expect_close_at_scale(const std::vector<double>& a, const std::vector<double>& b, double tol, double scale,

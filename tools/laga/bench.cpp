@@ -51,6 +51,7 @@ struct BenchOptions {
   bool gemm_check = false;
   bool op_profile = false;
   bool kv_grad_reduce_fp32 = false;
+  std::string grad_dtype;  // "": the accumulation dtype
   std::string attention_provider = "auto";
   bool nondeterministic = false;  // cuDNN may run its non-deterministic backward
   bool overlap = false;
@@ -178,7 +179,8 @@ struct Bench {
 
   BlockOptions options(const Point& p) const {
     return with_variant({.layout = p.layout, .kernel = p.kernel, .dtype = dtype, .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32,
-                         .overlap = o.overlap},
+                         .overlap = o.overlap,
+                         .grad_dtype = o.grad_dtype.empty() ? std::nullopt : std::optional(parse_dtype(o.grad_dtype))},
                         kAllVariants[p.variant]);
   }
 
@@ -662,6 +664,7 @@ std::string canonical_command(const BenchOptions& o, const std::string& dtype) {
   if (o.gemm_check) c << " --gemm-check";
   if (o.op_profile) c << " --op-profile";
   if (o.kv_grad_reduce_fp32) c << " --kv-grad-reduce-in-fp32";
+  if (!o.grad_dtype.empty()) c << " --grad-dtype " << o.grad_dtype;
   if (o.device == "cuda") c << " --attention-provider " << o.attention_provider;
   if (o.nondeterministic) c << " --nondeterministic";
   if (o.overlap) c << " --overlap";
@@ -806,6 +809,7 @@ json config_json(const BenchOptions& o, const Bench& b, const Grid& g, const std
                  {"gemm_check", o.gemm_check},
                  {"op_profile", o.op_profile},
                  {"kv_grad_reduce_in_fp32", o.kv_grad_reduce_fp32},
+                 {"grad_dtype", o.grad_dtype.empty() ? json(nullptr) : json(o.grad_dtype)},
                  {"overlap", o.overlap},
                  {"phantom_comm", o.phantom_comm},
                  {"phantom_links", o.phantom_comm == "timed" ? json(o.phantom_link) : json::array()}};
@@ -994,6 +998,8 @@ std::function<int()> add_bench(CLI::App& app, CLI::App*& sub) {
   sub->add_flag("--nondeterministic", o->nondeterministic,
                 "Let cuDNN run its non-deterministic attention backward (PyTorch's SDPA default: faster, a small "
                 "workspace, so auto takes cuDNN at long sequences; reruns differ in the last bits)");
+  sub->add_option("--grad-dtype", o->grad_dtype,
+                  "The weight gradients' dtype: the weights' or their accumulation dtype (the default; as laga run)");
   sub->add_flag("--kv-grad-reduce-in-fp32", o->kv_grad_reduce_fp32,
                 "all_gather: explicit reduce-scatters its K/V gradients in float32 (as `laga run`)");
   sub->add_flag("--overlap", o->overlap, "Start each collective as soon as its input exists, computing what does not "

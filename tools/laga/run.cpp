@@ -59,6 +59,7 @@ struct RunOptions {
   bool verbose = false;
   bool kv_grad_reduce_fp32 = false;
   bool overlap = false;
+  std::string grad_dtype;  // "": the accumulation dtype
   std::string save_dir, load_dir, json_path;
   double tolerance = 0;  // 0: the dtype's default (default_tolerance)
 };
@@ -66,6 +67,10 @@ struct RunOptions {
 std::string dtype_text(const RunOptions& o) {
   if (!o.dtype.empty()) return o.dtype;
   return dtype_name(default_dtype(parse_device(o.device)));
+}
+std::optional<DType> grad_dtype_of(const RunOptions& o) {
+  if (o.grad_dtype.empty()) return std::nullopt;
+  return parse_dtype(o.grad_dtype);
 }
 
 // ---------------------------------------------------------------- .npy interchange (--save, --load)
@@ -150,7 +155,7 @@ json document_json(const RunOptions& o, const MlaConfig& cfg, int P) {
           {"config", json::parse(config_to_json(cfg))},
           {"options", {{"model", o.model}, {"seq", o.seq}, {"batch", o.batch}, {"sp", P}, {"form", o.form},
                        {"layout", o.layout}, {"kernel", o.kernel}, {"recompute", o.recompute},
-                       {"absorbed_attention", o.absorbed_attention}, {"dtype", dtype_text(o)}, {"device", o.device},
+                       {"absorbed_attention", o.absorbed_attention}, {"dtype", dtype_text(o)}, {"grad_dtype", o.grad_dtype.empty() ? json(nullptr) : json(o.grad_dtype)}, {"device", o.device},
                        {"comm", o.comm}, {"attention_provider", o.attention_provider}, {"deterministic", !o.nondeterministic}, {"seed", o.seed}, {"check", o.check}, {"warmup", o.warmup}}},
           {"runs", json::array()}};
 }
@@ -199,7 +204,7 @@ void check_options(const RunOptions& o, Prepared& p, int ranks, int rank) {
                         .recompute = parse_recompute(o.recompute),
                         .absorbed_attention = parse_absorbed_attention(o.absorbed_attention),
                         .dtype = parse_dtype(dtype_text(o)), .kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32,
-                        .overlap = o.overlap};
+                        .overlap = o.overlap, .grad_dtype = grad_dtype_of(o)};
   p.sh = BlockShape{.batch = o.batch, .seq = o.seq, .ranks = ranks, .rank = rank};
   validate(p.cfg, p.opts, p.sh);
   require_dtype_runs_on(p.opts.dtype, p.device);
@@ -592,6 +597,7 @@ std::vector<BlockOptions> phantom_variants(const RunOptions& o, DType dtype) {
         f.dtype = dtype;
         f.kv_grad_reduce_fp32 = o.kv_grad_reduce_fp32;
         f.overlap = o.overlap;
+        f.grad_dtype = grad_dtype_of(o);
         out.push_back(f);
       }
   return out;
@@ -852,6 +858,9 @@ std::function<int()> add_run(CLI::App& app, CLI::App*& sub, int* argc, char*** a
                                                "(default 1e-5 float32, 1e-10 float64; bfloat16: 1e-3 against explicit at the "
                                                "same P, and at P = 1, 3e-2 against the single-rank result at P > 1 and for "
                                                "absorbed, which rounds at other points)");
+  sub->add_option("--grad-dtype", o->grad_dtype,
+                  "The weight gradients' dtype: the weights' (as PyTorch's .grad; one GEMM writes each in it) or "
+                  "their accumulation dtype (the default: float32 for bfloat16, as Megatron's main_grad)");
   sub->add_flag("--kv-grad-reduce-in-fp32", o->kv_grad_reduce_fp32,
                 "all_gather, bfloat16, P > 1: explicit widens its partial K/V gradients to float32 before the "
                 "reduce-scatter (twice that traffic) and up-projects the float32 sums; default: reduce-scatter in "
