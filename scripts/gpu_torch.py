@@ -3,11 +3,13 @@
 
 1. check: the module against `laga run --device cuda --save DIR` for the same seed and weights (the CLI's
    weights loaded into the module through the Hugging Face layout): output, input gradient and every
-   weight gradient (the CLI's float32 gradients rounded to bf16, the parameters' dtype), relative error;
+   weight gradient (the CLI's float32 gradients rounded to bf16, the dtype the module writes them in),
+   relative error;
 2. bench: forward + backward time (CUDA events, median of --reps after --warmup) and peak memory
    (torch.cuda.max_memory_allocated above what was allocated before forward) of the module for every
    variant, of a pure-PyTorch MLA module using scaled_dot_product_attention, and laga's own block time for
-   the same configuration from `laga run --device cuda --warmup N --json` (the module's overhead over it).
+   the same configuration from `laga run --device cuda --warmup N --grad-dtype bfloat16 --json` (the module's
+   overhead over it).
 
     python3 scripts/gpu_torch.py --cli build/laga --out torch_gpu.json [--seqs 4096,16384] [--model deepseek-v3]
 """
@@ -180,7 +182,7 @@ def cli_block(args, form, recompute, absorbed, seq):
         out = os.path.join(d, "r.json")
         cmd = [args.cli, "run", "--device", "cuda", "--model", args.model, "--seq", str(seq), "--form", form,
                "--absorbed-attention", absorbed, "--recompute", recompute or "none", "--warmup", str(args.warmup),
-               "--json", out]
+               "--grad-dtype", "bfloat16", "--json", out]  # the module's gradients: the parameters' dtype
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         r = json.load(open(out))["runs"][0]["ranks"][0]
         return {"command": " ".join(cmd[1:]), "ms_fwd_bwd": 1e3 * (r["seconds_forward_total"] + r["seconds_backward_total"]),
