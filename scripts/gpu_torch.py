@@ -5,7 +5,8 @@
    weights loaded into the module through the Hugging Face layout): output, input gradient and every
    weight gradient (the CLI's float32 gradients rounded to bf16, the dtype the module writes them in),
    relative error;
-2. bench: forward + backward time (CUDA events, median of --reps after --warmup) and peak memory
+2. bench: forward + backward time (CUDA events around each of --reps steps run back to back after --warmup,
+   median) and peak memory
    (torch.cuda.max_memory_allocated above what was allocated before forward) of the module for every
    variant, of a pure-PyTorch MLA module using scaled_dot_product_attention, and laga's own block time for
    the same configuration from `laga run --device cuda --warmup N --grad-dtype bfloat16 --json` (the module's
@@ -158,14 +159,16 @@ def time_module(mod, seq, d, warmup, reps):
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # Steps back to back, as in a training loop: the host queues step i+1 while the GPU runs step i, so each
+    # step's events span its own GPU work plus any time the GPU waited for the host, not the host's start-up
+    # before the first kernel of an isolated step.
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in events:
         a.record()
         step()
         b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
+    torch.cuda.synchronize()
+    times = [a.elapsed_time(b) for a, b in events]
     mod.zero_grad(set_to_none=True)
     x.grad = None
     torch.cuda.synchronize()
