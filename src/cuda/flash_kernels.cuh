@@ -1,5 +1,5 @@
 // Tensor-core fused attention (bf16 in, fp32 accumulate; FlashAttention-2 structure) for the (d_qk, d_v)
-// pairs of MLA; launched by flash_tc.cu. The tile table at the end chooses, per pair, tiles and warps and
+// pairs of MLA; launched by flash_launch.cuh. The tile table at the end chooses, per pair, tiles and warps and
 // whether a GEMM runs on wgmma (Hopper's warpgroup MMA, operands straight from 128-byte-swizzled shared
 // tiles: 192/128, every GEMM) or on mma.sync with ldmatrix fragments (576/512).
 //

@@ -1,6 +1,6 @@
-// The tensor-core fused attention (flash_kernels.cuh) behind the fused kernel's entry points: bf16 and the
-// (d_qk, d_v) pairs of the tile table in flash_tc.cu; everything else keeps the generic kernels of
-// cuda_flash.cu.
+// The tensor-core fused attention (flash_kernels.cuh, launched through flash_launch.cuh) behind the fused
+// kernel's entry points: bf16 and the (d_qk, d_v) pairs of the tile table; everything else keeps the generic
+// kernels of cuda_flash.cu.
 #pragma once
 
 #include "cuda/cuda_common.cuh"

@@ -1,16 +1,19 @@
 // Emulated run of the tensor-core attention kernels (src/cuda/flash_kernels.cuh) on the CPU, against a float64
 // reference: the kernels compile with g++ against include/cuda/flash_mma.cuh, a host emulation of the GPU
-// primitives (mma.sync, ldmatrix, cp.async, wgmma), so CI without a GPU still checks their indexing,
-// masking, strides and reductions. Exit code = number of failed cases != 0.
+// primitives (mma.sync, ldmatrix, cp.async, wgmma), and run through the launch sequence flash_tc.cu runs
+// (src/cuda/flash_launch.cuh: grids, scratch, the backward's kernels and row splits, the head-dim and
+// alignment switches), so CI without a GPU still checks their indexing, masking, strides and reductions and
+// how they are launched. Exit code = number of failed cases != 0.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "cuda/flash_kernels.cuh"
+#include "cuda/flash_launch.cuh"
 
 using namespace laga::cuda::flash;
 using laga::AttentionBwdParams;
@@ -20,7 +23,7 @@ struct Case {
   const char* name;
   i64 batch, q_len, kv_len, q_heads, kv_heads, dqk, dv, q_offset;
   bool wide, v_in_k;
-  int splits;
+  int splits;  // 576/512: the dK/dV row splits the launch code must choose
 };
 
 struct View {
@@ -76,78 +79,47 @@ long count_outside_written(const std::vector<bf16>& b, const View& v) {
   return n;
 }
 
-template <class K, bool kA>
-void run_fwd(const AttentionFwdParams& p) {
-  using Tr = typename K::Fwd;
-  const i64 rows = p.q_len * (p.q_heads / p.kv_heads);
-  emu::launch(&flash_fwd_kernel<Tr, kA>, EmuDim3{unsigned(grid_blocks(ceil_div(rows, Tr::kBlockM), p.kv_heads, p.batch)), 1, 1},
-              Tr::kThreads, std::size_t(Tr::kSmemBytes), p);
-}
-template <class K, bool kA>
-void run_bwd(const AttentionBwdParams& p, int splits, bool fused_dq) {
-  constexpr TileConfig c = K::c;
-  const i64 rows = p.q_len * (p.q_heads / p.kv_heads);
-  std::vector<float> delta(std::size_t(p.batch * p.q_heads * p.q_len));
-  emu::launch(&flash_bwd_delta_kernel<kA>, EmuDim3{unsigned(ceil_div(i64(delta.size()), 8)), 1, 1}, 256, 0, p, delta.data());
-  const float* cd = delta.data();
-  if (getenv("EMU_DEBUG")) {
-    for (int r = 0; r < 4; ++r) std::printf("delta[%d] = %g\n", r, delta[r]);
-    const bf16* o = static_cast<const bf16*>(p.o); const bf16* d = static_cast<const bf16*>(p.dout);
-    double acc = 0; for (int c = 0; c < p.d_v; ++c) acc += double(bf16_to_float(o[c])) * bf16_to_float(d[c]);
-    std::printf("host D[0] from buffers = %g (o0 %g d0 %g) ots %ld\n", acc, bf16_to_float(o[0]), bf16_to_float(d[0]), long(p.o_token_stride));
+// The launch sequence of src/cuda/flash_launch.cuh, the one flash_tc.cu runs on a CUDA stream, on the
+// emulation: each launch runs its blocks in grid order on the host; scratch comes back poisoned (NaN bytes),
+// so a kernel that reads scratch nobody wrote fails.
+class EmuLauncher {
+ public:
+  EmuLauncher(int multiprocessors, bool fused_dq) : sms_(multiprocessors), fused_dq_(fused_dq) {}
+  template <class Kernel, class... Args>
+  void launch(Kernel kernel, const char* name, i64 blocks, int threads, std::size_t smem, Args... args) {
+    EMU_CHECK(blocks > 0 && blocks <= INT32_MAX, "%s: %ld blocks", name, long(blocks));
+    EMU_CHECK(smem <= kSmemBudget, "%s: %zu bytes of shared memory", name, smem);
+    launched.emplace_back(name, blocks);
+    emu::launch(kernel, EmuDim3{unsigned(blocks), 1, 1}, threads, smem, args...);
   }
-  if constexpr (c.dq_fused) {
-    if (fused_dq) {
-      using Tr = typename K::DkdvRegsFusedDq;
-      const i64 tiles = p.batch * p.kv_heads * dq_row_tiles(rows);
-      std::vector<float> accum(std::size_t(tiles * kDqTileRows * Tr::kDqk), NAN);  // block 0 stores: no zero fill
-      std::vector<unsigned> count(std::size_t(tiles), 0u);
-      emu::launch(&flash_bwd_dkdv_regs_kernel<Tr, kA>,
-                  EmuDim3{unsigned(grid_blocks(ceil_div(p.kv_len, Tr::kBlockN), p.kv_heads, p.batch)), 1, 1},
-                  Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cd, accum.data(), count.data());
-      emu::launch(&flash_bwd_dq_convert_kernel<Tr::kDqk, kA>, EmuDim3{unsigned(tiles), 1, 1}, 256,
-                  sizeof(float) * kDqTileRows * Tr::kDqk, p, static_cast<const float*>(accum.data()),
-                  static_cast<const unsigned*>(count.data()));
-      return;
-    }
+  void* scratch(LaunchScratch slot, std::size_t bytes) {
+    std::vector<float>& b = scratch_[int(slot)];
+    b.assign((bytes + sizeof(float) - 1) / sizeof(float), NAN);
+    return b.data();
   }
-  if constexpr (c.dkdv_regs) {
-    using Tr = typename K::DkdvRegs;
-    emu::launch(&flash_bwd_dkdv_regs_kernel<Tr, kA>,
-                EmuDim3{unsigned(grid_blocks(ceil_div(p.kv_len, Tr::kBlockN), p.kv_heads, p.batch)), 1, 1}, Tr::kThreads,
-                std::size_t(Tr::kSmemBytes), p, cd, static_cast<float*>(nullptr), static_cast<unsigned*>(nullptr));
-  } else {
-    using Tr = typename K::DkdvSmem;
-    const i64 kb = ceil_div(p.kv_len, Tr::kBlockN);
-    std::vector<float> partial(splits > 1 ? std::size_t(splits * p.batch * p.kv_heads * p.kv_len * (Tr::kDqk + Tr::kDv)) : 1, NAN);
-    emu::launch(&flash_bwd_dkdv_smem_kernel<Tr, kA>, EmuDim3{unsigned(grid_blocks(kb * splits, p.kv_heads, p.batch)), 1, 1},
-                Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cd, splits, partial.data());
-    if (splits > 1) {
-      const i64 pairs = p.batch * p.kv_heads * p.kv_len * (Tr::kDqk + Tr::kDv) / 2;
-      emu::launch(&flash_bwd_dkdv_reduce_kernel<Tr::kDqk, Tr::kDv, kA>, EmuDim3{unsigned(ceil_div(pairs, 256)), 1, 1}, 256, 0, p,
-                  splits, static_cast<const float*>(partial.data()));
-    }
-  }
-  using Tq = typename K::Dq;
-  emu::launch(&flash_bwd_dq_kernel<Tq, kA>, EmuDim3{unsigned(grid_blocks(ceil_div(rows, Tq::kBlockM), p.kv_heads, p.batch)), 1, 1},
-              Tq::kThreads, std::size_t(Tq::kSmemBytes), p, cd);
-}
+  void zero(void* ptr, std::size_t bytes) { std::memset(ptr, 0, bytes); }
+  int multiprocessors() const { return sms_; }
+  bool fused_dq() const { return fused_dq_; }
+  std::vector<std::pair<std::string, i64>> launched;  // kernel names and blocks, in launch order
 
-template <bool kA>
-void dispatch(const Case& c, AttentionBwdParams& p, bool bwd, bool fused_dq = true) {
-  auto go = [&](auto k) {
-    using K = decltype(k);
-    if (bwd)
-      run_bwd<K, kA>(p, c.splits, fused_dq);
-    else
-      run_fwd<K, kA>(p);
-  };
-  if (c.dqk == 192)
-    go(Kernels<192, 128, false>{});
-  else if (c.v_in_k)
-    go(Kernels<576, 512, true>{});
-  else
-    go(Kernels<576, 512, false>{});
+ private:
+  int sms_;
+  bool fused_dq_;
+  std::vector<float> scratch_[4];
+};
+
+// An H200's SM count: the dK/dV row splits of 576/512 are those the GPU would run.
+constexpr int kMultiprocessors = 132;
+
+std::vector<std::pair<std::string, i64>> run_fwd(const AttentionFwdParams& p) {
+  EmuLauncher launcher(kMultiprocessors, true);
+  forward(launcher, p);
+  return launcher.launched;
+}
+std::vector<std::pair<std::string, i64>> run_bwd(const AttentionBwdParams& p, bool fused_dq) {
+  EmuLauncher launcher(kMultiprocessors, fused_dq);
+  backward(launcher, p);
+  return launcher.launched;
 }
 
 bool run_case(const Case& c) {
@@ -173,19 +145,33 @@ bool run_case(const Case& c) {
   p.dq = dq.data() + qv.col0, p.dq_token_stride = qv.ts, p.dq_batch_stride = qv.bs, p.dq_head_stride = qv.hs;
   p.dk = dk.data() + kv.col0, p.dk_token_stride = kv.ts, p.dk_batch_stride = kv.bs, p.dk_head_stride = kv.hs;
   p.dv = dv.data() + dvv.col0, p.dv_token_stride = dvv.ts, p.dv_batch_stride = dvv.bs, p.dv_head_stride = dvv.hs;
-  const bool aligned = !c.wide;
-  if (aligned) dispatch<true>(c, p, false); else dispatch<false>(c, p, false);
+  // The launch code picks the 16-byte path from the pointers and strides: the padded, offset views take the
+  // 2-byte loads.
+  const bool aligned = bwd_aligned(p);
+  EMU_CHECK(aligned == !c.wide, "%s: the launch code took the %s path", c.name, aligned ? "aligned" : "unaligned");
+  run_fwd(p);
   // 192/128: the separate dQ kernel first (its dq kept), then the fused dQ into poisoned outputs; dK and dV
   // must be the same bits both ways.
   const bool both = tile_config(int(c.dqk), int(c.dv), c.v_in_k).dq_fused;
   std::vector<bf16> dq_sep, dk_sep, dv_sep;
   if (both) {
-    if (aligned) dispatch<true>(c, p, true, false); else dispatch<false>(c, p, true, false);
+    run_bwd(p, false);
     dq_sep = dq, dk_sep = dk, dv_sep = dv;
     const bf16 nan = float_to_bf16(kNan);
     std::fill(dq.begin(), dq.end(), nan), std::fill(dk.begin(), dk.end(), nan), std::fill(dv.begin(), dv.end(), nan);
   }
-  if (aligned) dispatch<true>(c, p, true); else dispatch<false>(c, p, true);
+  const std::vector<std::pair<std::string, i64>> launched = run_bwd(p, true);
+  // 576/512: the dK/dV kernel over key blocks x the row splits the case expects, then their reduction.
+  long wrong_splits = 0;
+  if (!tile_config(int(c.dqk), int(c.dv), c.v_in_k).dkdv_regs) {
+    const i64 key_blocks = ceil_div(c.kv_len, tile_config(int(c.dqk), int(c.dv), c.v_in_k).dkdv_n);
+    bool reduced = false;
+    for (const auto& [name, blocks] : launched) {
+      if (name == "flash_bwd_dkdv_smem_kernel") wrong_splits += blocks != key_blocks * c.splits * c.kv_heads * c.batch;
+      reduced = reduced || name == "flash_bwd_dkdv_reduce_kernel";
+    }
+    wrong_splits += reduced != (c.splits > 1);
+  }
   long dkdv_bits_differ = 0;
   if (both)
     for (std::size_t i = 0; i < dk.size(); ++i) dkdv_bits_differ += std::memcmp(&dk[i], &dk_sep[i], sizeof(bf16)) != 0;
@@ -257,12 +243,14 @@ bool run_case(const Case& c) {
   const long out_sep = both ? count_outside_written(dq_sep, qv) : 0;
   const bool ok = eo.rel() <= tol && edq.rel() <= tol && edk.rel() <= tol && edv.rel() <= tol && (else_.den == 0 || else_.rel() <= 1e-5) &&
                   bad_empty == 0 && out_o + out_dq + out_dk + out_dv + out_sep == 0 && (!both || edq_sep.rel() <= tol) &&
-                  dkdv_bits_differ == 0;
+                  dkdv_bits_differ == 0 && wrong_splits == 0;
   std::printf("%-34s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e | bad_empty %ld outside %ld %ld %ld %ld | %s\n", c.name, eo.rel(),
               else_.den ? else_.rel() : 0.0, edq.rel(), edk.rel(), edv.rel(), bad_empty, out_o, out_dq, out_dk, out_dv, ok ? "OK" : "FAIL");
   if (both)
     std::printf("%-34s separate dQ kernel: dq %.2e outside %ld; dK/dV elements whose bits differ from the fused run: %ld\n", "",
                 edq_sep.rel(), out_sep, dkdv_bits_differ);
+  if (c.splits > 1 || wrong_splits)
+    std::printf("%-34s dK/dV row splits: %d expected, %s\n", "", c.splits, wrong_splits ? "NOT what was launched" : "launched");
   std::fflush(stdout);
   return ok;
 }
@@ -280,8 +268,11 @@ int main(int argc, char** argv) {
       {"mqa_576_512_absorbed_wide", 1, 70, 70, 4, 1, 576, 512, 0, true, true, 1},
       {"mqa_576_512_absorbed_offset", 2, 40, 100, 3, 1, 576, 512, 60, false, true, 1},
       {"mqa_576_512_separate_v", 1, 50, 50, 2, 1, 576, 512, 0, false, false, 1},
-      {"mqa_576_512_splits3", 1, 100, 100, 2, 1, 576, 512, 0, false, true, 3},
-      {"mqa_576_512_sep_wide_splits2", 1, 45, 60, 3, 1, 576, 512, 15, true, false, 2},
+      // The dK/dV row splits come from the launch code's rule (at least 4 row tiles of 64 per split, enough
+      // splits to fill 132 SMs twice): 12 heads x 64 queries = 768 rows over one key block split 3 ways; 16
+      // heads x 32 queries = 512 rows split 2 ways.
+      {"mqa_576_512_splits3", 1, 64, 32, 12, 1, 576, 512, 0, false, true, 3},
+      {"mqa_576_512_sep_wide_splits2", 1, 32, 16, 16, 1, 576, 512, 7, true, false, 2},
   };
   int fails = 0;
   for (const auto& c : cases) {

@@ -1,0 +1,190 @@
+// The launch sequence of the tensor-core attention kernels (flash_kernels.cuh), written once for the two
+// places they run: a CUDA stream (flash_tc.cu) and the host emulation of tests/emu, which so checks the
+// launches themselves (grids, scratch sizes, the order of the backward's kernels, the switches from runtime
+// head dims, V inside K and alignment to template arguments) and not only the kernels.
+//
+// A launcher is what the sequence runs on:
+//   template <class Kernel, class... Args>
+//   void launch(Kernel kernel, const char* name, i64 blocks, int threads, std::size_t smem, Args... args);
+//                                               a 1-D grid of `blocks` (> 0) blocks
+//   void* scratch(LaunchScratch slot, std::size_t bytes)   at least `bytes` bytes, contents undefined
+//   void zero(void* ptr, std::size_t bytes)                 zero-fills, in order with the launches
+//   int multiprocessors()                                   the device's SM count
+//   bool fused_dq()                                         192/128: dQ added up inside the dK/dV kernel
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/flash_kernels.cuh"
+#include "laga/errors.hpp"
+
+namespace laga::cuda::flash {
+
+// The backward's scratch buffers.
+enum class LaunchScratch {
+  delta,          // D = rowsum(dO * O), fp32 [batch, q_heads, q_len]
+  dq_accum,       // 192/128 with fused dQ: fp32 dQ tiles of kDqTileRows rows
+  dq_count,       // their counters (how many key blocks have added theirs)
+  split_partial,  // 576/512: the dK/dV partial sums of the row splits
+};
+
+inline bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+inline bool strides8(i64 a, i64 b, i64 c) { return a % 8 == 0 && b % 8 == 0 && c % 8 == 0; }
+
+// V is the first d_v columns of K (absorbed MLA): same pointer and strides.
+inline bool v_in_k(const AttentionFwdParams& p) {
+  return p.v == p.k && p.v_token_stride == p.k_token_stride && p.v_batch_stride == p.k_batch_stride &&
+         p.v_head_stride == p.k_head_stride;
+}
+
+// 16-byte aligned views (cp.async) or not (2-byte loads).
+inline bool fwd_aligned(const AttentionFwdParams& p) {
+  return aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o) &&
+         strides8(p.q_token_stride, p.q_batch_stride, p.q_head_stride) &&
+         strides8(p.k_token_stride, p.k_batch_stride, p.k_head_stride) &&
+         strides8(p.v_token_stride, p.v_batch_stride, p.v_head_stride) &&
+         strides8(p.o_token_stride, p.o_batch_stride, p.o_head_stride);
+}
+
+inline bool bwd_aligned(const AttentionBwdParams& p) {
+  return fwd_aligned(p) && aligned16(p.dout) && aligned16(p.dq) && aligned16(p.dk) && aligned16(p.dv) &&
+         strides8(p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride) &&
+         strides8(p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride) &&
+         strides8(p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride) &&
+         strides8(p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+}
+
+// Whether the tensor-core kernels take this problem (dtype and head dims in the tile table).
+inline bool tc_supported(const AttentionFwdParams& p) {
+  return p.dtype == DType::bf16 && tile_config(int(p.d_qk), int(p.d_v), v_in_k(p)).supported;
+}
+
+// One block per (tile, kv head, batch entry), tile slowest (tile_work). The kernels map rows to (query, head)
+// in 32 bits (RowMap).
+inline i64 flash_grid(i64 tiles, const AttentionFwdParams& p) {
+  const i64 rows = p.q_len * (p.q_heads / p.kv_heads);
+  LAGA_REQUIRE(rows <= INT32_MAX, "attention: q_len ", p.q_len, " x ", p.q_heads / p.kv_heads,
+               " query heads per kv head = ", rows, " rows; the kernels take at most 2^31 - 1");
+  const i64 n = grid_blocks(tiles, p.kv_heads, p.batch);
+  LAGA_REQUIRE(n <= INT32_MAX, "attention: ", n, " blocks exceed the grid limit (", tiles, " tiles x ", p.kv_heads,
+               " kv heads x batch ", p.batch, ")");
+  return n;
+}
+
+// Launches unless the grid is empty.
+template <class L, class Kernel, class... Args>
+void launch_nonempty(L& launcher, Kernel kernel, const char* name, i64 blocks, int threads, std::size_t smem, Args... args) {
+  if (blocks > 0) launcher.launch(kernel, name, blocks, threads, smem, args...);
+}
+
+// 576/512 dK/dV: the rows of each key block split over enough blocks to fill the GPU twice (causal work is
+// heaviest for the first key blocks, which launch first); each split keeps at least 4 row tiles.
+inline int dkdv_row_splits(i64 rows, i64 key_blocks, const AttentionFwdParams& p, int block_m, int multiprocessors) {
+  const i64 per_split = key_blocks * p.kv_heads * p.batch;
+  const i64 want = (2 * i64(multiprocessors) + per_split - 1) / per_split;
+  return int(std::clamp<i64>(std::min<i64>(want, rows / (4 * block_m)), 1, 16));
+}
+
+template <class K, bool kAligned, class L>
+void forward_impl(L& launcher, const AttentionFwdParams& p) {
+  using Tr = typename K::Fwd;
+  const i64 rows = p.q_len * (p.q_heads / p.kv_heads);
+  launch_nonempty(launcher, flash_fwd_kernel<Tr, kAligned>, "flash_fwd_kernel", flash_grid(ceil_div(rows, Tr::kBlockM), p),
+      Tr::kThreads, std::size_t(Tr::kSmemBytes), p);
+}
+
+template <class K, bool kAligned, class L>
+void backward_impl(L& launcher, const AttentionBwdParams& p) {
+  constexpr TileConfig c = K::c;
+  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
+  const i64 bh_rows = p.batch * p.q_heads * p.q_len;
+  float* delta = static_cast<float*>(launcher.scratch(LaunchScratch::delta, sizeof(float) * std::size_t(bh_rows)));
+  launch_nonempty(launcher, flash_bwd_delta_kernel<kAligned>, "flash_bwd_delta_kernel", ceil_div(bh_rows, 8), 256, 0, p, delta);
+  const float* cdelta = delta;
+  if constexpr (c.dq_fused) {
+    if (launcher.fused_dq()) {
+      // dQ added up by the dK/dV kernel into fp32 tiles (their counters zeroed first), then scaled into dq.
+      using Tr = typename K::DkdvRegsFusedDq;
+      const i64 tiles = p.batch * p.kv_heads * dq_row_tiles(rows);
+      constexpr std::size_t kTileFloats = std::size_t(kDqTileRows) * Tr::kDqk;
+      float* dq_accum =
+          static_cast<float*>(launcher.scratch(LaunchScratch::dq_accum, sizeof(float) * kTileFloats * std::size_t(tiles)));
+      auto* dq_count =
+          static_cast<unsigned*>(launcher.scratch(LaunchScratch::dq_count, sizeof(unsigned) * std::size_t(tiles)));
+      if (tiles > 0) launcher.zero(dq_count, sizeof(unsigned) * std::size_t(tiles));
+      launch_nonempty(launcher, flash_bwd_dkdv_regs_kernel<Tr, kAligned>, "flash_bwd_dkdv_regs_kernel (fused dQ)",
+          flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta,
+          dq_accum, dq_count);
+      LAGA_REQUIRE(tiles <= INT32_MAX, "attention: ", tiles, " dQ tiles exceed the grid limit");
+      launch_nonempty(launcher, flash_bwd_dq_convert_kernel<Tr::kDqk, kAligned>, "flash_bwd_dq_convert_kernel", tiles, 256,
+          sizeof(float) * kTileFloats, p, static_cast<const float*>(dq_accum), static_cast<const unsigned*>(dq_count));
+      return;
+    }
+  }
+  if constexpr (c.dkdv_regs) {
+    using Tr = typename K::DkdvRegs;
+    launch_nonempty(launcher, flash_bwd_dkdv_regs_kernel<Tr, kAligned>, "flash_bwd_dkdv_regs_kernel",
+        flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta,
+        static_cast<float*>(nullptr), static_cast<unsigned*>(nullptr));
+  } else {
+    using Tr = typename K::DkdvSmem;
+    const i64 key_blocks = ceil_div(p.kv_len, Tr::kBlockN);
+    const int splits = dkdv_row_splits(rows, key_blocks, p, Tr::kBlockM, launcher.multiprocessors());
+    float* partial = nullptr;
+    if (splits > 1)
+      partial = static_cast<float*>(launcher.scratch(
+          LaunchScratch::split_partial,
+          sizeof(float) * std::size_t(splits * p.batch * p.kv_heads * p.kv_len * (Tr::kDqk + Tr::kDv))));
+    launch_nonempty(launcher, flash_bwd_dkdv_smem_kernel<Tr, kAligned>, "flash_bwd_dkdv_smem_kernel",
+        flash_grid(key_blocks * splits, p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, splits, partial);
+    if (splits > 1) {
+      const i64 pairs = p.batch * p.kv_heads * p.kv_len * (Tr::kDqk + Tr::kDv) / 2;
+      launch_nonempty(launcher, flash_bwd_dkdv_reduce_kernel<Tr::kDqk, Tr::kDv, kAligned>, "flash_bwd_dkdv_reduce_kernel",
+          ceil_div(pairs, 256), 256, 0, p, splits, static_cast<const float*>(partial));
+    }
+  }
+  using Tq = typename K::Dq;
+  launch_nonempty(launcher, flash_bwd_dq_kernel<Tq, kAligned>, "flash_bwd_dq_kernel", flash_grid(ceil_div(rows, Tq::kBlockM), p),
+      Tq::kThreads, std::size_t(Tq::kSmemBytes), p, cdelta);
+}
+
+// Runtime (d_qk, d_v), V inside K and alignment to template arguments; f(Kernels<...>{}, bool_constant).
+template <typename F>
+void dispatch(const AttentionFwdParams& p, bool aligned, F&& f) {
+  auto with_alignment = [&](auto kernels) {
+    if (aligned)
+      f(kernels, std::true_type{});
+    else
+      f(kernels, std::false_type{});
+  };
+  if (p.d_qk == 192 && p.d_v == 128) {
+    with_alignment(Kernels<192, 128, false>{});
+  } else if (p.d_qk == 576 && p.d_v == 512) {
+    if (v_in_k(p))
+      with_alignment(Kernels<576, 512, true>{});
+    else
+      with_alignment(Kernels<576, 512, false>{});
+  } else {
+    LAGA_REQUIRE(false, "no tensor-core attention kernel for d_qk ", p.d_qk, " and d_v ", p.d_v);
+  }
+}
+
+// The forward and the backward of one problem, through `launcher`. Called after validation, only when
+// tc_supported(p).
+template <class L>
+void forward(L& launcher, const AttentionFwdParams& p) {
+  dispatch(p, fwd_aligned(p), [&](auto kernels, auto aligned) {
+    forward_impl<decltype(kernels), decltype(aligned)::value>(launcher, p);
+  });
+}
+
+template <class L>
+void backward(L& launcher, const AttentionBwdParams& p) {
+  dispatch(p, bwd_aligned(p), [&](auto kernels, auto aligned) {
+    backward_impl<decltype(kernels), decltype(aligned)::value>(launcher, p);
+  });
+}
+
+}  // namespace laga::cuda::flash
