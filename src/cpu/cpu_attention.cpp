@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/causal.hpp"
 #include "laga/errors.hpp"
 
 namespace laga::cpu {
@@ -83,8 +84,7 @@ struct Operands {
     return static_cast<T*>(p.probs) + (b * p.q_heads + h) * p.q_len * p.kv_len;
   }
 
-  // Keys visible to query i: 0 .. i + q_offset (clamped, so a negative offset gives empty rows).
-  i64 visible(i64 i) const { return std::clamp<i64>(i + p.q_offset + 1, 0, p.kv_len); }
+  i64 visible(i64 i) const { return visible_keys(i, p.q_offset, p.kv_len); }  // core/causal.hpp
 
   void load_kv(i64 b, i64 g, T* kc, T* vc) const {
     gather(k(b, g), p.k_token_stride, p.kv_len, p.d_qk, kc);

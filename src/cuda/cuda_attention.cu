@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/causal.hpp"
 #include "cuda/cuda_gemm.cuh"
 #include "cuda/cuda_ops.cuh"
 
@@ -14,12 +15,6 @@ namespace {
 constexpr int kRowThreads = 128;  // one block per score row
 constexpr int kRowWarps = kRowThreads / 32;
 constexpr float kNegInf = -INFINITY;
-
-// Keys visible to query i: 0 .. i + q_offset, clamped (a negative offset gives empty rows).
-__device__ __forceinline__ i64 visible_keys(i64 i, i64 q_offset, i64 kv_len) {
-  const i64 n = i + q_offset + 1;
-  return n < 0 ? 0 : (n > kv_len ? kv_len : n);
-}
 
 // probs[row] = softmax of the visible prefix of scores[row] (rows are (head, query) of one batch entry),
 // zero past it; lse (may be null) = max + log(sum), -inf for a row with no visible key.

@@ -11,6 +11,7 @@
 
 #include <cmath>
 
+#include "core/causal.hpp"
 #include "cuda/cuda_ops.cuh"
 #include "cuda/flash_tc.cuh"
 
@@ -74,11 +75,6 @@ static_assert(bwd_dq_smem_floats<LargeTiles>(kFlashMaxHeadDim, kFlashMaxHeadDim)
               "dQ tiles exceed shared memory at the largest head dims");
 static_assert(bwd_dkdv_smem_floats<SmallTiles>(256, 256) * 4 <= kSmemBudget, "dK/dV tiles exceed shared memory");
 static_assert(bwd_dq_smem_floats<SmallTiles>(256, 256) * 4 <= kSmemBudget, "dQ tiles exceed shared memory");
-
-__device__ __forceinline__ i64 visible_keys(i64 i, i64 q_offset, i64 kv_len) {
-  const i64 n = i + q_offset + 1;
-  return n < 0 ? 0 : (n > kv_len ? kv_len : n);
-}
 
 // rows x cols of a global [rows, cols] view (row stride ld) into a shared tile (row stride lds) as fp32;
 // rows >= valid_rows are zero.

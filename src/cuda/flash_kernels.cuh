@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "core/causal.hpp"
 #include "cuda/flash_warp.cuh"
 #include "laga/backend.hpp"
 
@@ -77,11 +78,6 @@ struct RowMap {
   __device__ __forceinline__ i64 query(i64 row) const { return group == 1 ? row : i64(u32(row) / group); }
   __device__ __forceinline__ i64 head(i64 row) const { return group == 1 ? 0 : i64(u32(row) % group); }
 };
-
-// Keys visible to query i: 0 .. i + q_offset, clamped to [0, kv_len].
-__device__ __forceinline__ i64 visible_keys(i64 i, i64 q_offset, i64 kv_len) {
-  return imin(imax(i + q_offset + 1, 0), kv_len);
-}
 
 // kRows x kCols of a global view into a swizzled shared tile; src(r) is row r's first element, or null for
 // rows past the end (zero-filled). kAligned: rows start 16-byte aligned (cp.async); else 2-byte loads.
@@ -464,6 +460,36 @@ __global__ void __launch_bounds__(256) flash_bwd_delta_kernel(const AttentionBwd
   if (lane == 0) delta[row] = acc;
 }
 
+// ================================================================ backward: P^T recomputed
+
+// P^T = exp2(S^T sl2 - lse log2e) over a warp's S^T fragment, in place: the dK/dV kernels' transposed
+// probabilities recomputed from the saved log-sum-exp, zero where the row does not see the key. Fragment row
+// mt * 16 + gid + 8 h is the warp's key wk0 + that of the block's keys from key0; column c0 + nt * 8 + 2 tig + e
+// is that row of the tile of rows from r0, whose log-sum-exps `slse` holds. The causal mask is needed only
+// when the block's last key lies past the tile's first row's visible prefix (core/causal.hpp).
+template <int kBN, int kMT, int kNT>
+__device__ __forceinline__ void recompute_pt(float (&pt)[kMT][kNT][4], const float* slse, int c0, float sl2,
+                                             RowMap rm, i64 r0, const AttentionFwdParams& p, i64 key0, int wk0,
+                                             int gid, int tig) {
+  const bool masked = key0 + kBN - 1 > rm.query(r0) + p.q_offset;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = c0 + nt * 8 + 2 * tig + e;
+      const float lse2 = slse[c] * kLog2e;
+      // Keys this row sees, relative to the warp's first key.
+      const i64 vis = masked ? rm.query(r0 + c) + p.q_offset + 1 - key0 - wk0 : i64(kBN);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float pv = exp2f(fmaf(pt[mt][nt][2 * h + e], sl2, -lse2));
+          pt[mt][nt][2 * h + e] = mt * 16 + gid + 8 * h < vis ? pv : 0.f;
+        }
+    }
+}
+
 // ================================================================ backward: dK, dV, P^T and dS^T in registers
 // kBlockN keys per block, 16 kMT per warp; kBlockM rows per step, Q/dO/lse/D in two stages. kWgmma: the four
 // GEMMs by wgmma, FlashAttention-3's arrangement: each warpgroup 64 keys (warp w keeps keys 16 w..), every tile
@@ -616,23 +642,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       cp_async_commit();
       warp_mma<kMT, kNTQ, kDqk / 16, false, false, kDqk, kDqk>(pt, s_k, wk0, sq, 0, lane);
     }
-    const bool masked = key0 + kBN - 1 > rm.query(r0) + p.q_offset;
-#pragma unroll
-    for (int nt = 0; nt < kNTQ; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int c = nt * 8 + 2 * tig + e;
-        const float lse2 = slse[c] * kLog2e;
-        // Keys this row sees, relative to the warp's first key.
-        const i64 vis = masked ? rm.query(r0 + c) + p.q_offset + 1 - key0 - wk0 : i64(kBN);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float pv = exp2f(fmaf(pt[mt][nt][2 * h + e], sl2, -lse2));
-            pt[mt][nt][2 * h + e] = mt * 16 + gid + 8 * h < vis ? pv : 0.f;
-          }
-      }
+    recompute_pt<kBN>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
     if constexpr (Tr::kWgmma) {
       // P^T and dS^T (bf16) through shared memory, then dV += P^T dO and dK += dS^T Q from there. P^T is kept as
       // bf16 pairs and dP^T computed only now (the registers are what limits the step); dS^T = P^T (dP^T - D)
@@ -887,22 +897,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     float pt[Tr::kMTS][Tr::kNTS][4];
     zero(pt);
     warp_mma<Tr::kMTS, Tr::kNTS, kDqk / 16, false, false, kDqk, kDqk>(pt, s_k, wk0, s_q, wr0, lane);
-    const bool masked = key0 + kBN - 1 > rm.query(r0) + p.q_offset;
-#pragma unroll
-    for (int nt = 0; nt < Tr::kNTS; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int c = wr0 + nt * 8 + 2 * tig + e;
-        const float lse2 = s_lse[c] * kLog2e;
-        const i64 vis = masked ? rm.query(r0 + c) + p.q_offset + 1 - key0 - wk0 : i64(kBN);
-#pragma unroll
-        for (int mt = 0; mt < Tr::kMTS; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float pv = exp2f(fmaf(pt[mt][nt][2 * h + e], sl2, -lse2));
-            pt[mt][nt][2 * h + e] = mt * 16 + gid + 8 * h < vis ? pv : 0.f;
-          }
-      }
+    recompute_pt<kBN>(pt, s_lse, wr0, sl2, rm, r0, p, key0, wk0, gid, tig);
     cp_async_wait<0>();
     __syncthreads();  // dO_t and D_t are in
     float ds[Tr::kMTS][Tr::kNTS][4];
@@ -1189,6 +1184,21 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 }
 
 // ================================================================ the tile table
+// The (d_qk, d_v) pairs the tensor-core kernels take: MLA's per-head 192/128 (explicit, LAGA) and the absorbed
+// form's latent 576/512, which also has a variant for V inside K (the first d_v columns of the same rows).
+// tile_config gives each pair its tiles; flash_launch.cuh's dispatch instantiates the kernels of each.
+struct HeadDims {
+  int qk, v;
+  bool v_in_k_variant;
+};
+inline constexpr HeadDims kHeadDims[] = {{192, 128, false}, {576, 512, true}};
+
+constexpr bool has_head_dims(i64 dqk, i64 dv) {
+  for (const HeadDims& d : kHeadDims)
+    if (d.qk == dqk && d.v == dv) return true;
+  return false;
+}
+
 // Tile configuration of one (d_qk, d_v) pair; the traits above say what each number means.
 struct TileConfig {
   bool supported = false;
@@ -1233,6 +1243,14 @@ constexpr TileConfig tile_config(int dqk, int dv, bool v_in_k) {
   }
   return c;
 }
+
+constexpr bool every_pair_has_tiles() {
+  for (const HeadDims& d : kHeadDims)
+    if (!tile_config(d.qk, d.v, false).supported || (d.v_in_k_variant && !tile_config(d.qk, d.v, true).supported))
+      return false;
+  return true;
+}
+static_assert(every_pair_has_tiles(), "a pair of kHeadDims without a tile configuration");
 
 template <int kDqk, int kDv, bool kVInK>
 struct Kernels {

@@ -14,7 +14,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <type_traits>
 
 #include "cuda/flash_kernels.cuh"
@@ -56,10 +58,8 @@ inline bool bwd_aligned(const AttentionBwdParams& p) {
          strides8(p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
 }
 
-// Whether the tensor-core kernels take this problem (dtype and head dims in the tile table).
-inline bool tc_supported(const AttentionFwdParams& p) {
-  return p.dtype == DType::bf16 && tile_config(int(p.d_qk), int(p.d_v), v_in_k(p)).supported;
-}
+// Whether the tensor-core kernels take this problem (bf16, head dims in kHeadDims).
+inline bool tc_supported(const AttentionFwdParams& p) { return p.dtype == DType::bf16 && has_head_dims(p.d_qk, p.d_v); }
 
 // One block per (tile, kv head, batch entry), tile slowest (tile_work). The kernels map rows to (query, head)
 // in 32 bits (RowMap).
@@ -150,22 +150,23 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
       Tq::kThreads, std::size_t(Tq::kSmemBytes), p, cdelta);
 }
 
-// Runtime (d_qk, d_v), V inside K and alignment to template arguments; f(Kernels<...>{}, bool_constant).
-template <typename F>
+// Runtime (d_qk, d_v) (a pair of kHeadDims), V inside K and alignment to template arguments;
+// f(Kernels<...>{}, bool_constant).
+template <std::size_t kPair = 0, typename F>
 void dispatch(const AttentionFwdParams& p, bool aligned, F&& f) {
-  auto with_alignment = [&](auto kernels) {
-    if (aligned)
-      f(kernels, std::true_type{});
-    else
-      f(kernels, std::false_type{});
-  };
-  if (p.d_qk == 192 && p.d_v == 128) {
-    with_alignment(Kernels<192, 128, false>{});
-  } else if (p.d_qk == 576 && p.d_v == 512) {
-    if (v_in_k(p))
-      with_alignment(Kernels<576, 512, true>{});
-    else
-      with_alignment(Kernels<576, 512, false>{});
+  if constexpr (kPair < std::size(kHeadDims)) {
+    constexpr HeadDims d = kHeadDims[kPair];
+    if (p.d_qk != d.qk || p.d_v != d.v) return dispatch<kPair + 1>(p, aligned, f);
+    auto with_alignment = [&](auto kernels) {
+      if (aligned)
+        f(kernels, std::true_type{});
+      else
+        f(kernels, std::false_type{});
+    };
+    if constexpr (d.v_in_k_variant) {
+      if (v_in_k(p)) return with_alignment(Kernels<d.qk, d.v, true>{});
+    }
+    with_alignment(Kernels<d.qk, d.v, false>{});
   } else {
     LAGA_REQUIRE(false, "no tensor-core attention kernel for d_qk ", p.d_qk, " and d_v ", p.d_v);
   }
