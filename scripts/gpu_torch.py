@@ -186,6 +186,7 @@ def cli_block(args, form, recompute, absorbed, seq):
         cmd = [args.cli, "run", "--device", "cuda", "--model", args.model, "--seq", str(seq), "--form", form,
                "--absorbed-attention", absorbed, "--recompute", recompute or "none", "--warmup", str(args.warmup),
                "--grad-dtype", "bfloat16", "--json", out]  # the module's gradients: the parameters' dtype
+        cmd += ["--nondeterministic"] if args.nondeterministic else []
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         r = json.load(open(out))["runs"][0]["ranks"][0]
         return {"command": " ".join(cmd[1:]), "ms_fwd_bwd": 1e3 * (r["seconds_forward_total"] + r["seconds_backward_total"]),
@@ -203,6 +204,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--variants", default=",".join(variant_name(*v) for v in VARIANTS),
                     help="the variants to time (default: every one)")
+    ap.add_argument("--nondeterministic", action="store_true",
+                    help="the module and laga run with cuDNN's non-deterministic attention backward (SDPA's)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     cfg = laga.config(args.model)
@@ -231,7 +234,8 @@ def main():
         torch.cuda.empty_cache()
         for form, recompute, absorbed in [v for v in VARIANTS if variant_name(*v) in args.variants.split(",")]:
             mod = lt.MultiheadLatentAttention(args.model, form=form, recompute=recompute, absorbed_attention=absorbed,
-                                              dtype=torch.bfloat16, device="cuda")
+                                              deterministic=not args.nondeterministic, dtype=torch.bfloat16,
+                                              device="cuda")
             name = variant_name(form, recompute, absorbed)
             try:
                 t = time_module(mod, seq, cfg["hidden_size"], args.warmup, args.reps)

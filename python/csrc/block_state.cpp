@@ -31,6 +31,7 @@ Block::Block(const std::string& config_json, const std::string& options_json, co
   opts_.accumulate_grads = o.at("accumulate_grads");
   provider_ = laga::parse_attention_provider(o.at("attention_provider"));
   timing_ = o.at("timing");
+  deterministic_ = o.at("deterministic");
   LAGA_REQUIRE(size_ >= 1 && rank_ >= 0 && rank_ < size_, "rank ", rank_, " of ", size_, ": must be in [0, size)");
   LAGA_REQUIRE(!group_name_.empty() || size_ == 1, "a group of ", size_, " ranks needs a process group");
 }
@@ -48,6 +49,7 @@ std::shared_ptr<Resources> Block::resources(c10::Device device) {
                    "); use 'auto' or 'laga'");
     }
     laga::cuda_set_attention_provider(*r->backend, provider_);
+    laga::cuda_set_attention_deterministic(*r->backend, deterministic_);
   } else {
     LAGA_REQUIRE(provider_ != laga::AttentionProvider::cudnn,
                  "attention_provider = 'cudnn' on a CPU tensor: cuDNN runs on the GPU");

@@ -33,8 +33,8 @@ class Saved;
 class Block : public torch::CustomClassHolder {
  public:
   // options_json: {"form", "layout", "kernel", "recompute", "absorbed_attention", "attention_provider"} as the
-  // CLI spells them, {"kv_grad_reduce_fp32", "overlap", "timing", "accumulate_grads"} booleans; group_name ""
-  // = one rank.
+  // CLI spells them, {"kv_grad_reduce_fp32", "overlap", "timing", "accumulate_grads", "deterministic"}
+  // booleans; group_name "" = one rank.
   Block(const std::string& config_json, const std::string& options_json, const std::string& group_name, int64_t rank,
         int64_t size);
 
@@ -54,6 +54,7 @@ class Block : public torch::CustomClassHolder {
   laga::BlockOptions opts_;
   laga::AttentionProvider provider_ = laga::AttentionProvider::automatic;
   bool timing_ = false;  // MlaBlock::set_timing
+  bool deterministic_ = true;  // cuda_set_attention_deterministic (CUDA only)
   std::string group_name_;
   int rank_ = 0, size_ = 1;
   std::shared_ptr<Resources> res_;

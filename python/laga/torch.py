@@ -85,6 +85,9 @@ class MultiheadLatentAttention(nn.Module):
     API where it supports the shape, deterministic backward); CPU tensors always run laga's. ``timing``: laga
     times each op on the device's queue and waits for the queue at the end of forward and of backward to read
     the times (``last_step``'s seconds); off (the default) it never waits, as any PyTorch op.
+    ``deterministic=False`` lets cuDNN run its non-deterministic attention backward on CUDA (what PyTorch's
+    scaled_dot_product_attention runs: faster, a small workspace, so ``"auto"`` takes cuDNN at long sequences;
+    reruns differ in the last bits); True (the default) keeps reruns bitwise identical.
     Gradients: by default backward hands autograd each parameter's gradient in the parameter's dtype, written
     there by laga's GEMMs (float32 accumulation, one rounding for bfloat16). ``fuse_wgrad_accumulation=True``
     (TransformerEngine's and Megatron-Core's gradient-accumulation fusion): every parameter carries a
@@ -106,7 +109,7 @@ class MultiheadLatentAttention(nn.Module):
 
     def __init__(self, config, form="laga", layout="a2a", kernel="fused", recompute=None, group=None,
                  absorbed_attention="mqa", kv_grad_reduce_fp32=False, overlap=False, attention_provider="auto",
-                 timing=False, fuse_wgrad_accumulation=False, device=None, dtype=None):
+                 timing=False, fuse_wgrad_accumulation=False, deterministic=True, device=None, dtype=None):
         super().__init__()
         if isinstance(config, dict) and config.get("attention_bias"):
             raise ValueError("attention_bias = true: laga's MLA block has no projection biases")
@@ -146,7 +149,7 @@ class MultiheadLatentAttention(nn.Module):
         options = {"form": form, "layout": layout, "kernel": kernel, "recompute": self.recompute,
                    "absorbed_attention": absorbed_attention, "kv_grad_reduce_fp32": bool(kv_grad_reduce_fp32),
                    "overlap": bool(overlap), "attention_provider": attention_provider, "timing": bool(timing),
-                   "accumulate_grads": bool(fuse_wgrad_accumulation)}
+                   "accumulate_grads": bool(fuse_wgrad_accumulation), "deterministic": bool(deterministic)}
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         self.overlap, self.attention_provider, self._timing = bool(overlap), attention_provider, bool(timing)
         self._block = torch.classes.laga.Block(json.dumps(cfg), json.dumps(options), group_name, self.rank,
