@@ -1,16 +1,12 @@
 #!/usr/bin/env bash
-# The Python package's tests: PyTorch (2.11) into a virtual environment under build/ (kept, so a rerun is
-# fast), the package built and installed from this checkout, then pytest over tests/python (the module
+# The Python package's tests: PyTorch (2.11) into a virtual environment under build/ (scripts/python_env.sh;
+# kept, so a rerun is fast), the package built and installed from this checkout, then pytest over tests/python (the module
 # against the tests' own reference, gradcheck, state dicts, bad input; torchrun at 1, 2 and 4 ranks on gloo).
 # The extension is built without CUDA here (this suite runs on the CPU; the GPU runs are scripts/gpu_*.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=build/venv
-py=$venv/bin/python
-if ! "$py" -c "import torch, pytest, scikit_build_core" >/dev/null 2>&1; then
-  python3 -m venv "$venv"
-  "$py" -m pip install -q --disable-pip-version-check torch==2.11.0 numpy pytest "scikit-build-core>=0.10"
-fi
+py=build/venv/bin/python
+bash scripts/python_env.sh
 "$py" -m pip install -q --disable-pip-version-check --no-build-isolation -C cmake.define.LAGA_WITH_CUDA=OFF .
 echo "laga Python package: $("$py" -c 'import laga, torch; print(f"laga {laga.__version__} on torch {torch.__version__}")')"
 # Run from tests/python so the installed package (not python/laga of the checkout) is the one imported.
