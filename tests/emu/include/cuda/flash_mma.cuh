@@ -1,17 +1,19 @@
-// Host emulation of src/cuda/flash_mma.cuh: one OS thread per CUDA thread, warp collectives through
-// per-warp barriers, cp.async deferred until wait_group (so a missing wait reads stale shared memory),
+// Host emulation of src/cuda/flash_mma.cuh: one fiber per CUDA thread (a block's fibers take turns on one OS
+// thread, switching at barriers), warp collectives through per-warp barriers, cp.async deferred until wait_group (so a missing wait reads stale shared memory),
 // strict alignment and bounds checks on every shared access of ldmatrix and cp.async.
 #pragma once
 
+#include <ucontext.h>
+
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <thread>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #define __global__
@@ -49,27 +51,64 @@ struct float4 {
   } while (0)
 
 namespace emu {
-struct Warp {
-  std::barrier<> bar{32};
-  std::uint32_t slot[32][8];
-  float fslot[32];
-};
-struct Block {
-  std::barrier<>* bar;
-  char* smem;
-  std::size_t smem_bytes;
-  Warp* warps;
-};
+// The CUDA threads of a block are fibers (ucontext) that one OS thread runs in turn: each runs until it waits
+// at a barrier (__syncthreads, or a warp collective's exchange) and the next one resumes. The thread-local
+// state below is the running fiber's, set by the scheduler before each resumption.
 struct Copy {
   void* dst;
   const void* src;
   int bytes;
 };
+struct Fiber {
+  ucontext_t ctx;
+  int thread = 0;
+  bool done = false;
+  std::deque<std::vector<Copy>> groups;  // committed cp.async groups, oldest first
+  std::vector<Copy> open;                // cp.async not yet committed
+};
+inline thread_local ucontext_t tl_scheduler;
+inline thread_local Fiber* tl_fiber = nullptr;
+// Arrivals at barriers and fibers finished: a round of the scheduler in which this does not move is a deadlock.
+inline thread_local unsigned long tl_progress = 0;
+
+inline void yield() { swapcontext(&tl_fiber->ctx, &tl_scheduler); }
+
+// n fibers meet; the last to arrive releases the others.
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void arrive_and_wait() {
+    ++tl_progress;
+    const unsigned long gen = gen_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++gen_;
+      return;
+    }
+    while (gen_ == gen) yield();
+  }
+
+ private:
+  int n_, arrived_ = 0;
+  unsigned long gen_ = 0;
+};
+
+struct Warp {
+  Barrier bar{32};
+  std::uint32_t slot[32][8];
+  float fslot[32];
+};
+struct Block {
+  Barrier* bar;
+  char* smem;
+  std::size_t smem_bytes;
+  Warp* warps;
+};
 inline thread_local Block* tl_block = nullptr;
 inline thread_local Warp* tl_warp = nullptr;
 inline thread_local int tl_lane = 0;
-inline thread_local std::deque<std::vector<Copy>> tl_groups;
-inline thread_local std::vector<Copy> tl_open;
+inline thread_local std::deque<std::vector<Copy>>* tl_groups = nullptr;
+inline thread_local std::vector<Copy>* tl_open = nullptr;
 
 inline void check_smem(const void* p, int bytes, int align) {
   const char* c = static_cast<const char*>(p);
@@ -181,22 +220,22 @@ inline void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 inline void cp_async16(void* dst, const void* src) {
   emu::check_smem(dst, 16, 16);
   EMU_CHECK(reinterpret_cast<std::uintptr_t>(src) % 16 == 0, "cp.async 16 from misaligned global %p", src);
-  emu::tl_open.push_back({dst, src, 16});
+  emu::tl_open->push_back({dst, src, 16});
 }
 inline void cp_async4(void* dst, const void* src) {
   emu::check_smem(dst, 4, 4);
   EMU_CHECK(reinterpret_cast<std::uintptr_t>(src) % 4 == 0, "cp.async 4 from misaligned global %p", src);
-  emu::tl_open.push_back({dst, src, 4});
+  emu::tl_open->push_back({dst, src, 4});
 }
 inline void cp_async_commit() {
-  emu::tl_groups.push_back(std::move(emu::tl_open));
-  emu::tl_open.clear();
+  emu::tl_groups->push_back(std::move(*emu::tl_open));
+  emu::tl_open->clear();
 }
 template <int kPending>
 inline void cp_async_wait() {
-  while (int(emu::tl_groups.size()) > kPending) {
-    for (const auto& c : emu::tl_groups.front()) std::memcpy(c.dst, c.src, std::size_t(c.bytes));
-    emu::tl_groups.pop_front();
+  while (int(emu::tl_groups->size()) > kPending) {
+    for (const auto& c : emu::tl_groups->front()) std::memcpy(c.dst, c.src, std::size_t(c.bytes));
+    emu::tl_groups->pop_front();
   }
 }
 inline void store_zero16(void* dst) {
@@ -228,33 +267,66 @@ inline float shfl_xor(float v, int mask) {
 }  // namespace laga::cuda::flash
 
 namespace emu {
-// Runs kernel(args...) over the grid, block by block (blockIdx.x fastest), one OS thread per CUDA thread.
+inline thread_local const std::function<void()>* tl_body = nullptr;
+inline void fiber_main() {
+  (*tl_body)();
+  tl_fiber->done = true;
+  ++tl_progress;
+  swapcontext(&tl_fiber->ctx, &tl_scheduler);  // never resumed
+}
+
+// Runs kernel(args...) over the grid, block by block (blockIdx.x fastest), one fiber per CUDA thread.
 template <class K, class... Args>
 void launch(K kernel, EmuDim3 grid, int threads, std::size_t smem_bytes, Args... args) {
+  constexpr std::size_t kStack = std::size_t(256) << 10;
   std::vector<char> smem(smem_bytes + 16);
+  std::unique_ptr<char[]> stacks(new char[kStack * std::size_t(threads)]);  // pages touched as used
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         // Poison: bf16 NaN pairs (also a float NaN).
         for (std::size_t i = 0; i + 1 < smem.size(); i += 2) smem[i] = char(0xc0), smem[i + 1] = char(0x7f);
-        std::barrier<> bar(threads);
+        Barrier bar(threads);
         std::vector<Warp> warps(std::size_t(threads / 32));
         Block blk{&bar, smem.data(), smem_bytes, warps.data()};
-        std::vector<std::thread> ts;
-        for (int t = 0; t < threads; ++t)
-          ts.emplace_back([&, t] {
-            tl_block = &blk;
-            tl_warp = &warps[std::size_t(t / 32)];
-            tl_lane = t % 32;
-            tl_groups.clear();
-            tl_open.clear();
-            threadIdx = {unsigned(t), 0, 0};
-            blockIdx = {bx, by, bz};
-            gridDim = grid;
-            blockDim = {unsigned(threads), 1, 1};
-            kernel(args...);
-          });
-        for (auto& th : ts) th.join();
+        const std::function<void()> body = [&] { kernel(args...); };
+        std::vector<Fiber> fibers(static_cast<std::size_t>(threads));
+        for (int t = 0; t < threads; ++t) {
+          Fiber& f = fibers[std::size_t(t)];
+          f.thread = t;
+          getcontext(&f.ctx);
+          f.ctx.uc_stack.ss_sp = stacks.get() + kStack * std::size_t(t);
+          f.ctx.uc_stack.ss_size = kStack;
+          f.ctx.uc_link = nullptr;
+          makecontext(&f.ctx, fiber_main, 0);
+        }
+        tl_block = &blk;
+        tl_body = &body;
+        blockIdx = {bx, by, bz};
+        gridDim = grid;
+        blockDim = {unsigned(threads), 1, 1};
+        // Each round resumes every live fiber once, in thread order or in reverse (alternating with the round and
+        // the block), so a read that a missing barrier leaves racing with another thread's write sees the
+        // value before the write in half of the blocks.
+        for (int live = threads, round = 0; live > 0; ++round) {
+          const unsigned long before = tl_progress;
+          const bool reverse = ((round + bx) & 1) != 0;
+          live = 0;
+          for (int i = 0; i < threads; ++i) {
+            Fiber& f = fibers[std::size_t(reverse ? threads - 1 - i : i)];
+            if (f.done) continue;
+            tl_fiber = &f;
+            tl_warp = &warps[std::size_t(f.thread / 32)];
+            tl_lane = f.thread % 32;
+            tl_groups = &f.groups;
+            tl_open = &f.open;
+            threadIdx = {unsigned(f.thread), 0, 0};
+            swapcontext(&tl_scheduler, &f.ctx);
+            live += !f.done;
+          }
+          EMU_CHECK(live == 0 || tl_progress != before,
+                    "block %u: %d threads wait at barriers that the others never reach", bx, live);
+        }
       }
 }
 }  // namespace emu
