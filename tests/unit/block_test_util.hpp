@@ -1,6 +1,6 @@
-// Shared helpers of the single-rank MLA block tests (test_block.cpp, test_ring_block.cpp): the variants every
-// test loops over, the test configurations, a single-rank runner that drives MlaBlock directly, and
-// comparisons (relative Frobenius error by laga::relative_error, raw bytes).
+// Shared helpers of the single-rank MLA block tests (test_block.cpp): the variants every test loops over,
+// the test configurations, a single-rank runner that drives MlaBlock directly, and comparisons (relative
+// Frobenius error by laga::relative_error, raw bytes).
 #pragma once
 
 #include <gtest/gtest.h>
