@@ -460,7 +460,7 @@ __global__ void __launch_bounds__(256) flash_bwd_delta_kernel(const AttentionBwd
   if (lane == 0) delta[row] = acc;
 }
 
-// ================================================================ backward: P^T recomputed
+// ================================================================ backward: P^T recomputed, dK and dV stored
 
 // P^T = exp2(S^T sl2 - lse log2e) over a warp's S^T fragment, in place: the dK/dV kernels' transposed
 // probabilities recomputed from the saved log-sum-exp, zero where the row does not see the key. Fragment row
@@ -487,6 +487,32 @@ __device__ __forceinline__ void recompute_pt(float (&pt)[kMT][kNT][4], const flo
           const float pv = exp2f(fmaf(pt[mt][nt][2 * h + e], sl2, -lse2));
           pt[mt][nt][2 * h + e] = mt * 16 + gid + 8 * h < vis ? pv : 0.f;
         }
+    }
+}
+
+// The dK/dV kernels' epilogue: dK = scale * acc_dk and dV = acc_dv of a warp's keys in bf16 (fragment row
+// mt * 16 + gid + 8 h is key key0 + that; columns from dk_col0 and dv_col0), keys past kv_len skipped.
+template <bool kAligned, int kMT, int kNTK, int kNTV>
+__device__ __forceinline__ void store_dkdv(const AttentionBwdParams& p, i64 b, i64 g, i64 key0, int dk_col0,
+                                           int dv_col0, const float (&acc_dk)[kMT][kNTK][4],
+                                           const float (&acc_dv)[kMT][kNTV][4], int gid, int tig) {
+  bf16* dk = static_cast<bf16*>(p.dk) + b * p.dk_batch_stride + g * p.dk_head_stride;
+  bf16* dv = static_cast<bf16*>(p.dv) + b * p.dv_batch_stride + g * p.dv_head_stride;
+  const float scale = float(p.scale);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const i64 key = key0 + mt * 16 + gid + 8 * h;
+      if (key >= p.kv_len) continue;
+#pragma unroll
+      for (int nt = 0; nt < kNTK; ++nt)
+        store2<kAligned>(dk + key * p.dk_token_stride + dk_col0 + nt * 8 + 2 * tig, scale * acc_dk[mt][nt][2 * h],
+                         scale * acc_dk[mt][nt][2 * h + 1]);
+#pragma unroll
+      for (int nt = 0; nt < kNTV; ++nt)
+        store2<kAligned>(dv + key * p.dv_token_stride + dv_col0 + nt * 8 + 2 * tig, acc_dv[mt][nt][2 * h],
+                         acc_dv[mt][nt][2 * h + 1]);
     }
 }
 
@@ -730,24 +756,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       if (tid == 0) release_counter(dq_count + tile_base + step_row0(n_tiles - 1) / kBM);
     }
 
-  bf16* dk = static_cast<bf16*>(p.dk) + b * p.dk_batch_stride + g * p.dk_head_stride;
-  bf16* dv = static_cast<bf16*>(p.dv) + b * p.dv_batch_stride + g * p.dv_head_stride;
-  const float scale = float(p.scale);
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const i64 key = key0 + wk0 + mt * 16 + gid + 8 * h;
-      if (key >= p.kv_len) continue;
-#pragma unroll
-      for (int nt = 0; nt < kDqk / 8; ++nt)
-        store2<kAligned>(dk + key * p.dk_token_stride + nt * 8 + 2 * tig, scale * acc_dk[mt][nt][2 * h],
-                         scale * acc_dk[mt][nt][2 * h + 1]);
-#pragma unroll
-      for (int nt = 0; nt < kDv / 8; ++nt)
-        store2<kAligned>(dv + key * p.dv_token_stride + nt * 8 + 2 * tig, acc_dv[mt][nt][2 * h],
-                         acc_dv[mt][nt][2 * h + 1]);
-    }
+  store_dkdv<kAligned>(p, b, g, key0 + wk0, 0, 0, acc_dk, acc_dv, gid, tig);
 }
 
 // dQ = scale * dq_accum, one block per (row tile, kv head, batch entry) in dq_accum's order; a tile no key
@@ -928,27 +937,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     cp_async_commit();
   }
 
+  if (splits == 1)
+    return store_dkdv<kAligned>(p, b, g, key0, warp * Tr::kColsK, warp * Tr::kColsV, acc_dk, acc_dv, gid, tig);
   const float scale = float(p.scale);
-  if (splits == 1) {
-    bf16* dk = static_cast<bf16*>(p.dk) + b * p.dk_batch_stride + g * p.dk_head_stride;
-    bf16* dv = static_cast<bf16*>(p.dv) + b * p.dv_batch_stride + g * p.dv_head_stride;
-#pragma unroll
-    for (int mt = 0; mt < Tr::kMT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const i64 key = key0 + mt * 16 + gid + 8 * h;
-        if (key >= p.kv_len) continue;
-#pragma unroll
-        for (int nt = 0; nt < Tr::kNTK; ++nt)
-          store2<kAligned>(dk + key * p.dk_token_stride + warp * Tr::kColsK + nt * 8 + 2 * tig,
-                           scale * acc_dk[mt][nt][2 * h], scale * acc_dk[mt][nt][2 * h + 1]);
-#pragma unroll
-        for (int nt = 0; nt < Tr::kNTV; ++nt)
-          store2<kAligned>(dv + key * p.dv_token_stride + warp * Tr::kColsV + nt * 8 + 2 * tig, acc_dv[mt][nt][2 * h],
-                           acc_dv[mt][nt][2 * h + 1]);
-      }
-    return;
-  }
   constexpr int kW = kDqk + kDv;
   float* part = partial + ((i64(split) * p.batch + b) * p.kv_heads + g) * p.kv_len * kW;
 #pragma unroll
