@@ -42,7 +42,22 @@ Scratch::Scratch() : bufs_(static_cast<std::size_t>(ScratchSlot::count)) {}
 
 Scratch::~Scratch() {
   for (auto& b : bufs_)
-    if (b.ptr) cudaFree(b.ptr);
+    if (b.ptr) {
+      if (hosted)
+        hosted->free(b.id, b.ptr);
+      else
+        cudaFree(b.ptr);
+    }
+}
+
+void Scratch::free_buf(Buf& b) {
+  if (hosted)
+    hosted->free(b.id, b.ptr);
+  else
+    LAGA_CUDA_CHECK(cudaFree(b.ptr));
+  b.ptr = nullptr;
+  b.bytes = 0;
+  b.id = 0;
 }
 
 void* Scratch::get(ScratchSlot slot, std::size_t bytes, cudaStream_t stream) {
@@ -51,12 +66,14 @@ void* Scratch::get(ScratchSlot slot, std::size_t bytes, cudaStream_t stream) {
   if (b.bytes >= bytes) return b.ptr;
   if (b.ptr) {
     LAGA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    LAGA_CUDA_CHECK(cudaFree(b.ptr));
     held_ -= b.bytes;
-    b.ptr = nullptr;
-    b.bytes = 0;
+    free_buf(b);
   }
-  LAGA_CUDA_CHECK(cudaMalloc(&b.ptr, bytes));
+  if (hosted) {
+    b.id = hosted->allocate(bytes, std::string("scratch.") + scratch_slot_name(slot), MemoryKind::external, &b.ptr);
+  } else {
+    LAGA_CUDA_CHECK(cudaMalloc(&b.ptr, bytes));
+  }
   b.bytes = bytes;
   b.peak = std::max(b.peak, bytes);
   held_ += bytes;
@@ -70,11 +87,8 @@ void Scratch::release(cudaStream_t stream) {
   for (const auto& b : bufs_) any = any || b.ptr;
   if (!any) return;
   LAGA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  for (auto& b : bufs_) {
-    if (b.ptr) LAGA_CUDA_CHECK(cudaFree(b.ptr));
-    b.ptr = nullptr;
-    b.bytes = 0;
-  }
+  for (auto& b : bufs_)
+    if (b.ptr) free_buf(b);
   held_ = 0;
 }
 
@@ -223,6 +237,7 @@ class CudaBackend final : public Backend {
     check_device(device);
     ctx_.device = device;
     ctx_.stream = stream;
+    ctx_.scratch.hosted = &hosted;  // kernel scratch and cuDNN's workspace from the framework's allocator too
     set_up();
   }
   ~CudaBackend() override {

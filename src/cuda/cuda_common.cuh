@@ -107,8 +107,9 @@ inline unsigned blocks_for(i64 n, int threads) {
 
 // ---------------------------------------------------------------- context
 // Reusable device buffers for an op's temporaries, one per purpose ("slot"), grown on demand and kept (never
-// shrunk). They live outside the backend's accounting allocator, so they are counted here: the bytes held
-// (sum over slots) and its high-water mark, reported through laga/cuda.hpp (cuda_scratch_info).
+// shrunk). They are not activations of the backend's accounting allocator, so they are counted here: the bytes
+// held (sum over slots) and its high-water mark, reported through laga/cuda.hpp (cuda_scratch_info). A backend
+// hosted by a framework takes them from the framework's allocator (Scratch::hosted); its own, from cudaMalloc.
 //   scores         eager attention: fp32 scores [heads, rows, kv_len] of one chunk of heads/query rows; in the
 //                  backward fp32 dP followed by dS (storage dtype). Kept at or under Context::eager_scratch_cap.
 //   gather_q/_do   eager backward, GQA/MQA: a kv head's query heads of Q / dO stacked into one operand
@@ -158,13 +159,19 @@ class Scratch {
   // Called after each growth (the backend samples the device's used memory there); may be empty.
   void (*on_grow)(void* user) = nullptr;
   void* on_grow_user = nullptr;
+  // A hosting framework's allocator (the PyTorch module's caching allocator): the buffers come from it, as
+  // external memory named "scratch.<slot>", so the framework's counters see them and the two allocators do
+  // not compete for the device; null: cudaMalloc.
+  Allocator* hosted = nullptr;
 
  private:
   struct Buf {
     void* ptr = nullptr;
     std::size_t bytes = 0;
     std::size_t peak = 0;
+    std::uint64_t id = 0;  // the hosted allocator's
   };
+  void free_buf(Buf& b);
   std::vector<Buf> bufs_;
   std::size_t held_ = 0, peak_ = 0;
 };
