@@ -1,6 +1,8 @@
 // The MLA block under sequence parallelism: every form and layout, forward and backward, as one
-// orchestration of Backend ops and Communicator collectives. Read forward() top to bottom, then
-// backward() as the same steps in reverse.
+// orchestration of Backend ops and Communicator collectives. Each step is a named pair, its backward next
+// to its forward: the query path (query_forward/query_backward), the latent path (latent_*), the attention
+// step of each form (explicit_*, laga_*, absorbed_*) and the output projection (output_*). forward() calls
+// them top to bottom; backward() calls their backwards in reverse. The ring (p2p) has its own pair.
 //
 // Shapes (per rank): s = S/P local tokens, B batch, rows are tokens-major ([s, B, ...] = Megatron's sbhd).
 // The "attention layout" is where attention runs:
@@ -497,9 +499,41 @@ struct BlockImpl {
               g.kv_b_proj.dtype(), op);
   }
 
-  // ---------------------------------------------------------------- forward
+  // Saved outputs of the attention kernel: probabilities (eager) or output and log-sum-exp (fused).
+  void save_attention(SavedContext& ctx, const Attn& a) {
+    if (a.probs.defined()) ctx.save("probs", a.probs);
+    if (a.lse.defined()) {
+      ctx.save("lse", a.lse);
+      ctx.save(a.o.name(), a.o);
+    }
+  }
+  Attn saved_attention(const SavedContext& ctx, const std::string& oname) const {
+    Attn a;
+    if (opts.kernel == AttentionKernel::eager) {
+      a.probs = ctx.get("probs");
+    } else {
+      a.lse = ctx.get("lse");
+      a.o = ctx.get(oname);
+    }
+    return a;
+  }
+
+  // q_abs [Tq, H, dl] = [q_nope_h W_UK[h]^T | q_pe_h]
+  Tensor absorb_query(const Tensor& q_att, const MlaWeights& w) {
+    Tensor q_abs = empty({Tq, H * dl}, "q_abs");
+    gemm(OpPhase::up_projections,
+         GemmArgs{.m = Tq, .n = rkv, .k = dn, .batch = H, .a = q_att.data(), .lda = H * dqk, .stride_a = dqk,
+                  .b = uk(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(), .c = q_abs.data(), .ldc = H * dl,
+                  .stride_c = dl});
+    copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = q_att.at(dn), .src_ld = H * dqk,
+                                           .src_batch_stride = dqk, .dst = q_abs.at(rkv), .dst_ld = H * dl,
+                                           .dst_batch_stride = dl});
+    return q_abs;
+  }
+
+  // ---------------------------------------------------------------- the query path
   // Queries: q = RMSNorm(x W_DQ) W_UQ (or x W_Q), RoPE on the rope part, at global positions. [T, n_h * d_qk]
-  Tensor query_path(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
+  Tensor query_forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     const void* xp = x.data();
     Tensor q_pre = empty({T, nh * dqk}, "q");  // q once RoPE has run on it in place
     if (cfg.q_lora_rank) {
@@ -527,9 +561,43 @@ struct BlockImpl {
     }
     return q_pre;
   }
+  // dq [T, n_h * d_qk] (consumed): RoPE^T in place on the rope part, then the up- and down-projections; adds the
+  // queries' share of the input gradient to dx.
+  void query_backward(SavedContext& ctx, Tensor dq_pre, const Tensor& x, const MlaWeights& w, MlaGrads& g, Tensor& dx) {
+    {
+      Timer timer{*this, OpPhase::projections};
+      apply_rope(rope_args(nh, dq_pre.at(dn), nh * dqk, dq_pre.at(dn), nh * dqk, dqk), true);
+    }
+    if (cfg.q_lora_rank) {
+      const Tensor c_q = ctx.get("c_q");
+      linear_dw_first(OpPhase::projections, T, rq_in, nh * dqk, c_q.data(), rq_in, dq_pre.data(), nh * dqk, g.q_up(),
+                rq_in);
+      Tensor dc_q = empty({T, rq_in}, "d_c_q");
+      linear_dx(OpPhase::projections, T, rq_in, nh * dqk, dq_pre.data(), nh * dqk, w.q_up().data(), rq_in, dc_q.data(),
+                rq_in);
+      dq_pre = Tensor();
+      release(ctx, {"c_q"});
+      Tensor dq_down = empty({T, rq_in}, "d_q_down");
+      {
+        Timer timer{*this, OpPhase::projections};
+        be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rq_in, .eps = cfg.rms_norm_eps,
+                                        .x = ctx.get("q_down").data(), .x_ld = rq_in, .gamma = w.q_a_layernorm.data(),
+                                        .rstd = ctx.get("q_rstd").data(), .dy = dc_q.data(), .dy_ld = rq_in,
+                                        .dx = dq_down.data(), .dx_ld = rq_in, .dgamma = g.q_a_layernorm.data()});
+      }
+      dc_q = Tensor();
+      release(ctx, {"q_down", "q_rstd"});
+      linear_dw_first(OpPhase::projections, T, d, rq_in, x.data(), d, dq_down.data(), rq_in, g.q_a_proj, d);
+      linear_dx(OpPhase::projections, T, d, rq_in, dq_down.data(), rq_in, w.q_a_proj.data(), d, dx.data(), d, 1.0);
+    } else {
+      linear_dw_first(OpPhase::projections, T, d, nh * dqk, x.data(), d, dq_pre.data(), nh * dqk, g.q_up(), d);
+      linear_dx(OpPhase::projections, T, d, nh * dqk, dq_pre.data(), nh * dqk, w.q_up().data(), d, dx.data(), d, 1.0);
+    }
+  }
 
+  // ---------------------------------------------------------------- the latent path
   // Latent: [c_kv | k_pe] = x W_DKV; c_kv = RMSNorm(c_kv); RoPE on k_pe. [T, dl]
-  Tensor latent_path(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
+  Tensor latent_forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     Tensor kv_down = empty({T, dl}, "kv_down");
     linear(OpPhase::projections, T, d, dl, x.data(), d, w.kv_a_proj_with_mqa.data(), d, kv_down.data(), dl);
     Tensor kv_rstd = Tensor(be.allocator(), accum_dtype(dt), {T}, "kv_rstd");
@@ -545,12 +613,33 @@ struct BlockImpl {
     ctx.save("kv_rstd", kv_rstd);
     return latent;
   }
+  // dlatent [T, dl] (consumed): RoPE^T on k_pe, RMSNorm backward on c_kv, then x W_DKV; writes dx.
+  void latent_backward(SavedContext& ctx, Tensor dlatent, const Tensor& x, const MlaWeights& w, MlaGrads& g,
+                       Tensor& dx) {
+    Tensor dkv_down = empty({T, dl}, "d_kv_down");
+    {
+      const Tensor& kv_down = ctx.get("kv_down");
+      Timer timer{*this, OpPhase::projections};
+      RopeArgs rope = rope_args(1, dlatent.at(rkv), dl, dkv_down.at(rkv), dl, 0);
+      rope.x_dtype = dlatent.dtype();
+      apply_rope(rope, true);
+      be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rkv, .eps = cfg.rms_norm_eps, .x = kv_down.data(),
+                                      .x_ld = dl, .gamma = w.kv_a_layernorm.data(), .rstd = ctx.get("kv_rstd").data(),
+                                      .dy = dlatent.data(), .dy_ld = dl, .dx = dkv_down.data(), .dx_ld = dl,
+                                      .dgamma = g.kv_a_layernorm.data(), .dy_dtype = dlatent.dtype()});
+    }
+    dlatent = Tensor();
+    release(ctx, {"kv_down", "kv_rstd"});
+    linear_dw_first(OpPhase::projections, T, d, dl, x.data(), d, dkv_down.data(), dl, g.kv_a_proj_with_mqa, d);
+    linear_dx(OpPhase::projections, T, d, dl, dkv_down.data(), dl, w.kv_a_proj_with_mqa.data(), d, dx.data(), d);
+  }
 
+  // ---------------------------------------------------------------- forward
   Tensor forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     if (ring()) return forward_ring(ctx, x, w);
     if (opts.overlap) return forward_overlapped(ctx, x, w);
-    Tensor q = query_path(ctx, x, w);
-    Tensor latent = latent_path(ctx, x, w);
+    Tensor q = query_forward(ctx, x, w);
+    Tensor latent = latent_forward(ctx, x, w);
 
     // Queries to the attention layout.
     Tensor q_att = scatter_heads(q, dqk, "q");
@@ -567,7 +656,7 @@ struct BlockImpl {
         k_loc = Tensor();
         Tensor v_att = a2a() ? scatter_heads(v_loc, dv, "v") : all_gather(v_loc, nh * dv, "v");
         v_loc = Tensor();
-        o_att = explicit_attention(ctx, q_att, k_att, v_att);
+        o_att = explicit_forward(ctx, q_att, k_att, v_att);
         break;
       }
       case Form::Laga: {
@@ -576,22 +665,22 @@ struct BlockImpl {
         ctx.save("latent_gathered", lat_full);
         Tensor k_att, v_att;
         up_project(lat_full, Tk, h0, H, w, k_att, v_att);
-        o_att = laga_attention(ctx, q_att, k_att, v_att);
+        o_att = laga_forward(ctx, q_att, k_att, v_att);
         break;
       }
       case Form::Absorbed: {
         Tensor lat_full = all_gather(latent, dl, "kv_latent");
         latent = Tensor();
-        o_att = absorbed_attention(ctx, q_att, std::move(lat_full), w);
+        o_att = absorbed_forward(ctx, q_att, std::move(lat_full), w);
         break;
       }
     }
-    return output(ctx, std::move(o_att), w);
+    return output_forward(ctx, std::move(o_att), w);
   }
 
   // The same steps with each collective started as soon as its input exists (BlockOptions::overlap).
   Tensor forward_overlapped(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
-    Tensor latent = latent_path(ctx, x, w);
+    Tensor latent = latent_forward(ctx, x, w);
     Tensor o_att;
     switch (opts.form) {
       case Form::Explicit: {
@@ -603,48 +692,94 @@ struct BlockImpl {
         k_loc = Tensor();
         InFlight v = start_kv_exchange(v_loc, dv, "v");
         v_loc = Tensor();
-        InFlight q = start_scatter_heads(query_path(ctx, x, w), dqk, "q");  // the query path under K and V's exchange
+        InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under K and V's exchange
         Tensor k_att = finish(k), v_att = finish(v), q_att = finish(q);
         ctx.save("q_att", q_att);
-        o_att = explicit_attention(ctx, q_att, k_att, v_att);
+        o_att = explicit_forward(ctx, q_att, k_att, v_att);
         break;
       }
       case Form::Laga: {
         InFlight lat = start_all_gather(latent, dl, "kv_latent");
         latent = Tensor();
-        InFlight q = start_scatter_heads(query_path(ctx, x, w), dqk, "q");  // the query path under the all-gather
+        InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under the all-gather
         Tensor lat_full = finish(lat);
         ctx.save("latent_gathered", lat_full);
         Tensor k_att, v_att;
         up_project(lat_full, Tk, h0, H, w, k_att, v_att);  // K/V under the queries' all-to-all
         Tensor q_att = finish(q);
         ctx.save("q_att", q_att);
-        o_att = laga_attention(ctx, q_att, k_att, v_att);
+        o_att = laga_forward(ctx, q_att, k_att, v_att);
         break;
       }
       case Form::Absorbed: {
         InFlight lat = start_all_gather(latent, dl, "kv_latent");
         latent = Tensor();
-        InFlight q = start_scatter_heads(query_path(ctx, x, w), dqk, "q");  // the query path under the all-gather
+        InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under the all-gather
         Tensor lat_full = finish(lat);
         Tensor q_att = finish(q);
         ctx.save("q_att", q_att);
-        o_att = absorbed_attention(ctx, q_att, std::move(lat_full), w);
+        o_att = absorbed_forward(ctx, q_att, std::move(lat_full), w);
         break;
       }
     }
-    return output(ctx, std::move(o_att), w);
+    return output_forward(ctx, std::move(o_att), w);
   }
 
-  Tensor explicit_attention(SavedContext& ctx, const Tensor& q_att, const Tensor& k_att, const Tensor& v_att) {
+  // ---------------------------------------------------------------- the attention step, per form
+  // What an attention step's backward hands on: the queries' gradient in the attention layout, or (overlap)
+  // its all-to-all back to the local tokens already started; and this rank's latent gradient [T, dl].
+  struct PathGrads {
+    Tensor dq_att;
+    InFlight dq_flight;
+    Tensor dlatent;
+  };
+
+  Tensor explicit_forward(SavedContext& ctx, const Tensor& q_att, const Tensor& k_att, const Tensor& v_att) {
     Attn a = attention_forward(q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, "o_att");
     save_attention(ctx, a);
     ctx.save("k_att", k_att);
     ctx.save("v_att", v_att);
     return a.o;
   }
+  // Attention's backward, K/V's gradients back to the local tokens (all-to-all, or reduce-scatter of the
+  // per-rank partials), then the up-projection's backward on the saved local latent.
+  PathGrads explicit_backward(SavedContext& ctx, Tensor do_att, const MlaWeights& w, MlaGrads& g) {
+    PathGrads out;
+    Attn a = saved_attention(ctx, "o_att");
+    Tensor k_att = ctx.get("k_att"), v_att = ctx.get("v_att");
+    AttnGrads ag = attention_backward(do_att, ctx.get("q_att"), k_att, H * dqk, &v_att, H * dv, H, dqk, dv, a);
+    // Attention's saved tensors die with its backward, as in an autograd engine.
+    a = Attn();
+    k_att = v_att = do_att = Tensor();
+    release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
+    out.dq_att = ag.dq;
+    if (kv_grads_reduced_in_fp32(opts, P)) {  // the partials widened to float32 before they are summed
+      ag.dk = converted(OpPhase::communication, ag.dk.data(), Tk, nh * dqk, nh * dqk, accum_dtype(dt), "d_k_att.f32");
+      ag.dv = converted(OpPhase::communication, ag.dv.data(), Tk, nh * dv, nh * dv, accum_dtype(dt), "d_v_att.f32");
+    }
+    Tensor dk_loc, dv_loc;
+    if (opts.overlap) {  // the query gradient's all-to-all under the up-projection's backward
+      InFlight dk_flight = a2a() ? start_gather_heads(ag.dk, dqk, "k") : start_reduce_scatter(ag.dk, nh * dqk, "k");
+      ag.dk = Tensor();
+      InFlight dv_flight = a2a() ? start_gather_heads(ag.dv, dv, "v") : start_reduce_scatter(ag.dv, nh * dv, "v");
+      ag.dv = Tensor();
+      out.dq_flight = start_gather_heads(out.dq_att, dqk, "q");
+      out.dq_att = ag.dq = Tensor();
+      dk_loc = a2a() ? finish_gather_heads(dk_flight, dqk, "k") : finish(dk_flight);
+      dv_loc = a2a() ? finish_gather_heads(dv_flight, dv, "v") : finish(dv_flight);
+    } else {
+      dk_loc = a2a() ? gather_heads(ag.dk, dqk, "k") : reduce_scatter(ag.dk, nh * dqk, "k");
+      ag.dk = Tensor();
+      dv_loc = a2a() ? gather_heads(ag.dv, dv, "v") : reduce_scatter(ag.dv, nh * dv, "v");
+      ag.dv = Tensor();
+    }
+    out.dlatent = latent_grad(T, "d_latent");
+    up_project_backward(dk_loc, dv_loc, ctx.get("latent"), T, 0, nh, w, g, out.dlatent);
+    release(ctx, {"latent"});
+    return out;
+  }
 
-  Tensor laga_attention(SavedContext& ctx, const Tensor& q_att, const Tensor& k_att, const Tensor& v_att) {
+  Tensor laga_forward(SavedContext& ctx, const Tensor& q_att, const Tensor& k_att, const Tensor& v_att) {
     Attn a = attention_forward(q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, "o_att");
     save_attention(ctx, a);
     if (opts.recompute == Recompute::None) {
@@ -653,8 +788,47 @@ struct BlockImpl {
     }
     return a.o;
   }
+  // Attention's backward (K/V rebuilt from the gathered latent with recompute), the up-projection's backward
+  // into the gathered latent's gradient, reduce-scattered back to the local tokens.
+  PathGrads laga_backward(SavedContext& ctx, Tensor do_att, const MlaWeights& w, MlaGrads& g) {
+    PathGrads out;
+    Tensor lat_full = ctx.get("latent_gathered");
+    Attn a = saved_attention(ctx, "o_att");
+    Tensor k_att, v_att;
+    if (opts.recompute == Recompute::KV) {
+      up_project(lat_full, Tk, h0, H, w, k_att, v_att);
+    } else {
+      k_att = ctx.get("k_att");
+      v_att = ctx.get("v_att");
+    }
+    AttnGrads ag = attention_backward(do_att, ctx.get("q_att"), k_att, H * dqk, &v_att, H * dv, H, dqk, dv, a);
+    a = Attn();
+    k_att = v_att = do_att = Tensor();
+    release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
+    out.dq_att = ag.dq;
+    Tensor dlat_full = latent_grad(Tk, "d_latent_gathered");
+    InFlight rs;
+    std::function<void()> between;
+    if (opts.overlap)  // the latent gradient's reduce-scatter and the query gradient's all-to-all under dW_UV, dW_UK
+      between = [&] {
+        rs = start_reduce_scatter(dlat_full, dl, "kv_latent");
+        out.dq_flight = start_gather_heads(out.dq_att, dqk, "q");
+        out.dq_att = Tensor();
+      };
+    up_project_backward(ag.dk, ag.dv, lat_full, Tk, h0, H, w, g, dlat_full, between);
+    ag = AttnGrads();
+    lat_full = Tensor();
+    release(ctx, {"latent_gathered"});
+    if (opts.overlap) {
+      dlat_full = Tensor();
+      out.dlatent = finish(rs);
+    } else {
+      out.dlatent = reduce_scatter(dlat_full, dl, "kv_latent");
+    }
+    return out;
+  }
 
-  Tensor absorbed_attention(SavedContext& ctx, const Tensor& q_att, Tensor lat_full, const MlaWeights& w) {
+  Tensor absorbed_forward(SavedContext& ctx, const Tensor& q_att, Tensor lat_full, const MlaWeights& w) {
     Tensor q_abs = absorb_query(q_att, w);
     Tensor o_lat;
     if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
@@ -688,9 +862,88 @@ struct BlockImpl {
                   .c = o_att.data(), .ldc = H * dv, .stride_c = dv});
     return o_att;
   }
+  // W_UV's backward, attention's backward over the latent (MQA) or its per-head copies (expanded), summed into
+  // the gathered latent's gradient, then W_UK's backward on the absorbed query's gradient.
+  PathGrads absorbed_backward(SavedContext& ctx, Tensor do_att, const MlaWeights& w, MlaGrads& g) {
+    PathGrads out;
+    const Tensor q_att = ctx.get("q_att");
+    // o_att = o_lat W_UV[h]:  d o_lat = do_att W_UV[h]^T;  dW_UV[h] += o_lat^T do_att
+    Attn a = saved_attention(ctx, "o_lat");
+    Tensor q_abs = ctx.get("q_abs");
+    Tensor o_lat = ctx.get("o_lat");
+    Tensor do_lat = empty({Tq, H * rkv}, "d_o_lat");
+    gemm(OpPhase::up_projections,
+         GemmArgs{.m = Tq, .n = rkv, .k = dv, .batch = H, .a = do_att.data(), .lda = H * dv, .stride_a = dv,
+                  .b = uv(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(), .c = do_lat.data(),
+                  .ldc = H * rkv, .stride_c = rkv});
+    gemm(OpPhase::up_projections,
+         GemmArgs{.trans_a = Trans::yes, .m = dv, .n = rkv, .k = Tq, .batch = H, .a = do_att.data(), .lda = H * dv,
+                  .stride_a = dv, .b = o_lat.data(), .ldb = H * rkv, .stride_b = rkv, .c = uv(g.kv_b_proj, h0),
+                  .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = g.kv_b_proj.dtype()});
+    do_att = Tensor();
+    Tensor dlat_full = latent_grad(Tk, "d_latent_gathered");
+    Tensor dq_abs = absorbed_attention_backward(ctx, do_lat, q_abs, a, dlat_full);
+    do_lat = o_lat = q_abs = Tensor();
+    a = Attn();
+    release(ctx, {"probs", "lse", "o_lat", "latent_gathered", "k_expanded", "v_expanded"});
+    InFlight rs;
+    if (opts.overlap) {  // the latent gradient's reduce-scatter under the query's up-projection backward
+      rs = start_reduce_scatter(dlat_full, dl, "kv_latent");
+      dlat_full = Tensor();
+    }
+    // q_abs = [q_nope W_UK[h]^T | q_pe]
+    out.dq_att = empty({Tq, H * dqk}, "d_q_att");
+    gemm(OpPhase::up_projections,
+         GemmArgs{.trans_b = Trans::yes, .m = Tq, .n = dn, .k = rkv, .batch = H, .a = dq_abs.data(), .lda = H * dl,
+                  .stride_a = dl, .b = uk(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(),
+                  .c = out.dq_att.data(), .ldc = H * dqk, .stride_c = dqk});
+    copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = dq_abs.at(rkv), .src_ld = H * dl,
+                                           .src_batch_stride = dl, .dst = out.dq_att.at(dn), .dst_ld = H * dqk,
+                                           .dst_batch_stride = dqk});
+    if (opts.overlap) {  // the query gradient's all-to-all under dW_UK
+      out.dq_flight = start_gather_heads(out.dq_att, dqk, "q");
+      out.dq_att = Tensor();
+    }
+    gemm(OpPhase::up_projections,
+         GemmArgs{.trans_a = Trans::yes, .m = dn, .n = rkv, .k = Tq, .batch = H, .a = q_att.data(), .lda = H * dqk,
+                  .stride_a = dqk, .b = dq_abs.data(), .ldb = H * dl, .stride_b = dl, .c = uk(g.kv_b_proj, h0),
+                  .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = g.kv_b_proj.dtype()});
+    dq_abs = Tensor();
+    release(ctx, {"q_abs"});
+    out.dlatent = opts.overlap ? finish(rs) : reduce_scatter(dlat_full, dl, "kv_latent");
+    return out;
+  }
+  // Attention's backward in the absorbed form: its K and V gradients summed into the gathered latent's
+  // gradient dlat_full (MQA: K is the latent and V its first r_kv columns; expanded: summed over the heads'
+  // copies). Returns the absorbed query's gradient.
+  Tensor absorbed_attention_backward(SavedContext& ctx, const Tensor& do_lat, const Tensor& q_abs, const Attn& a,
+                                     Tensor& dlat_full) {
+    if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
+      const Tensor lat_full = ctx.get("latent_gathered");
+      AttnGrads ag = attention_backward(do_lat, q_abs, lat_full, dl, nullptr, dl, 1, dl, rkv, a);
+      copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = dl, .dst = dlat_full.data(),
+                                        .dst_ld = dl, .mode = CopyMode::accumulate, .dst_dtype = dlat_full.dtype()});
+      copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = rkv, .src = ag.dv.data(), .src_ld = rkv,
+                                        .dst = dlat_full.data(), .dst_ld = dl, .mode = CopyMode::accumulate,
+                                        .dst_dtype = dlat_full.dtype()});
+      return ag.dq;
+    }
+    const Tensor k_exp = ctx.get("k_expanded"), v_exp = ctx.get("v_expanded");
+    AttnGrads ag = attention_backward(do_lat, q_abs, k_exp, H * dl, &v_exp, H * rkv, H, dl, rkv, a);
+    copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = H * dl,
+                                           .src_batch_stride = dl, .dst = dlat_full.data(), .dst_ld = dl,
+                                           .dst_batch_stride = 0, .mode = CopyMode::accumulate,
+                                           .dst_dtype = dlat_full.dtype()});
+    copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = rkv, .src = ag.dv.data(),
+                                           .src_ld = H * rkv, .src_batch_stride = rkv, .dst = dlat_full.data(),
+                                           .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate,
+                                           .dst_dtype = dlat_full.dtype()});
+    return ag.dq;
+  }
 
+  // ---------------------------------------------------------------- the output projection
   // o [T, n_h * d_v] back to the local tokens (a2a), saved for backward; y = o W_O.
-  Tensor output(SavedContext& ctx, Tensor o_att, const MlaWeights& w) {
+  Tensor output_forward(SavedContext& ctx, Tensor o_att, const MlaWeights& w) {
     Tensor o = gather_heads(o_att, dv, "o");
     o_att = Tensor();
     ctx.save("o", o);
@@ -698,40 +951,25 @@ struct BlockImpl {
     linear(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, w.o_proj.data(), nh * dv, y.data(), d);
     return y;
   }
-
-  // Saved outputs of the attention kernel: probabilities (eager) or output and log-sum-exp (fused).
-  void save_attention(SavedContext& ctx, const Attn& a) {
-    if (a.probs.defined()) ctx.save("probs", a.probs);
-    if (a.lse.defined()) {
-      ctx.save("lse", a.lse);
-      ctx.save(a.o.name(), a.o);
+  // y = o W_O: dW_O and d o, the latter to the attention layout (its all-to-all under dW_O with overlap).
+  Tensor output_backward(SavedContext& ctx, const Tensor& dy, const MlaWeights& w, MlaGrads& g) {
+    if (opts.overlap) {  // the output gradient's all-to-all under W_O's weight gradient
+      Tensor d_o = empty({T, nh * dv}, "d_o");
+      linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.o_proj.data(), nh * dv, d_o.data(), nh * dv);
+      InFlight dof = start_scatter_heads(d_o, dv, "o");
+      d_o = Tensor();
+      linear_dw_first(OpPhase::projections, T, nh * dv, d, ctx.get("o").data(), nh * dv, dy.data(), d, g.o_proj, nh * dv);
+      ctx.tensors.erase("o");
+      return finish(dof);
     }
+    Tensor o = ctx.get("o");
+    linear_dw_first(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, dy.data(), d, g.o_proj, nh * dv);
+    Tensor d_o = empty({T, nh * dv}, "d_o");
+    linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.o_proj.data(), nh * dv, d_o.data(), nh * dv);
+    o = Tensor();
+    ctx.tensors.erase("o");
+    return scatter_heads(d_o, dv, "o");
   }
-  Attn saved_attention(const SavedContext& ctx, const std::string& oname) const {
-    Attn a;
-    if (opts.kernel == AttentionKernel::eager) {
-      a.probs = ctx.get("probs");
-    } else {
-      a.lse = ctx.get("lse");
-      a.o = ctx.get(oname);
-    }
-    return a;
-  }
-
-  // q_abs [Tq, H, dl] = [q_nope_h W_UK[h]^T | q_pe_h]
-  Tensor absorb_query(const Tensor& q_att, const MlaWeights& w) {
-    Tensor q_abs = empty({Tq, H * dl}, "q_abs");
-    gemm(OpPhase::up_projections,
-         GemmArgs{.m = Tq, .n = rkv, .k = dn, .batch = H, .a = q_att.data(), .lda = H * dqk, .stride_a = dqk,
-                  .b = uk(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(), .c = q_abs.data(), .ldc = H * dl,
-                  .stride_c = dl});
-    copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = q_att.at(dn), .src_ld = H * dqk,
-                                           .src_batch_stride = dqk, .dst = q_abs.at(rkv), .dst_ld = H * dl,
-                                           .dst_batch_stride = dl});
-    return q_abs;
-  }
-
-
   // ---------------------------------------------------------------- the ring (p2p)
   // Each rank holds chunks r and 2P-1-r of c = S/(2P) tokens (the query halves 0 and 1, local rows
   // [0, cB) and [cB, 2cB)). K/V (explicit) or the latent they are rebuilt from (LAGA) of rank j's two chunks
@@ -823,16 +1061,40 @@ struct BlockImpl {
     return f;
   }
 
+  // What travels round the ring, by name: the latent (LAGA) or K and V (explicit).
+  using RingCarry = std::vector<std::pair<std::string, Tensor>>;
+  // Step t, forward and backward alike: the next shift of what travels started (all but the last step), and the
+  // K/V of the pair in hand (LAGA rebuilds them from the latent, explicit has them).
+  struct RingStep {
+    std::vector<InFlight> next;
+    Tensor k, v;
+  };
+  RingStep ring_step(RingCarry& cur, int t, const MlaWeights& w) {
+    RingStep step;
+    if (t + 1 < P)
+      for (auto& [what, tensor] : cur) step.next.push_back(start_ring(tensor, what));
+    if (opts.form == Form::Laga)
+      up_project(cur[0].second, T, 0, nh, w, step.k, step.v);
+    else
+      step.k = cur[0].second, step.v = cur[1].second;
+    return step;
+  }
+  // The step's K/V dropped, what travels replaced by what the shift brought.
+  void ring_advance(RingCarry& cur, RingStep& step) {
+    step.k = step.v = Tensor();
+    for (std::size_t i = 0; i < step.next.size(); ++i) cur[i].second = finish(step.next[i]);
+  }
+
   // Forward: queries stay local; P steps over the chunk pairs, partial outputs merged by log-sum-exp into a
   // running output kept in the accumulation dtype, its log-sum-exp per query half.
   Tensor forward_ring(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     const bool laga = opts.form == Form::Laga;
     const std::int64_t cB = chunk() * B;
-    Tensor q = query_path(ctx, x, w);
-    Tensor latent = latent_path(ctx, x, w);
+    Tensor q = query_forward(ctx, x, w);
+    Tensor latent = latent_forward(ctx, x, w);
     ctx.save("q_att", q);
     ctx.save("latent", latent);
-    std::vector<std::pair<std::string, Tensor>> cur;  // what travels: the latent, or K and V
+    RingCarry cur;  // what travels: the latent, or K and V
     if (laga) {
       cur.emplace_back("kv_latent", latent);
     } else {
@@ -847,14 +1109,8 @@ struct BlockImpl {
     Tensor o_run = Tensor(be.allocator(), accum_dtype(dt), {T, nh * dv}, "o_ring");
     Tensor lse = Tensor(be.allocator(), accum_dtype(dt), {2, B, nh, chunk()}, "lse");
     for (int t = 0; t < P; ++t) {
-      std::vector<InFlight> next;
-      if (t + 1 < P)
-        for (auto& [what, tensor] : cur) next.push_back(start_ring(tensor, what));
-      Tensor k, v;
-      if (laga)
-        up_project(cur[0].second, T, 0, nh, w, k, v);
-      else
-        k = cur[0].second, v = cur[1].second;
+      RingStep step = ring_step(cur, t, w);
+      const Tensor &k = step.k, &v = step.v;
       for (const RingCall& call : ring_calls((r - t + P) % P)) {
         AttentionBwdParams p = ring_params(call, q, k, v);
         Tensor o_part = empty({call_queries(call) * B, nh * dv}, "o_part");
@@ -894,16 +1150,14 @@ struct BlockImpl {
           be.attention_merge(m);
         }
       }
-      k = v = Tensor();
-      if (t + 1 < P)
-        for (std::size_t i = 0; i < cur.size(); ++i) cur[i].second = finish(next[i]);
+      ring_advance(cur, step);
     }
     cur.clear();
     Tensor o = in_block_dtype(o_run, "o_att");
     o_run = Tensor();
     ctx.save("lse", lse);
     ctx.save("o_att", o);
-    return output(ctx, std::move(o), w);
+    return output_forward(ctx, std::move(o), w);
   }
 
   // One step's attention backward: every call on the pair in hand, its dQ added to the running one; the keys'
@@ -963,7 +1217,7 @@ struct BlockImpl {
     const Tensor q = ctx.get("q_att"), o = ctx.get("o_att"), lse = ctx.get("lse");
     Tensor lse_all;  // per query, for the calls on all local queries (built once)
     Tensor latent = ctx.get("latent");  // explicit's, for the up-projection's backward at the end
-    std::vector<std::pair<std::string, Tensor>> cur;
+    RingCarry cur;
     if (laga) {
       cur.emplace_back("kv_latent_resend", latent);
       latent = Tensor();
@@ -985,18 +1239,11 @@ struct BlockImpl {
     Tensor dq_run = zeros_of(accum_dtype(dt), {T, nh * dqk}, "d_q_ring");
     std::vector<InFlight> acc_flight;
     for (int t = 0; t < P; ++t) {
-      std::vector<InFlight> next;
-      if (t + 1 < P)
-        for (auto& [what, tensor] : cur) next.push_back(start_ring(tensor, what));
-      Tensor k, v;
-      if (laga)
-        up_project(cur[0].second, T, 0, nh, w, k, v);
-      else
-        k = cur[0].second, v = cur[1].second;
-      StepGrads sg = ring_step_backward(ring_calls((r - t + P) % P), q, k, v, o, lse, lse_all, do_att, dq_run);
+      RingStep step = ring_step(cur, t, w);
+      StepGrads sg = ring_step_backward(ring_calls((r - t + P) % P), q, step.k, step.v, o, lse, lse_all, do_att, dq_run);
       Tensor dk = std::move(sg.dk), dv_ = std::move(sg.dv);
       const std::int64_t key_tokens = sg.key_tokens;
-      k = v = Tensor();
+      step.k = step.v = Tensor();
       const std::int64_t key_rows = key_tokens * B;
       // The accumulator of this pair, from the previous rank (this rank's own at the first step).
       for (std::size_t i = 0; i < acc_flight.size(); ++i) acc[i].second = finish(acc_flight[i]);
@@ -1013,8 +1260,7 @@ struct BlockImpl {
           acc_flight.push_back(start_ring(tensor, what));
           tensor = Tensor();
         }
-      if (t + 1 < P)
-        for (std::size_t i = 0; i < cur.size(); ++i) cur[i].second = finish(next[i]);
+      ring_advance(cur, step);
     }
     for (std::size_t i = 0; i < acc_flight.size(); ++i) acc[i].second = finish(acc_flight[i]);
     cur.clear();
@@ -1064,235 +1310,30 @@ struct BlockImpl {
     return dx;
   }
 
+  // forward's steps in reverse: the output projection, the form's attention step, then the latent and query
+  // paths, each step's backward next to its forward above.
   Tensor backward_into(MlaGrads& g, SavedContext& ctx, const Tensor& dy, const Tensor& x, const MlaWeights& w) {
-
-    // y = o W_O
-    Tensor do_att;
-    if (opts.overlap) {  // the output gradient's all-to-all under W_O's weight gradient
-      Tensor d_o = empty({T, nh * dv}, "d_o");
-      linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.o_proj.data(), nh * dv, d_o.data(), nh * dv);
-      InFlight dof = start_scatter_heads(d_o, dv, "o");
-      d_o = Tensor();
-      linear_dw_first(OpPhase::projections, T, nh * dv, d, ctx.get("o").data(), nh * dv, dy.data(), d, g.o_proj, nh * dv);
-      ctx.tensors.erase("o");
-      do_att = finish(dof);
-    } else {
-      Tensor o = ctx.get("o");
-      linear_dw_first(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, dy.data(), d, g.o_proj, nh * dv);
-      Tensor d_o = empty({T, nh * dv}, "d_o");
-      linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.o_proj.data(), nh * dv, d_o.data(), nh * dv);
-      o = Tensor();
-      ctx.tensors.erase("o");
-      do_att = scatter_heads(d_o, dv, "o");
-    }
-
-    Tensor q_att = ctx.get("q_att");
-    Tensor dq_att;
-    InFlight dq_flight;  // with overlap: the query gradient's all-to-all, started as soon as dq_att is complete
-    Tensor dlatent;  // [T, dl]: this rank's latent gradient
+    Tensor do_att = output_backward(ctx, dy, w, g);
+    PathGrads pg;
     if (ring()) {
-      backward_ring(ctx, w, g, std::move(do_att), dq_att, dlatent);
-    } else switch (opts.form) {
-      case Form::Explicit: {
-        Attn a = saved_attention(ctx, "o_att");
-        Tensor k_att = ctx.get("k_att"), v_att = ctx.get("v_att");
-        AttnGrads ag = attention_backward(do_att, q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, a);
-        // Attention's saved tensors die with its backward, as in an autograd engine.
-        a = Attn();
-        k_att = v_att = do_att = Tensor();
-        release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
-        dq_att = ag.dq;
-        if (kv_grads_reduced_in_fp32(opts, P)) {  // the partials widened to float32 before they are summed
-          ag.dk = converted(OpPhase::communication, ag.dk.data(), Tk, nh * dqk, nh * dqk, accum_dtype(dt), "d_k_att.f32");
-          ag.dv = converted(OpPhase::communication, ag.dv.data(), Tk, nh * dv, nh * dv, accum_dtype(dt), "d_v_att.f32");
-        }
-        Tensor dk_loc, dv_loc;
-        if (opts.overlap) {  // the query gradient's all-to-all under the up-projection's backward
-          InFlight dk_flight = a2a() ? start_gather_heads(ag.dk, dqk, "k") : start_reduce_scatter(ag.dk, nh * dqk, "k");
-          ag.dk = Tensor();
-          InFlight dv_flight = a2a() ? start_gather_heads(ag.dv, dv, "v") : start_reduce_scatter(ag.dv, nh * dv, "v");
-          ag.dv = Tensor();
-          dq_flight = start_gather_heads(dq_att, dqk, "q");
-          dq_att = ag.dq = Tensor();
-          dk_loc = a2a() ? finish_gather_heads(dk_flight, dqk, "k") : finish(dk_flight);
-          dv_loc = a2a() ? finish_gather_heads(dv_flight, dv, "v") : finish(dv_flight);
-        } else {
-          dk_loc = a2a() ? gather_heads(ag.dk, dqk, "k") : reduce_scatter(ag.dk, nh * dqk, "k");
-          ag.dk = Tensor();
-          dv_loc = a2a() ? gather_heads(ag.dv, dv, "v") : reduce_scatter(ag.dv, nh * dv, "v");
-          ag.dv = Tensor();
-        }
-        dlatent = latent_grad(T, "d_latent");
-        up_project_backward(dk_loc, dv_loc, ctx.get("latent"), T, 0, nh, w, g, dlatent);
-        release(ctx, {"latent"});
-        break;
-      }
-      case Form::Laga: {
-        Tensor lat_full = ctx.get("latent_gathered");
-        Attn a = saved_attention(ctx, "o_att");
-        Tensor k_att, v_att;
-        if (opts.recompute == Recompute::KV) {
-          up_project(lat_full, Tk, h0, H, w, k_att, v_att);
-        } else {
-          k_att = ctx.get("k_att");
-          v_att = ctx.get("v_att");
-        }
-        AttnGrads ag = attention_backward(do_att, q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, a);
-        a = Attn();
-        k_att = v_att = do_att = Tensor();
-        release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
-        dq_att = ag.dq;
-        Tensor dlat_full = latent_grad(Tk, "d_latent_gathered");
-        InFlight rs;
-        std::function<void()> between;
-        if (opts.overlap)  // the latent gradient's reduce-scatter and the query gradient's all-to-all under dW_UV, dW_UK
-          between = [&] {
-            rs = start_reduce_scatter(dlat_full, dl, "kv_latent");
-            dq_flight = start_gather_heads(dq_att, dqk, "q");
-            dq_att = Tensor();
-          };
-        up_project_backward(ag.dk, ag.dv, lat_full, Tk, h0, H, w, g, dlat_full, between);
-        ag = AttnGrads();
-        lat_full = Tensor();
-        release(ctx, {"latent_gathered"});
-        if (opts.overlap) {
-          dlat_full = Tensor();
-          dlatent = finish(rs);
-        } else {
-          dlatent = reduce_scatter(dlat_full, dl, "kv_latent");
-        }
-        break;
-      }
-      case Form::Absorbed: {
-        // o_att = o_lat W_UV[h]:  d o_lat = do_att W_UV[h]^T;  dW_UV[h] += o_lat^T do_att
-        Attn a = saved_attention(ctx, "o_lat");
-        Tensor q_abs = ctx.get("q_abs");
-        Tensor o_lat = ctx.get("o_lat");
-        Tensor do_lat = empty({Tq, H * rkv}, "d_o_lat");
-        gemm(OpPhase::up_projections,
-             GemmArgs{.m = Tq, .n = rkv, .k = dv, .batch = H, .a = do_att.data(), .lda = H * dv, .stride_a = dv,
-                      .b = uv(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(), .c = do_lat.data(),
-                      .ldc = H * rkv, .stride_c = rkv});
-        gemm(OpPhase::up_projections,
-             GemmArgs{.trans_a = Trans::yes, .m = dv, .n = rkv, .k = Tq, .batch = H, .a = do_att.data(), .lda = H * dv,
-                      .stride_a = dv, .b = o_lat.data(), .ldb = H * rkv, .stride_b = rkv, .c = uv(g.kv_b_proj, h0),
-                      .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = g.kv_b_proj.dtype()});
-        do_att = Tensor();
-        Tensor dlat_full = latent_grad(Tk, "d_latent_gathered");
-        Tensor dq_abs;
-        if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
-          const Tensor lat_full = ctx.get("latent_gathered");
-          AttnGrads ag = attention_backward(do_lat, q_abs, lat_full, dl, nullptr, dl, 1, dl, rkv, a);
-          copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = dl, .dst = dlat_full.data(),
-                                            .dst_ld = dl, .mode = CopyMode::accumulate, .dst_dtype = dlat_full.dtype()});
-          copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = rkv, .src = ag.dv.data(), .src_ld = rkv,
-                                            .dst = dlat_full.data(), .dst_ld = dl, .mode = CopyMode::accumulate,
-                                            .dst_dtype = dlat_full.dtype()});
-          dq_abs = ag.dq;
-        } else {
-          const Tensor k_exp = ctx.get("k_expanded"), v_exp = ctx.get("v_expanded");
-          AttnGrads ag = attention_backward(do_lat, q_abs, k_exp, H * dl, &v_exp, H * rkv, H, dl, rkv, a);
-          copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = H * dl,
-                                                 .src_batch_stride = dl, .dst = dlat_full.data(), .dst_ld = dl,
-                                                 .dst_batch_stride = 0, .mode = CopyMode::accumulate,
-                                                 .dst_dtype = dlat_full.dtype()});
-          copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = rkv, .src = ag.dv.data(),
-                                                 .src_ld = H * rkv, .src_batch_stride = rkv, .dst = dlat_full.data(),
-                                                 .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate,
-                                                 .dst_dtype = dlat_full.dtype()});
-          dq_abs = ag.dq;
-        }
-        do_lat = o_lat = q_abs = Tensor();
-        a = Attn();
-        release(ctx, {"probs", "lse", "o_lat", "latent_gathered", "k_expanded", "v_expanded"});
-        InFlight rs;
-        if (opts.overlap) {  // the latent gradient's reduce-scatter under the query's up-projection backward
-          rs = start_reduce_scatter(dlat_full, dl, "kv_latent");
-          dlat_full = Tensor();
-        }
-        // q_abs = [q_nope W_UK[h]^T | q_pe]
-        dq_att = empty({Tq, H * dqk}, "d_q_att");
-        gemm(OpPhase::up_projections,
-             GemmArgs{.trans_b = Trans::yes, .m = Tq, .n = dn, .k = rkv, .batch = H, .a = dq_abs.data(), .lda = H * dl,
-                      .stride_a = dl, .b = uk(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(),
-                      .c = dq_att.data(), .ldc = H * dqk, .stride_c = dqk});
-        copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = dq_abs.at(rkv), .src_ld = H * dl,
-                                               .src_batch_stride = dl, .dst = dq_att.at(dn), .dst_ld = H * dqk,
-                                               .dst_batch_stride = dqk});
-        if (opts.overlap) {  // the query gradient's all-to-all under dW_UK
-          dq_flight = start_gather_heads(dq_att, dqk, "q");
-          dq_att = Tensor();
-        }
-        gemm(OpPhase::up_projections,
-             GemmArgs{.trans_a = Trans::yes, .m = dn, .n = rkv, .k = Tq, .batch = H, .a = q_att.data(), .lda = H * dqk,
-                      .stride_a = dqk, .b = dq_abs.data(), .ldb = H * dl, .stride_b = dl, .c = uk(g.kv_b_proj, h0),
-                      .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = g.kv_b_proj.dtype()});
-        dq_abs = Tensor();
-        release(ctx, {"q_abs"});
-        dlatent = opts.overlap ? finish(rs) : reduce_scatter(dlat_full, dl, "kv_latent");
-        break;
+      backward_ring(ctx, w, g, std::move(do_att), pg.dq_att, pg.dlatent);
+    } else {
+      switch (opts.form) {
+        case Form::Explicit: pg = explicit_backward(ctx, std::move(do_att), w, g); break;
+        case Form::Laga: pg = laga_backward(ctx, std::move(do_att), w, g); break;
+        case Form::Absorbed: pg = absorbed_backward(ctx, std::move(do_att), w, g); break;
       }
     }
-    q_att = Tensor();
     release(ctx, {"q_att"});
-    Tensor dq = overlapped() ? finish_gather_heads(dq_flight, dqk, "q") : gather_heads(dq_att, dqk, "q");
-    dq_att = Tensor();
+    Tensor dq = overlapped() ? finish_gather_heads(pg.dq_flight, dqk, "q") : gather_heads(pg.dq_att, dqk, "q");
+    pg.dq_att = Tensor();
 
     Tensor dx = Tensor(be.allocator(), dt, {s, B, d}, "dx", MemoryKind::external);
-    // Latent: RoPE^T on k_pe, RMSNorm backward on c_kv, then x W_DKV.
-    Tensor dkv_down = empty({T, dl}, "d_kv_down");
-    {
-      const Tensor& kv_down = ctx.get("kv_down");
-      Timer timer{*this, OpPhase::projections};
-      RopeArgs rope = rope_args(1, dlatent.at(rkv), dl, dkv_down.at(rkv), dl, 0);
-      rope.x_dtype = dlatent.dtype();
-      apply_rope(rope, true);
-      be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rkv, .eps = cfg.rms_norm_eps, .x = kv_down.data(),
-                                      .x_ld = dl, .gamma = w.kv_a_layernorm.data(), .rstd = ctx.get("kv_rstd").data(),
-                                      .dy = dlatent.data(), .dy_ld = dl, .dx = dkv_down.data(), .dx_ld = dl,
-                                      .dgamma = g.kv_a_layernorm.data(), .dy_dtype = dlatent.dtype()});
-    }
-    dlatent = Tensor();
-    release(ctx, {"kv_down", "kv_rstd"});
-    linear_dw_first(OpPhase::projections, T, d, dl, x.data(), d, dkv_down.data(), dl, g.kv_a_proj_with_mqa, d);
-    linear_dx(OpPhase::projections, T, d, dl, dkv_down.data(), dl, w.kv_a_proj_with_mqa.data(), d, dx.data(), d);
-    dkv_down = Tensor();
-
-    // Queries: RoPE^T in place on the rope part, then the up- and down-projections.
-    Tensor dq_pre = std::move(dq);
-    {
-      Timer timer{*this, OpPhase::projections};
-      apply_rope(rope_args(nh, dq_pre.at(dn), nh * dqk, dq_pre.at(dn), nh * dqk, dqk), true);
-    }
-    if (cfg.q_lora_rank) {
-      const Tensor c_q = ctx.get("c_q");
-      linear_dw_first(OpPhase::projections, T, rq_in, nh * dqk, c_q.data(), rq_in, dq_pre.data(), nh * dqk, g.q_up(),
-                rq_in);
-      Tensor dc_q = empty({T, rq_in}, "d_c_q");
-      linear_dx(OpPhase::projections, T, rq_in, nh * dqk, dq_pre.data(), nh * dqk, w.q_up().data(), rq_in, dc_q.data(),
-                rq_in);
-      dq_pre = Tensor();
-      release(ctx, {"c_q"});
-      Tensor dq_down = empty({T, rq_in}, "d_q_down");
-      {
-        Timer timer{*this, OpPhase::projections};
-        be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rq_in, .eps = cfg.rms_norm_eps,
-                                        .x = ctx.get("q_down").data(), .x_ld = rq_in, .gamma = w.q_a_layernorm.data(),
-                                        .rstd = ctx.get("q_rstd").data(), .dy = dc_q.data(), .dy_ld = rq_in,
-                                        .dx = dq_down.data(), .dx_ld = rq_in, .dgamma = g.q_a_layernorm.data()});
-      }
-      dc_q = Tensor();
-      release(ctx, {"q_down", "q_rstd"});
-      linear_dw_first(OpPhase::projections, T, d, rq_in, x.data(), d, dq_down.data(), rq_in, g.q_a_proj, d);
-      linear_dx(OpPhase::projections, T, d, rq_in, dq_down.data(), rq_in, w.q_a_proj.data(), d, dx.data(), d, 1.0);
-    } else {
-      linear_dw_first(OpPhase::projections, T, d, nh * dqk, x.data(), d, dq_pre.data(), nh * dqk, g.q_up(), d);
-      linear_dx(OpPhase::projections, T, d, nh * dqk, dq_pre.data(), nh * dqk, w.q_up().data(), d, dx.data(), d, 1.0);
-    }
+    latent_backward(ctx, std::move(pg.dlatent), x, w, g, dx);
+    query_backward(ctx, std::move(dq), x, w, g, dx);
     LAGA_CHECK(ctx.tensors.empty(), "saved tensors left after backward, first: '", ctx.tensors.begin()->first, "'");
     return dx;
   }
-
   // Drop saved tensors once backward no longer needs them (so the peak reflects a real autograd engine).
   static void release(SavedContext& ctx, std::initializer_list<const char*> names) {
     for (const char* n : names) ctx.tensors.erase(n);
