@@ -18,9 +18,10 @@ cd build-asan
 # The unit tests with leak detection; the CLI without: every laga process starts MPI, whose plugins are
 # unloaded at exit, so their allocations cannot be told from the program's. The CLI suites that repeat whole
 # runs the unit tests already cover under the sanitizers (threads, reruns, the bench sweep, the docs, the
-# demo) are left to the main suite.
+# demo), and the tests of the scripts alone (scripts/gpu.sh, the wording of the tracked files), are left to the
+# main suite.
 ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 \
   ctest --output-on-failure --parallel "$(nproc)" --timeout 900 -L '^unit$' "$@"
 ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 \
   ctest --output-on-failure --parallel "$(nproc)" --timeout 900 -L '^(cli|fuzz)$' \
-  -E '^cli\.(run_threads|bitwise_rerun|bench|docs_fresh|demo)$' "$@"
+  -E '^cli\.(run_threads|bitwise_rerun|bench|docs_fresh|demo|scripts_gpu|project_wording)$' "$@"
