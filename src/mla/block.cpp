@@ -127,37 +127,55 @@ struct BlockImpl {
     return t;
   }
 
-  // Weights are nn.Linear's [out, in] (include/laga/block.hpp): W [n, k] with row stride ldw.
-  // y[rows, n] (+)= x[rows, k] W^T
-  void linear(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x, std::int64_t ldx,
-              const void* w, std::int64_t ldw, void* y, std::int64_t ldy, double beta = 0.0) {
-    gemm(ph, GemmArgs{.trans_b = Trans::yes, .m = rows, .n = n, .k = k, .a = x, .lda = ldx, .b = w, .ldb = ldw,
-                      .c = y, .ldc = ldy, .beta = beta});
+  // A product with an nn.Linear weight W [out, in] (include/laga/block.hpp), each operand with its row stride:
+  // x [rows, in] (forward's input), dy [rows, out] (the output's gradient), and what the product writes:
+  // y [rows, out] (linear), dx [rows, in] (linear_dx) or dW [out, in] (linear_dw). C (y, dx or dW) in out_dtype
+  // and the operands in dtype, both by default the block's.
+  struct LinearArgs {
+    OpPhase phase = OpPhase::projections;
+    std::int64_t rows = 0, in = 0, out = 0;
+    const void* x = nullptr;
+    std::int64_t ldx = 0;
+    const void* w = nullptr;
+    std::int64_t ldw = 0;
+    const void* dy = nullptr;
+    std::int64_t lddy = 0;
+    void* y = nullptr;
+    std::int64_t ldy = 0;
+    void* dx = nullptr;
+    std::int64_t lddx = 0;
+    void* dw = nullptr;
+    std::int64_t lddw = 0;
+    double beta = 0.0;  // linear, linear_dx: C = product + beta C (linear_dw always adds)
+    std::optional<DType> out_dtype;
+    std::optional<DType> dtype;
+  };
+  // y (+)= x W^T
+  void linear(const LinearArgs& a) {
+    gemm(a.phase, GemmArgs{.trans_b = Trans::yes, .m = a.rows, .n = a.out, .k = a.in, .a = a.x, .lda = a.ldx, .b = a.w,
+                           .ldb = a.ldw, .c = a.y, .ldc = a.ldy, .beta = a.beta, .c_dtype = a.out_dtype},
+         a.dtype);
   }
-  // dx[rows, k] (+)= dy[rows, n] W
-  // (operands in `dtype`, default the block's)
-  void linear_dx(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* dy, std::int64_t lddy,
-                 const void* w, std::int64_t ldw, void* dx, std::int64_t lddx, double beta = 0.0,
-                 std::optional<DType> dx_dtype = std::nullopt, std::optional<DType> dtype = std::nullopt) {
-    gemm(ph, GemmArgs{.m = rows, .n = k, .k = n, .a = dy, .lda = lddy, .b = w, .ldb = ldw, .c = dx, .ldc = lddx,
-                      .beta = beta, .c_dtype = dx_dtype},
-         dtype);
+  // dx (+)= dy W
+  void linear_dx(const LinearArgs& a) {
+    gemm(a.phase, GemmArgs{.m = a.rows, .n = a.in, .k = a.out, .a = a.dy, .lda = a.lddy, .b = a.w, .ldb = a.ldw,
+                           .c = a.dx, .ldc = a.lddx, .beta = a.beta, .c_dtype = a.out_dtype},
+         a.dtype);
   }
-  // dW[n, k] += dy[rows, n]^T x[rows, k], dW in `dw_dtype`
-  void linear_dw(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x, std::int64_t ldx,
-                 const void* dy, std::int64_t lddy, void* dw, std::int64_t lddw, DType dw_dtype,
-                 std::optional<DType> dtype = std::nullopt) {
-    gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = n, .n = k, .k = rows, .a = dy, .lda = lddy, .b = x, .ldb = ldx,
-                      .c = dw, .ldc = lddw, .beta = 1.0, .c_dtype = dw_dtype},
-         dtype);
+  // dW += dy^T x
+  void linear_dw(const LinearArgs& a) {
+    gemm(a.phase, GemmArgs{.trans_a = Trans::yes, .m = a.out, .n = a.in, .k = a.rows, .a = a.dy, .lda = a.lddy,
+                           .b = a.x, .ldb = a.ldx, .c = a.dw, .ldc = a.lddw, .beta = 1.0, .c_dtype = a.out_dtype},
+         a.dtype);
   }
-  // dW[n, k] = dy[rows, n]^T x[rows, k]: a weight gradient that this one GEMM writes whole (no zero fill first,
-  // and C is not read), or adds to with accumulate_grads.
-  void linear_dw_first(OpPhase ph, std::int64_t rows, std::int64_t k, std::int64_t n, const void* x,
-                       std::int64_t ldx, const void* dy, std::int64_t lddy, Tensor& dw, std::int64_t lddw) {
-    gemm(ph, GemmArgs{.trans_a = Trans::yes, .m = n, .n = k, .k = rows, .a = dy, .lda = lddy, .b = x, .ldb = ldx,
-                      .c = dw.data(), .ldc = lddw, .beta = opts.accumulate_grads ? 1.0 : 0.0,
-                      .c_dtype = dw.dtype()});
+  // dw = dy^T x: a weight gradient that this one GEMM writes whole (no zero fill first, and C is not read), or
+  // adds to with accumulate_grads; in dw's dtype.
+  void linear_dw_first(Tensor& dw, LinearArgs a) {
+    a.dw = dw.data();
+    a.out_dtype = dw.dtype();
+    gemm(a.phase, GemmArgs{.trans_a = Trans::yes, .m = a.out, .n = a.in, .k = a.rows, .a = a.dy, .lda = a.lddy,
+                           .b = a.x, .ldb = a.ldx, .c = a.dw, .ldc = a.lddw, .beta = opts.accumulate_grads ? 1.0 : 0.0,
+                           .c_dtype = a.out_dtype});
   }
   // The weight gradients backward writes whole with linear_dw_first, once each; the others (the norms' scales,
   // summed into by the RMSNorm backward, and kv_b_proj, written head slice by head slice or summed over ring
@@ -376,34 +394,45 @@ struct BlockImpl {
   struct Attn {
     Tensor o, lse, probs;
   };
-  // q [Tq, H, d_qk]; k [Tk, kv_heads, d_qk] with row width k_row; v = k when v is null (MQA over the latent).
-  Attn attention_forward(const Tensor& q, const Tensor& k, std::int64_t k_row, const Tensor* v, std::int64_t v_row,
-                         std::int64_t kv_heads, std::int64_t d_qk, std::int64_t d_v, const std::string& oname) {
-    AttentionFwdParams p = attention_params(kv_heads, d_qk, d_v);
+  // Attention's inputs: q [Tq, H, d_qk]; k [Tk, kv_heads, d_qk] with row width k_row; v [Tk, kv_heads, d_v] with
+  // row width v_row, or k itself when v is null (MQA over the latent).
+  struct AttnInputs {
+    const Tensor& q;
+    const Tensor& k;
+    std::int64_t k_row = 0;
+    const Tensor* v = nullptr;
+    std::int64_t v_row = 0;
+    std::int64_t kv_heads = 0, d_qk = 0, d_v = 0;
+  };
+  // The per-head K/V of explicit and LAGA: H heads of d_qk, d_v.
+  AttnInputs per_head(const Tensor& q, const Tensor& k, const Tensor& v) const {
+    return {.q = q, .k = k, .k_row = H * dqk, .v = &v, .v_row = H * dv, .kv_heads = H, .d_qk = dqk, .d_v = dv};
+  }
+  Attn attention_forward(const AttnInputs& in, const std::string& oname) {
+    AttentionFwdParams p = attention_params(in.kv_heads, in.d_qk, in.d_v);
     Attn a;
-    a.o = empty({Tq, H * d_v}, oname);
+    a.o = empty({Tq, H * in.d_v}, oname);
     if (opts.kernel == AttentionKernel::fused)
       a.lse = Tensor(be.allocator(), accum_dtype(dt), {B, H, Sq}, "lse");
     else
       a.probs = empty({B, H, Sq, S}, "probs");
-    fill_attention_pointers(p, q, k, k_row, v, v_row, kv_heads, a);
-    stats->flops[int(OpPhase::attention)] += 2.0 * double(d_qk + d_v) * causal_pairs();
+    fill_attention_pointers(p, in, a);
+    stats->flops[int(OpPhase::attention)] += 2.0 * double(in.d_qk + in.d_v) * causal_pairs();
     Timer timer{*this, OpPhase::attention};
     be.attention_forward(p);
     return a;
   }
-  void fill_attention_pointers(AttentionFwdParams& p, const Tensor& q, const Tensor& k, std::int64_t k_row,
-                               const Tensor* v, std::int64_t v_row, std::int64_t kv_heads, const Attn& a) {
-    p.q = q.data();
+  void fill_attention_pointers(AttentionFwdParams& p, const AttnInputs& in, const Attn& a) {
+    p.q = in.q.data();
     set_strides(H, p.d_qk, B, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
-    p.k = k.data();
-    p.k_head_stride = kv_heads == 1 ? 0 : p.d_qk;
-    p.k_batch_stride = k_row;
-    p.k_token_stride = B * k_row;
-    p.v = v ? v->data() : k.data();
-    p.v_head_stride = kv_heads == 1 ? 0 : p.d_v;
-    p.v_batch_stride = v_row;
-    p.v_token_stride = B * v_row;
+    p.k = in.k.data();
+    p.k_head_stride = in.kv_heads == 1 ? 0 : p.d_qk;
+    p.k_batch_stride = in.k_row;
+    p.k_token_stride = B * in.k_row;
+    p.v = in.v ? in.v->data() : in.k.data();
+    p.v_head_stride = in.kv_heads == 1 ? 0 : p.d_v;
+    p.v_batch_stride = in.v_row;
+    p.v_token_stride = B * in.v_row;
     p.o = a.o.data();
     set_strides(H, p.d_v, B, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
     p.lse = a.lse.defined() ? a.lse.data() : nullptr;
@@ -412,12 +441,12 @@ struct BlockImpl {
   struct AttnGrads {
     Tensor dq, dk, dv;
   };
-  AttnGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, std::int64_t k_row,
-                               const Tensor* v, std::int64_t v_row, std::int64_t kv_heads, std::int64_t d_qk,
-                               std::int64_t d_v, const Attn& a) {
+  // dout [Tq, H, d_v]; `a` what the forward saved.
+  AttnGrads attention_backward(const Tensor& dout, const AttnInputs& in, const Attn& a) {
+    const std::int64_t kv_heads = in.kv_heads, d_qk = in.d_qk, d_v = in.d_v;
     AttentionBwdParams p;
     static_cast<AttentionFwdParams&>(p) = attention_params(kv_heads, d_qk, d_v);
-    fill_attention_pointers(p, q, k, k_row, v, v_row, kv_heads, a);
+    fill_attention_pointers(p, in, a);
     AttnGrads g;
     g.dq = empty({Tq, H * d_qk}, "attn.dq");
     g.dk = empty({Tk, kv_heads * d_qk}, "attn.dk");
@@ -457,11 +486,23 @@ struct BlockImpl {
                   .stride_a = 0, .b = uv(w.kv_b_proj, first), .ldb = rkv, .stride_b = kv_head_stride(), .c = v.data(),
                   .ldc = heads * dv, .stride_c = dv});
   }
-  // The transpose: accumulates into dlatent [rows, dl] and the weight gradients of those heads. `between`
-  // (may be empty) runs once dlatent is complete, before the weight-gradient GEMMs.
-  void up_project_backward(const Tensor& dk, const Tensor& dvv, const Tensor& latent, std::int64_t rows,
-                           std::int64_t first, std::int64_t heads, const MlaWeights& w, MlaGrads& g, Tensor& dlatent,
-                           const std::function<void()>& between = {}) {
+  // The transpose's operands: dk [rows, heads * d_qk] and dv [rows, heads * d_v] of heads first .. first+heads,
+  // the latent [rows, dl] they were built from, and dlatent [rows, dl] that it adds into. `between` (may be
+  // empty) runs once dlatent is complete, before the weight-gradient GEMMs.
+  struct UpProjectGrads {
+    const Tensor& dk;
+    const Tensor& dv;
+    const Tensor& latent;
+    std::int64_t rows = 0, first = 0, heads = 0;
+    Tensor& dlatent;
+    std::function<void()> between = {};
+  };
+  // The transpose: accumulates into dlatent and the weight gradients of those heads.
+  void up_project_backward(const UpProjectGrads& a, const MlaWeights& w, MlaGrads& g) {
+    const Tensor &dk = a.dk, &dvv = a.dv, &latent = a.latent;
+    const std::int64_t rows = a.rows, first = a.first, heads = a.heads;
+    Tensor& dlatent = a.dlatent;
+    const std::function<void()>& between = a.between;
     // dK/dV in the block's dtype, or in float32 (explicit's sums under kv_grad_reduce_fp32): then the GEMMs run
     // in float32 on float32 copies of the weights' slices and of the latent, so that the summed gradient is
     // never rounded to the storage dtype (LAGA never forms it: it applies the up-projection to each rank's
@@ -487,16 +528,18 @@ struct BlockImpl {
       w_kv = w_kv_op.data(), lat = lat_op.data();
     }
     // d c_kv = sum over heads of dk_nope[h] W_UK[h]^T + dv[h] W_UV[h]^T
-    linear_dx(ph, rows, rkv, heads * dkv_w, dkv.data(), heads * dkv_w, w_kv, rkv, dlatent.data(), dl, 1.0,
-              dlatent.dtype(), op);
+    linear_dx({.phase = ph, .rows = rows, .in = rkv, .out = heads * dkv_w, .w = w_kv, .ldw = rkv, .dy = dkv.data(),
+               .lddy = heads * dkv_w, .dx = dlatent.data(), .lddx = dl, .beta = 1.0, .out_dtype = dlatent.dtype(),
+               .dtype = op});
     // d k_pe = sum over heads of the rope part of dk
     copy(ph, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = dk.at(dn), .src_ld = heads * dqk,
                       .src_batch_stride = dqk, .dst = dlatent.at(rkv), .dst_ld = dl, .dst_batch_stride = 0,
                       .mode = CopyMode::accumulate, .dst_dtype = dlatent.dtype()},
          op);
     if (between) between();
-    linear_dw(ph, rows, rkv, heads * dkv_w, lat, dl, dkv.data(), heads * dkv_w, uk(g.kv_b_proj, first), rkv,
-              g.kv_b_proj.dtype(), op);
+    linear_dw({.phase = ph, .rows = rows, .in = rkv, .out = heads * dkv_w, .x = lat, .ldx = dl, .dy = dkv.data(),
+               .lddy = heads * dkv_w, .dw = uk(g.kv_b_proj, first), .lddw = rkv, .out_dtype = g.kv_b_proj.dtype(),
+               .dtype = op});
   }
 
   // Saved outputs of the attention kernel: probabilities (eager) or output and log-sum-exp (fused).
@@ -538,7 +581,8 @@ struct BlockImpl {
     Tensor q_pre = empty({T, nh * dqk}, "q");  // q once RoPE has run on it in place
     if (cfg.q_lora_rank) {
       Tensor q_down = empty({T, rq_in}, "q_down");
-      linear(OpPhase::projections, T, d, rq_in, xp, d, w.q_a_proj.data(), d, q_down.data(), rq_in);
+      linear({.rows = T, .in = d, .out = rq_in, .x = xp, .ldx = d, .w = w.q_a_proj.data(), .ldw = d, .y = q_down.data(),
+              .ldy = rq_in});
       Tensor q_rstd = Tensor(be.allocator(), accum_dtype(dt), {T}, "q_rstd");
       Tensor c_q = empty({T, rq_in}, "c_q");
       {
@@ -547,12 +591,14 @@ struct BlockImpl {
                                        .x_ld = rq_in, .gamma = w.q_a_layernorm.data(), .y = c_q.data(), .y_ld = rq_in,
                                        .rstd = q_rstd.data()});
       }
-      linear(OpPhase::projections, T, rq_in, nh * dqk, c_q.data(), rq_in, w.q_up().data(), rq_in, q_pre.data(), nh * dqk);
+      linear({.rows = T, .in = rq_in, .out = nh * dqk, .x = c_q.data(), .ldx = rq_in, .w = w.q_up().data(),
+              .ldw = rq_in, .y = q_pre.data(), .ldy = nh * dqk});
       ctx.save("q_down", q_down);
       ctx.save("q_rstd", q_rstd);
       ctx.save("c_q", c_q);
     } else {
-      linear(OpPhase::projections, T, d, nh * dqk, xp, d, w.q_up().data(), d, q_pre.data(), nh * dqk);
+      linear({.rows = T, .in = d, .out = nh * dqk, .x = xp, .ldx = d, .w = w.q_up().data(), .ldw = d, .y = q_pre.data(),
+              .ldy = nh * dqk});
     }
     // RoPE in place on each head's rope columns: the nope columns are q's already.
     {
@@ -570,11 +616,11 @@ struct BlockImpl {
     }
     if (cfg.q_lora_rank) {
       const Tensor c_q = ctx.get("c_q");
-      linear_dw_first(OpPhase::projections, T, rq_in, nh * dqk, c_q.data(), rq_in, dq_pre.data(), nh * dqk, g.q_up(),
-                rq_in);
+      linear_dw_first(g.q_up(), {.rows = T, .in = rq_in, .out = nh * dqk, .x = c_q.data(), .ldx = rq_in,
+                                 .dy = dq_pre.data(), .lddy = nh * dqk, .lddw = rq_in});
       Tensor dc_q = empty({T, rq_in}, "d_c_q");
-      linear_dx(OpPhase::projections, T, rq_in, nh * dqk, dq_pre.data(), nh * dqk, w.q_up().data(), rq_in, dc_q.data(),
-                rq_in);
+      linear_dx({.rows = T, .in = rq_in, .out = nh * dqk, .w = w.q_up().data(), .ldw = rq_in, .dy = dq_pre.data(),
+                 .lddy = nh * dqk, .dx = dc_q.data(), .lddx = rq_in});
       dq_pre = Tensor();
       release(ctx, {"c_q"});
       Tensor dq_down = empty({T, rq_in}, "d_q_down");
@@ -587,11 +633,15 @@ struct BlockImpl {
       }
       dc_q = Tensor();
       release(ctx, {"q_down", "q_rstd"});
-      linear_dw_first(OpPhase::projections, T, d, rq_in, x.data(), d, dq_down.data(), rq_in, g.q_a_proj, d);
-      linear_dx(OpPhase::projections, T, d, rq_in, dq_down.data(), rq_in, w.q_a_proj.data(), d, dx.data(), d, 1.0);
+      linear_dw_first(g.q_a_proj, {.rows = T, .in = d, .out = rq_in, .x = x.data(), .ldx = d, .dy = dq_down.data(),
+                                   .lddy = rq_in, .lddw = d});
+      linear_dx({.rows = T, .in = d, .out = rq_in, .w = w.q_a_proj.data(), .ldw = d, .dy = dq_down.data(),
+                 .lddy = rq_in, .dx = dx.data(), .lddx = d, .beta = 1.0});
     } else {
-      linear_dw_first(OpPhase::projections, T, d, nh * dqk, x.data(), d, dq_pre.data(), nh * dqk, g.q_up(), d);
-      linear_dx(OpPhase::projections, T, d, nh * dqk, dq_pre.data(), nh * dqk, w.q_up().data(), d, dx.data(), d, 1.0);
+      linear_dw_first(g.q_up(), {.rows = T, .in = d, .out = nh * dqk, .x = x.data(), .ldx = d, .dy = dq_pre.data(),
+                                 .lddy = nh * dqk, .lddw = d});
+      linear_dx({.rows = T, .in = d, .out = nh * dqk, .w = w.q_up().data(), .ldw = d, .dy = dq_pre.data(),
+                 .lddy = nh * dqk, .dx = dx.data(), .lddx = d, .beta = 1.0});
     }
   }
 
@@ -599,7 +649,8 @@ struct BlockImpl {
   // Latent: [c_kv | k_pe] = x W_DKV; c_kv = RMSNorm(c_kv); RoPE on k_pe. [T, dl]
   Tensor latent_forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     Tensor kv_down = empty({T, dl}, "kv_down");
-    linear(OpPhase::projections, T, d, dl, x.data(), d, w.kv_a_proj_with_mqa.data(), d, kv_down.data(), dl);
+    linear({.rows = T, .in = d, .out = dl, .x = x.data(), .ldx = d, .w = w.kv_a_proj_with_mqa.data(), .ldw = d,
+            .y = kv_down.data(), .ldy = dl});
     Tensor kv_rstd = Tensor(be.allocator(), accum_dtype(dt), {T}, "kv_rstd");
     Tensor latent = empty({T, dl}, "latent");
     {
@@ -630,8 +681,10 @@ struct BlockImpl {
     }
     dlatent = Tensor();
     release(ctx, {"kv_down", "kv_rstd"});
-    linear_dw_first(OpPhase::projections, T, d, dl, x.data(), d, dkv_down.data(), dl, g.kv_a_proj_with_mqa, d);
-    linear_dx(OpPhase::projections, T, d, dl, dkv_down.data(), dl, w.kv_a_proj_with_mqa.data(), d, dx.data(), d);
+    linear_dw_first(g.kv_a_proj_with_mqa, {.rows = T, .in = d, .out = dl, .x = x.data(), .ldx = d,
+                                           .dy = dkv_down.data(), .lddy = dl, .lddw = d});
+    linear_dx({.rows = T, .in = d, .out = dl, .w = w.kv_a_proj_with_mqa.data(), .ldw = d, .dy = dkv_down.data(),
+               .lddy = dl, .dx = dx.data(), .lddx = d});
   }
 
   // ---------------------------------------------------------------- forward
@@ -735,7 +788,7 @@ struct BlockImpl {
   };
 
   Tensor explicit_forward(SavedContext& ctx, const Tensor& q_att, const Tensor& k_att, const Tensor& v_att) {
-    Attn a = attention_forward(q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, "o_att");
+    Attn a = attention_forward(per_head(q_att, k_att, v_att), "o_att");
     save_attention(ctx, a);
     ctx.save("k_att", k_att);
     ctx.save("v_att", v_att);
@@ -747,7 +800,7 @@ struct BlockImpl {
     PathGrads out;
     Attn a = saved_attention(ctx, "o_att");
     Tensor k_att = ctx.get("k_att"), v_att = ctx.get("v_att");
-    AttnGrads ag = attention_backward(do_att, ctx.get("q_att"), k_att, H * dqk, &v_att, H * dv, H, dqk, dv, a);
+    AttnGrads ag = attention_backward(do_att, per_head(ctx.get("q_att"), k_att, v_att), a);
     // Attention's saved tensors die with its backward, as in an autograd engine.
     a = Attn();
     k_att = v_att = do_att = Tensor();
@@ -774,13 +827,15 @@ struct BlockImpl {
       ag.dv = Tensor();
     }
     out.dlatent = latent_grad(T, "d_latent");
-    up_project_backward(dk_loc, dv_loc, ctx.get("latent"), T, 0, nh, w, g, out.dlatent);
+    up_project_backward({.dk = dk_loc, .dv = dv_loc, .latent = ctx.get("latent"), .rows = T, .first = 0, .heads = nh,
+                         .dlatent = out.dlatent},
+                        w, g);
     release(ctx, {"latent"});
     return out;
   }
 
   Tensor laga_forward(SavedContext& ctx, const Tensor& q_att, const Tensor& k_att, const Tensor& v_att) {
-    Attn a = attention_forward(q_att, k_att, H * dqk, &v_att, H * dv, H, dqk, dv, "o_att");
+    Attn a = attention_forward(per_head(q_att, k_att, v_att), "o_att");
     save_attention(ctx, a);
     if (opts.recompute == Recompute::None) {
       ctx.save("k_att", k_att);
@@ -801,7 +856,7 @@ struct BlockImpl {
       k_att = ctx.get("k_att");
       v_att = ctx.get("v_att");
     }
-    AttnGrads ag = attention_backward(do_att, ctx.get("q_att"), k_att, H * dqk, &v_att, H * dv, H, dqk, dv, a);
+    AttnGrads ag = attention_backward(do_att, per_head(ctx.get("q_att"), k_att, v_att), a);
     a = Attn();
     k_att = v_att = do_att = Tensor();
     release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
@@ -815,7 +870,9 @@ struct BlockImpl {
         out.dq_flight = start_gather_heads(out.dq_att, dqk, "q");
         out.dq_att = Tensor();
       };
-    up_project_backward(ag.dk, ag.dv, lat_full, Tk, h0, H, w, g, dlat_full, between);
+    up_project_backward({.dk = ag.dk, .dv = ag.dv, .latent = lat_full, .rows = Tk, .first = h0, .heads = H,
+                         .dlatent = dlat_full, .between = between},
+                        w, g);
     ag = AttnGrads();
     lat_full = Tensor();
     release(ctx, {"latent_gathered"});
@@ -832,7 +889,8 @@ struct BlockImpl {
     Tensor q_abs = absorb_query(q_att, w);
     Tensor o_lat;
     if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
-      Attn a = attention_forward(q_abs, lat_full, dl, nullptr, dl, 1, dl, rkv, "o_lat");
+      Attn a = attention_forward({.q = q_abs, .k = lat_full, .k_row = dl, .v_row = dl, .kv_heads = 1, .d_qk = dl,
+                                  .d_v = rkv}, "o_lat");
       save_attention(ctx, a);
       ctx.save("latent_gathered", lat_full);
       o_lat = a.o;
@@ -846,7 +904,9 @@ struct BlockImpl {
                                              .src_batch_stride = 0, .dst = v_exp.data(), .dst_ld = H * rkv,
                                              .dst_batch_stride = rkv});
       lat_full = Tensor();
-      Attn a = attention_forward(q_abs, k_exp, H * dl, &v_exp, H * rkv, H, dl, rkv, "o_lat");
+      Attn a = attention_forward({.q = q_abs, .k = k_exp, .k_row = H * dl, .v = &v_exp, .v_row = H * rkv, .kv_heads = H,
+                                  .d_qk = dl, .d_v = rkv},
+                                 "o_lat");
       save_attention(ctx, a);
       ctx.save("k_expanded", k_exp);
       ctx.save("v_expanded", v_exp);
@@ -920,7 +980,8 @@ struct BlockImpl {
                                      Tensor& dlat_full) {
     if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
       const Tensor lat_full = ctx.get("latent_gathered");
-      AttnGrads ag = attention_backward(do_lat, q_abs, lat_full, dl, nullptr, dl, 1, dl, rkv, a);
+      AttnGrads ag = attention_backward(
+          do_lat, {.q = q_abs, .k = lat_full, .k_row = dl, .v_row = dl, .kv_heads = 1, .d_qk = dl, .d_v = rkv}, a);
       copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = dl, .dst = dlat_full.data(),
                                         .dst_ld = dl, .mode = CopyMode::accumulate, .dst_dtype = dlat_full.dtype()});
       copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = rkv, .src = ag.dv.data(), .src_ld = rkv,
@@ -929,7 +990,10 @@ struct BlockImpl {
       return ag.dq;
     }
     const Tensor k_exp = ctx.get("k_expanded"), v_exp = ctx.get("v_expanded");
-    AttnGrads ag = attention_backward(do_lat, q_abs, k_exp, H * dl, &v_exp, H * rkv, H, dl, rkv, a);
+    AttnGrads ag = attention_backward(do_lat,
+                                      {.q = q_abs, .k = k_exp, .k_row = H * dl, .v = &v_exp, .v_row = H * rkv,
+                                       .kv_heads = H, .d_qk = dl, .d_v = rkv},
+                                      a);
     copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = H * dl,
                                            .src_batch_stride = dl, .dst = dlat_full.data(), .dst_ld = dl,
                                            .dst_batch_stride = 0, .mode = CopyMode::accumulate,
@@ -948,24 +1012,29 @@ struct BlockImpl {
     o_att = Tensor();
     ctx.save("o", o);
     Tensor y = Tensor(be.allocator(), dt, {s, B, d}, "y", MemoryKind::external);
-    linear(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, w.o_proj.data(), nh * dv, y.data(), d);
+    linear({.rows = T, .in = nh * dv, .out = d, .x = o.data(), .ldx = nh * dv, .w = w.o_proj.data(), .ldw = nh * dv,
+            .y = y.data(), .ldy = d});
     return y;
   }
   // y = o W_O: dW_O and d o, the latter to the attention layout (its all-to-all under dW_O with overlap).
   Tensor output_backward(SavedContext& ctx, const Tensor& dy, const MlaWeights& w, MlaGrads& g) {
     if (opts.overlap) {  // the output gradient's all-to-all under W_O's weight gradient
       Tensor d_o = empty({T, nh * dv}, "d_o");
-      linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.o_proj.data(), nh * dv, d_o.data(), nh * dv);
+      linear_dx({.rows = T, .in = nh * dv, .out = d, .w = w.o_proj.data(), .ldw = nh * dv, .dy = dy.data(), .lddy = d,
+                 .dx = d_o.data(), .lddx = nh * dv});
       InFlight dof = start_scatter_heads(d_o, dv, "o");
       d_o = Tensor();
-      linear_dw_first(OpPhase::projections, T, nh * dv, d, ctx.get("o").data(), nh * dv, dy.data(), d, g.o_proj, nh * dv);
+      linear_dw_first(g.o_proj, {.rows = T, .in = nh * dv, .out = d, .x = ctx.get("o").data(), .ldx = nh * dv,
+                                 .dy = dy.data(), .lddy = d, .lddw = nh * dv});
       ctx.tensors.erase("o");
       return finish(dof);
     }
     Tensor o = ctx.get("o");
-    linear_dw_first(OpPhase::projections, T, nh * dv, d, o.data(), nh * dv, dy.data(), d, g.o_proj, nh * dv);
+    linear_dw_first(g.o_proj, {.rows = T, .in = nh * dv, .out = d, .x = o.data(), .ldx = nh * dv, .dy = dy.data(),
+                               .lddy = d, .lddw = nh * dv});
     Tensor d_o = empty({T, nh * dv}, "d_o");
-    linear_dx(OpPhase::projections, T, nh * dv, d, dy.data(), d, w.o_proj.data(), nh * dv, d_o.data(), nh * dv);
+    linear_dx({.rows = T, .in = nh * dv, .out = d, .w = w.o_proj.data(), .ldw = nh * dv, .dy = dy.data(), .lddy = d,
+               .dx = d_o.data(), .lddx = nh * dv});
     o = Tensor();
     ctx.tensors.erase("o");
     return scatter_heads(d_o, dv, "o");
@@ -1167,9 +1236,20 @@ struct BlockImpl {
     Tensor dk, dv;
     std::int64_t key_tokens = 0;
   };
-  StepGrads ring_step_backward(const std::vector<RingCall>& calls, const Tensor& q, const Tensor& k, const Tensor& v,
-                               const Tensor& o, const Tensor& lse, Tensor& lse_all, const Tensor& do_att,
-                               const Tensor& dq_run) {
+  // What every step of the ring's backward reads: the local queries, the final output and its log-sum-exp per
+  // query half (lse_all: per query), the output's gradient, and the running dQ it adds to.
+  struct RingBackward {
+    const Tensor& q;
+    const Tensor& o;
+    const Tensor& lse;
+    Tensor& lse_all;
+    const Tensor& do_att;
+    const Tensor& dq_run;
+  };
+  StepGrads ring_step_backward(const std::vector<RingCall>& calls, const Tensor& k, const Tensor& v,
+                               const RingBackward& rb) {
+    const Tensor &q = rb.q, &o = rb.o, &lse = rb.lse, &do_att = rb.do_att, &dq_run = rb.dq_run;
+    Tensor& lse_all = rb.lse_all;
     const std::int64_t c = chunk();
     StepGrads out;
     for (const RingCall& call : calls) {
@@ -1238,9 +1318,10 @@ struct BlockImpl {
     }
     Tensor dq_run = zeros_of(accum_dtype(dt), {T, nh * dqk}, "d_q_ring");
     std::vector<InFlight> acc_flight;
+    const RingBackward saved{.q = q, .o = o, .lse = lse, .lse_all = lse_all, .do_att = do_att, .dq_run = dq_run};
     for (int t = 0; t < P; ++t) {
       RingStep step = ring_step(cur, t, w);
-      StepGrads sg = ring_step_backward(ring_calls((r - t + P) % P), q, step.k, step.v, o, lse, lse_all, do_att, dq_run);
+      StepGrads sg = ring_step_backward(ring_calls((r - t + P) % P), step.k, step.v, saved);
       Tensor dk = std::move(sg.dk), dv_ = std::move(sg.dv);
       const std::int64_t key_tokens = sg.key_tokens;
       step.k = step.v = Tensor();
@@ -1249,7 +1330,9 @@ struct BlockImpl {
       for (std::size_t i = 0; i < acc_flight.size(); ++i) acc[i].second = finish(acc_flight[i]);
       acc_flight.clear();
       if (laga) {  // the keys are the pair's first key_tokens tokens: the latent's and its gradient's first rows
-        up_project_backward(dk, dv_, cur[0].second, key_rows, 0, nh, w, g, acc[0].second);
+        up_project_backward({.dk = dk, .dv = dv_, .latent = cur[0].second, .rows = key_rows, .first = 0, .heads = nh,
+                             .dlatent = acc[0].second},
+                            w, g);
       } else {
         accumulate(OpPhase::attention, acc[0].second, 0, dk, key_rows, nh * dqk);
         accumulate(OpPhase::attention, acc[1].second, 0, dv_, key_rows, nh * dv);
@@ -1272,7 +1355,9 @@ struct BlockImpl {
       dlatent = std::move(acc[0].second);
     } else {
       dlatent = latent_grad(T, "d_latent");
-      up_project_backward(acc[0].second, acc[1].second, latent, T, 0, nh, w, g, dlatent);
+      up_project_backward({.dk = acc[0].second, .dv = acc[1].second, .latent = latent, .rows = T, .first = 0, .heads = nh,
+                           .dlatent = dlatent},
+                          w, g);
     }
     acc.clear();
     latent = Tensor();
