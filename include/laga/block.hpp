@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
@@ -210,11 +211,41 @@ struct PassStats {
   double total_seconds() const;
 };
 
-// What forward keeps for backward. The tensors are flagged as saved in the allocator under their names.
+// The tensors forward keeps for backward, by name. saved_name() is what reports, the plan and the allocator's
+// records print ("q_att", "latent", ...); the enumerators are in the order of those names.
+enum class Saved {
+  CQ,              // c_q: the queries' normalized down-projection
+  KAtt,            // k_att: K in the attention layout
+  KExpanded,       // k_expanded: the absorbed form's latent copied per head
+  KLocal,          // k_local: the ring's local K
+  KvDown,          // kv_down: x W_DKV before the norm
+  KvRstd,          // kv_rstd: its norm's reciprocal RMS
+  Latent,          // latent: this rank's latent
+  LatentGathered,  // latent_gathered: every rank's latent
+  Lse,             // lse: attention's log-sum-exp
+  O,               // o: attention's output at the local tokens
+  OAtt,            // o_att: attention's output in the attention layout
+  OLat,            // o_lat: the absorbed form's attention output over the latent
+  Probs,           // probs: the eager kernel's probabilities
+  QAbs,            // q_abs: the absorbed query
+  QAtt,            // q_att: the queries in the attention layout
+  QDown,           // q_down: x W_DQ before the norm
+  QRstd,           // q_rstd: its norm's reciprocal RMS
+  VAtt,            // v_att: V in the attention layout
+  VExpanded,       // v_expanded: the absorbed form's latent values copied per head
+  VLocal,          // v_local: the ring's local V
+};
+const char* saved_name(Saved);
+
+// What forward keeps for backward. The tensors are flagged as saved in the allocator under saved_name().
 struct SavedContext {
-  std::map<std::string, Tensor> tensors;
-  void save(const std::string& name, const Tensor& t);
-  const Tensor& get(const std::string& name) const;
+  std::map<Saved, Tensor> tensors;
+  void save(Saved name, const Tensor& t);
+  const Tensor& get(Saved name) const;
+  // Drops tensors backward no longer needs (so the peak is what an autograd engine's would be).
+  void release(std::initializer_list<Saved> names) {
+    for (Saved n : names) tensors.erase(n);
+  }
   void clear() { tensors.clear(); }
 };
 

@@ -543,19 +543,20 @@ struct BlockImpl {
   }
 
   // Saved outputs of the attention kernel: probabilities (eager) or output and log-sum-exp (fused).
-  void save_attention(SavedContext& ctx, const Attn& a) {
-    if (a.probs.defined()) ctx.save("probs", a.probs);
+  // `o_key`: the output's name (Saved::OAtt, or Saved::OLat for the absorbed form's latent output).
+  void save_attention(SavedContext& ctx, const Attn& a, Saved o_key) {
+    if (a.probs.defined()) ctx.save(Saved::Probs, a.probs);
     if (a.lse.defined()) {
-      ctx.save("lse", a.lse);
-      ctx.save(a.o.name(), a.o);
+      ctx.save(Saved::Lse, a.lse);
+      ctx.save(o_key, a.o);
     }
   }
-  Attn saved_attention(const SavedContext& ctx, const std::string& oname) const {
+  Attn saved_attention(const SavedContext& ctx, Saved oname) const {
     Attn a;
     if (opts.kernel == AttentionKernel::eager) {
-      a.probs = ctx.get("probs");
+      a.probs = ctx.get(Saved::Probs);
     } else {
-      a.lse = ctx.get("lse");
+      a.lse = ctx.get(Saved::Lse);
       a.o = ctx.get(oname);
     }
     return a;
@@ -593,9 +594,9 @@ struct BlockImpl {
       }
       linear({.rows = T, .in = rq_in, .out = nh * dqk, .x = c_q.data(), .ldx = rq_in, .w = w.q_up().data(),
               .ldw = rq_in, .y = q_pre.data(), .ldy = nh * dqk});
-      ctx.save("q_down", q_down);
-      ctx.save("q_rstd", q_rstd);
-      ctx.save("c_q", c_q);
+      ctx.save(Saved::QDown, q_down);
+      ctx.save(Saved::QRstd, q_rstd);
+      ctx.save(Saved::CQ, c_q);
     } else {
       linear({.rows = T, .in = d, .out = nh * dqk, .x = xp, .ldx = d, .w = w.q_up().data(), .ldw = d, .y = q_pre.data(),
               .ldy = nh * dqk});
@@ -615,24 +616,25 @@ struct BlockImpl {
       apply_rope(rope_args(nh, dq_pre.at(dn), nh * dqk, dq_pre.at(dn), nh * dqk, dqk), true);
     }
     if (cfg.q_lora_rank) {
-      const Tensor c_q = ctx.get("c_q");
+      const Tensor c_q = ctx.get(Saved::CQ);
       linear_dw_first(g.q_up(), {.rows = T, .in = rq_in, .out = nh * dqk, .x = c_q.data(), .ldx = rq_in,
                                  .dy = dq_pre.data(), .lddy = nh * dqk, .lddw = rq_in});
       Tensor dc_q = empty({T, rq_in}, "d_c_q");
       linear_dx({.rows = T, .in = rq_in, .out = nh * dqk, .w = w.q_up().data(), .ldw = rq_in, .dy = dq_pre.data(),
                  .lddy = nh * dqk, .dx = dc_q.data(), .lddx = rq_in});
       dq_pre = Tensor();
-      release(ctx, {"c_q"});
+      ctx.release({Saved::CQ});
       Tensor dq_down = empty({T, rq_in}, "d_q_down");
       {
         Timer timer{*this, OpPhase::projections};
         be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rq_in, .eps = cfg.rms_norm_eps,
-                                        .x = ctx.get("q_down").data(), .x_ld = rq_in, .gamma = w.q_a_layernorm.data(),
-                                        .rstd = ctx.get("q_rstd").data(), .dy = dc_q.data(), .dy_ld = rq_in,
+                                        .x = ctx.get(Saved::QDown).data(), .x_ld = rq_in,
+                                        .gamma = w.q_a_layernorm.data(),
+                                        .rstd = ctx.get(Saved::QRstd).data(), .dy = dc_q.data(), .dy_ld = rq_in,
                                         .dx = dq_down.data(), .dx_ld = rq_in, .dgamma = g.q_a_layernorm.data()});
       }
       dc_q = Tensor();
-      release(ctx, {"q_down", "q_rstd"});
+      ctx.release({Saved::QDown, Saved::QRstd});
       linear_dw_first(g.q_a_proj, {.rows = T, .in = d, .out = rq_in, .x = x.data(), .ldx = d, .dy = dq_down.data(),
                                    .lddy = rq_in, .lddw = d});
       linear_dx({.rows = T, .in = d, .out = rq_in, .w = w.q_a_proj.data(), .ldw = d, .dy = dq_down.data(),
@@ -660,8 +662,8 @@ struct BlockImpl {
                                      .rstd = kv_rstd.data()});
       apply_rope(rope_args(1, kv_down.at(rkv), dl, latent.at(rkv), dl, 0), false);
     }
-    ctx.save("kv_down", kv_down);
-    ctx.save("kv_rstd", kv_rstd);
+    ctx.save(Saved::KvDown, kv_down);
+    ctx.save(Saved::KvRstd, kv_rstd);
     return latent;
   }
   // dlatent [T, dl] (consumed): RoPE^T on k_pe, RMSNorm backward on c_kv, then x W_DKV; writes dx.
@@ -669,18 +671,19 @@ struct BlockImpl {
                        Tensor& dx) {
     Tensor dkv_down = empty({T, dl}, "d_kv_down");
     {
-      const Tensor& kv_down = ctx.get("kv_down");
+      const Tensor& kv_down = ctx.get(Saved::KvDown);
       Timer timer{*this, OpPhase::projections};
       RopeArgs rope = rope_args(1, dlatent.at(rkv), dl, dkv_down.at(rkv), dl, 0);
       rope.x_dtype = dlatent.dtype();
       apply_rope(rope, true);
       be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rkv, .eps = cfg.rms_norm_eps, .x = kv_down.data(),
-                                      .x_ld = dl, .gamma = w.kv_a_layernorm.data(), .rstd = ctx.get("kv_rstd").data(),
+                                      .x_ld = dl, .gamma = w.kv_a_layernorm.data(),
+                                      .rstd = ctx.get(Saved::KvRstd).data(),
                                       .dy = dlatent.data(), .dy_ld = dl, .dx = dkv_down.data(), .dx_ld = dl,
                                       .dgamma = g.kv_a_layernorm.data(), .dy_dtype = dlatent.dtype()});
     }
     dlatent = Tensor();
-    release(ctx, {"kv_down", "kv_rstd"});
+    ctx.release({Saved::KvDown, Saved::KvRstd});
     linear_dw_first(g.kv_a_proj_with_mqa, {.rows = T, .in = d, .out = dl, .x = x.data(), .ldx = d,
                                            .dy = dkv_down.data(), .lddy = dl, .lddw = d});
     linear_dx({.rows = T, .in = d, .out = dl, .w = w.kv_a_proj_with_mqa.data(), .ldw = d, .dy = dkv_down.data(),
@@ -697,14 +700,14 @@ struct BlockImpl {
     // Queries to the attention layout.
     Tensor q_att = scatter_heads(q, dqk, "q");
     q = Tensor();
-    ctx.save("q_att", q_att);
+    ctx.save(Saved::QAtt, q_att);
 
     Tensor o_att;
     switch (opts.form) {
       case Form::Explicit: {
         Tensor k_loc, v_loc;
         up_project(latent, T, 0, nh, w, k_loc, v_loc);
-        ctx.save("latent", latent);
+        ctx.save(Saved::Latent, latent);
         Tensor k_att = a2a() ? scatter_heads(k_loc, dqk, "k") : all_gather(k_loc, nh * dqk, "k");
         k_loc = Tensor();
         Tensor v_att = a2a() ? scatter_heads(v_loc, dv, "v") : all_gather(v_loc, nh * dv, "v");
@@ -715,7 +718,7 @@ struct BlockImpl {
       case Form::Laga: {
         Tensor lat_full = all_gather(latent, dl, "kv_latent");
         latent = Tensor();
-        ctx.save("latent_gathered", lat_full);
+        ctx.save(Saved::LatentGathered, lat_full);
         Tensor k_att, v_att;
         up_project(lat_full, Tk, h0, H, w, k_att, v_att);
         o_att = laga_forward(ctx, q_att, k_att, v_att);
@@ -739,7 +742,7 @@ struct BlockImpl {
       case Form::Explicit: {
         Tensor k_loc, v_loc;
         up_project(latent, T, 0, nh, w, k_loc, v_loc);
-        ctx.save("latent", latent);
+        ctx.save(Saved::Latent, latent);
         latent = Tensor();
         InFlight k = start_kv_exchange(k_loc, dqk, "k");
         k_loc = Tensor();
@@ -747,7 +750,7 @@ struct BlockImpl {
         v_loc = Tensor();
         InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under K and V's exchange
         Tensor k_att = finish(k), v_att = finish(v), q_att = finish(q);
-        ctx.save("q_att", q_att);
+        ctx.save(Saved::QAtt, q_att);
         o_att = explicit_forward(ctx, q_att, k_att, v_att);
         break;
       }
@@ -756,11 +759,11 @@ struct BlockImpl {
         latent = Tensor();
         InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under the all-gather
         Tensor lat_full = finish(lat);
-        ctx.save("latent_gathered", lat_full);
+        ctx.save(Saved::LatentGathered, lat_full);
         Tensor k_att, v_att;
         up_project(lat_full, Tk, h0, H, w, k_att, v_att);  // K/V under the queries' all-to-all
         Tensor q_att = finish(q);
-        ctx.save("q_att", q_att);
+        ctx.save(Saved::QAtt, q_att);
         o_att = laga_forward(ctx, q_att, k_att, v_att);
         break;
       }
@@ -770,7 +773,7 @@ struct BlockImpl {
         InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under the all-gather
         Tensor lat_full = finish(lat);
         Tensor q_att = finish(q);
-        ctx.save("q_att", q_att);
+        ctx.save(Saved::QAtt, q_att);
         o_att = absorbed_forward(ctx, q_att, std::move(lat_full), w);
         break;
       }
@@ -789,22 +792,22 @@ struct BlockImpl {
 
   Tensor explicit_forward(SavedContext& ctx, const Tensor& q_att, const Tensor& k_att, const Tensor& v_att) {
     Attn a = attention_forward(per_head(q_att, k_att, v_att), "o_att");
-    save_attention(ctx, a);
-    ctx.save("k_att", k_att);
-    ctx.save("v_att", v_att);
+    save_attention(ctx, a, Saved::OAtt);
+    ctx.save(Saved::KAtt, k_att);
+    ctx.save(Saved::VAtt, v_att);
     return a.o;
   }
   // Attention's backward, K/V's gradients back to the local tokens (all-to-all, or reduce-scatter of the
   // per-rank partials), then the up-projection's backward on the saved local latent.
   PathGrads explicit_backward(SavedContext& ctx, Tensor do_att, const MlaWeights& w, MlaGrads& g) {
     PathGrads out;
-    Attn a = saved_attention(ctx, "o_att");
-    Tensor k_att = ctx.get("k_att"), v_att = ctx.get("v_att");
-    AttnGrads ag = attention_backward(do_att, per_head(ctx.get("q_att"), k_att, v_att), a);
+    Attn a = saved_attention(ctx, Saved::OAtt);
+    Tensor k_att = ctx.get(Saved::KAtt), v_att = ctx.get(Saved::VAtt);
+    AttnGrads ag = attention_backward(do_att, per_head(ctx.get(Saved::QAtt), k_att, v_att), a);
     // Attention's saved tensors die with its backward, as in an autograd engine.
     a = Attn();
     k_att = v_att = do_att = Tensor();
-    release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
+    ctx.release({Saved::Probs, Saved::Lse, Saved::OAtt, Saved::KAtt, Saved::VAtt});
     out.dq_att = ag.dq;
     if (kv_grads_reduced_in_fp32(opts, P)) {  // the partials widened to float32 before they are summed
       ag.dk = converted(OpPhase::communication, ag.dk.data(), Tk, nh * dqk, nh * dqk, accum_dtype(dt), "d_k_att.f32");
@@ -827,19 +830,19 @@ struct BlockImpl {
       ag.dv = Tensor();
     }
     out.dlatent = latent_grad(T, "d_latent");
-    up_project_backward({.dk = dk_loc, .dv = dv_loc, .latent = ctx.get("latent"), .rows = T, .first = 0, .heads = nh,
-                         .dlatent = out.dlatent},
+    up_project_backward({.dk = dk_loc, .dv = dv_loc, .latent = ctx.get(Saved::Latent), .rows = T, .first = 0,
+                         .heads = nh, .dlatent = out.dlatent},
                         w, g);
-    release(ctx, {"latent"});
+    ctx.release({Saved::Latent});
     return out;
   }
 
   Tensor laga_forward(SavedContext& ctx, const Tensor& q_att, const Tensor& k_att, const Tensor& v_att) {
     Attn a = attention_forward(per_head(q_att, k_att, v_att), "o_att");
-    save_attention(ctx, a);
+    save_attention(ctx, a, Saved::OAtt);
     if (opts.recompute == Recompute::None) {
-      ctx.save("k_att", k_att);
-      ctx.save("v_att", v_att);
+      ctx.save(Saved::KAtt, k_att);
+      ctx.save(Saved::VAtt, v_att);
     }
     return a.o;
   }
@@ -847,19 +850,19 @@ struct BlockImpl {
   // into the gathered latent's gradient, reduce-scattered back to the local tokens.
   PathGrads laga_backward(SavedContext& ctx, Tensor do_att, const MlaWeights& w, MlaGrads& g) {
     PathGrads out;
-    Tensor lat_full = ctx.get("latent_gathered");
-    Attn a = saved_attention(ctx, "o_att");
+    Tensor lat_full = ctx.get(Saved::LatentGathered);
+    Attn a = saved_attention(ctx, Saved::OAtt);
     Tensor k_att, v_att;
     if (opts.recompute == Recompute::KV) {
       up_project(lat_full, Tk, h0, H, w, k_att, v_att);
     } else {
-      k_att = ctx.get("k_att");
-      v_att = ctx.get("v_att");
+      k_att = ctx.get(Saved::KAtt);
+      v_att = ctx.get(Saved::VAtt);
     }
-    AttnGrads ag = attention_backward(do_att, per_head(ctx.get("q_att"), k_att, v_att), a);
+    AttnGrads ag = attention_backward(do_att, per_head(ctx.get(Saved::QAtt), k_att, v_att), a);
     a = Attn();
     k_att = v_att = do_att = Tensor();
-    release(ctx, {"probs", "lse", "o_att", "k_att", "v_att"});
+    ctx.release({Saved::Probs, Saved::Lse, Saved::OAtt, Saved::KAtt, Saved::VAtt});
     out.dq_att = ag.dq;
     Tensor dlat_full = latent_grad(Tk, "d_latent_gathered");
     InFlight rs;
@@ -875,7 +878,7 @@ struct BlockImpl {
                         w, g);
     ag = AttnGrads();
     lat_full = Tensor();
-    release(ctx, {"latent_gathered"});
+    ctx.release({Saved::LatentGathered});
     if (opts.overlap) {
       dlat_full = Tensor();
       out.dlatent = finish(rs);
@@ -891,8 +894,8 @@ struct BlockImpl {
     if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
       Attn a = attention_forward({.q = q_abs, .k = lat_full, .k_row = dl, .v_row = dl, .kv_heads = 1, .d_qk = dl,
                                   .d_v = rkv}, "o_lat");
-      save_attention(ctx, a);
-      ctx.save("latent_gathered", lat_full);
+      save_attention(ctx, a, Saved::OLat);
+      ctx.save(Saved::LatentGathered, lat_full);
       o_lat = a.o;
     } else {
       Tensor k_exp = empty({Tk, H * dl}, "k_expanded");
@@ -907,13 +910,14 @@ struct BlockImpl {
       Attn a = attention_forward({.q = q_abs, .k = k_exp, .k_row = H * dl, .v = &v_exp, .v_row = H * rkv, .kv_heads = H,
                                   .d_qk = dl, .d_v = rkv},
                                  "o_lat");
-      save_attention(ctx, a);
-      ctx.save("k_expanded", k_exp);
-      ctx.save("v_expanded", v_exp);
+      save_attention(ctx, a, Saved::OLat);
+      ctx.save(Saved::KExpanded, k_exp);
+      ctx.save(Saved::VExpanded, v_exp);
       o_lat = a.o;
     }
-    ctx.save("q_abs", q_abs);
-    if (!ctx.tensors.count("o_lat")) ctx.save("o_lat", o_lat);  // eager keeps probs, W_UV's backward needs o_lat
+    ctx.save(Saved::QAbs, q_abs);
+    // eager keeps probs: W_UV's backward needs o_lat too
+    if (!ctx.tensors.count(Saved::OLat)) ctx.save(Saved::OLat, o_lat);
     // o_h = o_lat_h W_UV[h]
     Tensor o_att = empty({Tq, H * dv}, "o_att");
     gemm(OpPhase::up_projections,
@@ -926,11 +930,11 @@ struct BlockImpl {
   // the gathered latent's gradient, then W_UK's backward on the absorbed query's gradient.
   PathGrads absorbed_backward(SavedContext& ctx, Tensor do_att, const MlaWeights& w, MlaGrads& g) {
     PathGrads out;
-    const Tensor q_att = ctx.get("q_att");
+    const Tensor q_att = ctx.get(Saved::QAtt);
     // o_att = o_lat W_UV[h]:  d o_lat = do_att W_UV[h]^T;  dW_UV[h] += o_lat^T do_att
-    Attn a = saved_attention(ctx, "o_lat");
-    Tensor q_abs = ctx.get("q_abs");
-    Tensor o_lat = ctx.get("o_lat");
+    Attn a = saved_attention(ctx, Saved::OLat);
+    Tensor q_abs = ctx.get(Saved::QAbs);
+    Tensor o_lat = ctx.get(Saved::OLat);
     Tensor do_lat = empty({Tq, H * rkv}, "d_o_lat");
     gemm(OpPhase::up_projections,
          GemmArgs{.m = Tq, .n = rkv, .k = dv, .batch = H, .a = do_att.data(), .lda = H * dv, .stride_a = dv,
@@ -945,7 +949,7 @@ struct BlockImpl {
     Tensor dq_abs = absorbed_attention_backward(ctx, do_lat, q_abs, a, dlat_full);
     do_lat = o_lat = q_abs = Tensor();
     a = Attn();
-    release(ctx, {"probs", "lse", "o_lat", "latent_gathered", "k_expanded", "v_expanded"});
+    ctx.release({Saved::Probs, Saved::Lse, Saved::OLat, Saved::LatentGathered, Saved::KExpanded, Saved::VExpanded});
     InFlight rs;
     if (opts.overlap) {  // the latent gradient's reduce-scatter under the query's up-projection backward
       rs = start_reduce_scatter(dlat_full, dl, "kv_latent");
@@ -969,7 +973,7 @@ struct BlockImpl {
                   .stride_a = dqk, .b = dq_abs.data(), .ldb = H * dl, .stride_b = dl, .c = uk(g.kv_b_proj, h0),
                   .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = g.kv_b_proj.dtype()});
     dq_abs = Tensor();
-    release(ctx, {"q_abs"});
+    ctx.release({Saved::QAbs});
     out.dlatent = opts.overlap ? finish(rs) : reduce_scatter(dlat_full, dl, "kv_latent");
     return out;
   }
@@ -979,7 +983,7 @@ struct BlockImpl {
   Tensor absorbed_attention_backward(SavedContext& ctx, const Tensor& do_lat, const Tensor& q_abs, const Attn& a,
                                      Tensor& dlat_full) {
     if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
-      const Tensor lat_full = ctx.get("latent_gathered");
+      const Tensor lat_full = ctx.get(Saved::LatentGathered);
       AttnGrads ag = attention_backward(
           do_lat, {.q = q_abs, .k = lat_full, .k_row = dl, .v_row = dl, .kv_heads = 1, .d_qk = dl, .d_v = rkv}, a);
       copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = dl, .dst = dlat_full.data(),
@@ -989,7 +993,7 @@ struct BlockImpl {
                                         .dst_dtype = dlat_full.dtype()});
       return ag.dq;
     }
-    const Tensor k_exp = ctx.get("k_expanded"), v_exp = ctx.get("v_expanded");
+    const Tensor k_exp = ctx.get(Saved::KExpanded), v_exp = ctx.get(Saved::VExpanded);
     AttnGrads ag = attention_backward(do_lat,
                                       {.q = q_abs, .k = k_exp, .k_row = H * dl, .v = &v_exp, .v_row = H * rkv,
                                        .kv_heads = H, .d_qk = dl, .d_v = rkv},
@@ -1010,7 +1014,7 @@ struct BlockImpl {
   Tensor output_forward(SavedContext& ctx, Tensor o_att, const MlaWeights& w) {
     Tensor o = gather_heads(o_att, dv, "o");
     o_att = Tensor();
-    ctx.save("o", o);
+    ctx.save(Saved::O, o);
     Tensor y = Tensor(be.allocator(), dt, {s, B, d}, "y", MemoryKind::external);
     linear({.rows = T, .in = nh * dv, .out = d, .x = o.data(), .ldx = nh * dv, .w = w.o_proj.data(), .ldw = nh * dv,
             .y = y.data(), .ldy = d});
@@ -1024,19 +1028,19 @@ struct BlockImpl {
                  .dx = d_o.data(), .lddx = nh * dv});
       InFlight dof = start_scatter_heads(d_o, dv, "o");
       d_o = Tensor();
-      linear_dw_first(g.o_proj, {.rows = T, .in = nh * dv, .out = d, .x = ctx.get("o").data(), .ldx = nh * dv,
+      linear_dw_first(g.o_proj, {.rows = T, .in = nh * dv, .out = d, .x = ctx.get(Saved::O).data(), .ldx = nh * dv,
                                  .dy = dy.data(), .lddy = d, .lddw = nh * dv});
-      ctx.tensors.erase("o");
+      ctx.release({Saved::O});
       return finish(dof);
     }
-    Tensor o = ctx.get("o");
+    Tensor o = ctx.get(Saved::O);
     linear_dw_first(g.o_proj, {.rows = T, .in = nh * dv, .out = d, .x = o.data(), .ldx = nh * dv, .dy = dy.data(),
                                .lddy = d, .lddw = nh * dv});
     Tensor d_o = empty({T, nh * dv}, "d_o");
     linear_dx({.rows = T, .in = nh * dv, .out = d, .w = w.o_proj.data(), .ldw = nh * dv, .dy = dy.data(), .lddy = d,
                .dx = d_o.data(), .lddx = nh * dv});
     o = Tensor();
-    ctx.tensors.erase("o");
+    ctx.release({Saved::O});
     return scatter_heads(d_o, dv, "o");
   }
   // ---------------------------------------------------------------- the ring (p2p)
@@ -1161,16 +1165,16 @@ struct BlockImpl {
     const std::int64_t cB = chunk() * B;
     Tensor q = query_forward(ctx, x, w);
     Tensor latent = latent_forward(ctx, x, w);
-    ctx.save("q_att", q);
-    ctx.save("latent", latent);
+    ctx.save(Saved::QAtt, q);
+    ctx.save(Saved::Latent, latent);
     RingCarry cur;  // what travels: the latent, or K and V
     if (laga) {
       cur.emplace_back("kv_latent", latent);
     } else {
       Tensor k, v;
       up_project(latent, T, 0, nh, w, k, v);
-      ctx.save("k_local", k);
-      ctx.save("v_local", v);
+      ctx.save(Saved::KLocal, k);
+      ctx.save(Saved::VLocal, v);
       cur.emplace_back("k", k);
       cur.emplace_back("v", v);
     }
@@ -1224,8 +1228,8 @@ struct BlockImpl {
     cur.clear();
     Tensor o = in_block_dtype(o_run, "o_att");
     o_run = Tensor();
-    ctx.save("lse", lse);
-    ctx.save("o_att", o);
+    ctx.save(Saved::Lse, lse);
+    ctx.save(Saved::OAtt, o);
     return output_forward(ctx, std::move(o), w);
   }
 
@@ -1294,18 +1298,18 @@ struct BlockImpl {
   void backward_ring(SavedContext& ctx, const MlaWeights& w, MlaGrads& g, Tensor do_att, Tensor& dq_att,
                      Tensor& dlatent) {
     const bool laga = opts.form == Form::Laga;
-    const Tensor q = ctx.get("q_att"), o = ctx.get("o_att"), lse = ctx.get("lse");
+    const Tensor q = ctx.get(Saved::QAtt), o = ctx.get(Saved::OAtt), lse = ctx.get(Saved::Lse);
     Tensor lse_all;  // per query, for the calls on all local queries (built once)
-    Tensor latent = ctx.get("latent");  // explicit's, for the up-projection's backward at the end
+    Tensor latent = ctx.get(Saved::Latent);  // explicit's, for the up-projection's backward at the end
     RingCarry cur;
     if (laga) {
       cur.emplace_back("kv_latent_resend", latent);
       latent = Tensor();
-      release(ctx, {"latent"});
+      ctx.release({Saved::Latent});
     } else {
-      cur.emplace_back("k_resend", ctx.get("k_local"));
-      cur.emplace_back("v_resend", ctx.get("v_local"));
-      release(ctx, {"k_local", "v_local"});
+      cur.emplace_back("k_resend", ctx.get(Saved::KLocal));
+      cur.emplace_back("v_resend", ctx.get(Saved::VLocal));
+      ctx.release({Saved::KLocal, Saved::VLocal});
     }
     // The accumulators that travel: LAGA's latent gradient; explicit's dK and dV.
     const DType kv_grad = kv_grads_reduced_in_fp32(opts, P) ? accum_dtype(dt) : dt;
@@ -1348,20 +1352,20 @@ struct BlockImpl {
     for (std::size_t i = 0; i < acc_flight.size(); ++i) acc[i].second = finish(acc_flight[i]);
     cur.clear();
     do_att = lse_all = Tensor();
-    release(ctx, {"o_att", "lse"});
+    ctx.release({Saved::OAtt, Saved::Lse});
     dq_att = in_block_dtype(dq_run, "d_q_att");
     dq_run = Tensor();
     if (laga) {
       dlatent = std::move(acc[0].second);
     } else {
       dlatent = latent_grad(T, "d_latent");
-      up_project_backward({.dk = acc[0].second, .dv = acc[1].second, .latent = latent, .rows = T, .first = 0, .heads = nh,
-                           .dlatent = dlatent},
+      up_project_backward({.dk = acc[0].second, .dv = acc[1].second, .latent = latent, .rows = T, .first = 0,
+                           .heads = nh, .dlatent = dlatent},
                           w, g);
     }
     acc.clear();
     latent = Tensor();
-    release(ctx, {"latent"});
+    ctx.release({Saved::Latent});
   }
 
   // ---------------------------------------------------------------- backward
@@ -1409,19 +1413,16 @@ struct BlockImpl {
         case Form::Absorbed: pg = absorbed_backward(ctx, std::move(do_att), w, g); break;
       }
     }
-    release(ctx, {"q_att"});
+    ctx.release({Saved::QAtt});
     Tensor dq = overlapped() ? finish_gather_heads(pg.dq_flight, dqk, "q") : gather_heads(pg.dq_att, dqk, "q");
     pg.dq_att = Tensor();
 
     Tensor dx = Tensor(be.allocator(), dt, {s, B, d}, "dx", MemoryKind::external);
     latent_backward(ctx, std::move(pg.dlatent), x, w, g, dx);
     query_backward(ctx, std::move(dq), x, w, g, dx);
-    LAGA_CHECK(ctx.tensors.empty(), "saved tensors left after backward, first: '", ctx.tensors.begin()->first, "'");
+    LAGA_CHECK(ctx.tensors.empty(), "saved tensors left after backward, first: '",
+               saved_name(ctx.tensors.begin()->first), "'");
     return dx;
-  }
-  // Drop saved tensors once backward no longer needs them (so the peak reflects a real autograd engine).
-  static void release(SavedContext& ctx, std::initializer_list<const char*> names) {
-    for (const char* n : names) ctx.tensors.erase(n);
   }
 };
 

@@ -190,15 +190,41 @@ std::string Variant::name() const {
 double PassStats::total_flops() const { return std::accumulate(flops.begin(), flops.end(), 0.0); }
 double PassStats::total_seconds() const { return std::accumulate(seconds.begin(), seconds.end(), 0.0); }
 
-void SavedContext::save(const std::string& name, const Tensor& t) {
-  LAGA_CHECK(!tensors.count(name), "tensor '", name, "' saved twice");
-  t.mark_saved(name);
+const char* saved_name(Saved s) {
+  switch (s) {
+    case Saved::CQ: return "c_q";
+    case Saved::KAtt: return "k_att";
+    case Saved::KExpanded: return "k_expanded";
+    case Saved::KLocal: return "k_local";
+    case Saved::KvDown: return "kv_down";
+    case Saved::KvRstd: return "kv_rstd";
+    case Saved::Latent: return "latent";
+    case Saved::LatentGathered: return "latent_gathered";
+    case Saved::Lse: return "lse";
+    case Saved::O: return "o";
+    case Saved::OAtt: return "o_att";
+    case Saved::OLat: return "o_lat";
+    case Saved::Probs: return "probs";
+    case Saved::QAbs: return "q_abs";
+    case Saved::QAtt: return "q_att";
+    case Saved::QDown: return "q_down";
+    case Saved::QRstd: return "q_rstd";
+    case Saved::VAtt: return "v_att";
+    case Saved::VExpanded: return "v_expanded";
+    case Saved::VLocal: return "v_local";
+  }
+  return "?";
+}
+
+void SavedContext::save(Saved name, const Tensor& t) {
+  LAGA_CHECK(!tensors.count(name), "tensor '", saved_name(name), "' saved twice");
+  t.mark_saved(saved_name(name));
   tensors[name] = t;
 }
 
-const Tensor& SavedContext::get(const std::string& name) const {
+const Tensor& SavedContext::get(Saved name) const {
   auto it = tensors.find(name);
-  LAGA_CHECK(it != tensors.end(), "saved tensor '", name, "' is missing");
+  LAGA_CHECK(it != tensors.end(), "saved tensor '", saved_name(name), "' is missing");
   return it->second;
 }
 

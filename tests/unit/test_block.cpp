@@ -430,7 +430,7 @@ TEST_P(SavedBytes, AccountingIsConsistentAndBackwardReleasesEverything) {
     std::map<const void*, std::pair<std::set<std::string>, std::size_t>> ctx_buffers;
     for (const auto& [name, t] : ctx.tensors) {
       auto& [names, bytes] = ctx_buffers[t.data()];
-      names.insert(name);
+      names.insert(saved_name(name));
       bytes = t.bytes();
     }
     std::size_t ctx_sum = 0;
@@ -504,7 +504,7 @@ TEST(SavedContextStorage, SharedBuffersCountOnceUnderJoinedNames) {
         std::map<const void*, std::vector<std::string>> names_of;
         std::map<const void*, std::size_t> bytes_of;
         for (const auto& [name, t] : ctx.tensors) {
-          names_of[t.data()].push_back(name);
+          names_of[t.data()].push_back(saved_name(name));
           bytes_of[t.data()] = t.bytes();
         }
         std::size_t distinct_sum = 0;
