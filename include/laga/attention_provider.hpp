@@ -16,7 +16,7 @@
 
 namespace laga {
 
-enum class AttentionProvider { automatic, laga, cudnn };
+enum class AttentionProvider { Automatic, Laga, Cudnn };
 
 // "auto", "laga", "cudnn".
 const char* attention_provider_name(AttentionProvider);
@@ -25,7 +25,7 @@ AttentionProvider parse_attention_provider(const std::string& text);
 
 // What a provider choice depends on: one attention call's shape (the fused kernel's; eager always runs laga).
 struct AttentionShape {
-  DType dtype = DType::bf16;
+  DType dtype = DType::BF16;
   std::int64_t d_qk = 0, d_v = 0;
   std::int64_t q_heads = 0, kv_heads = 0;
   std::int64_t q_len = 0, kv_len = 0;

@@ -15,13 +15,13 @@
 
 namespace laga {
 
-enum class Trans { no, yes };
+enum class Trans { No, Yes };
 
 // Strided-batched GEMM: for b < batch, C_b = alpha * op(A_b) * op(B_b) + beta * C_b, with op(A_b) [m, k],
 // op(B_b) [k, n], C_b [m, n]. A_b = a + b * stride_a (stride 0 broadcasts one matrix to every batch).
 struct GemmArgs {
-  DType dtype = DType::f32;
-  Trans trans_a = Trans::no, trans_b = Trans::no;
+  DType dtype = DType::F32;
+  Trans trans_a = Trans::No, trans_b = Trans::No;
   std::int64_t m = 0, n = 0, k = 0, batch = 1;
   const void* a = nullptr;  // [m, k] (or [k, m] when trans_a)
   std::int64_t lda = 0, stride_a = 0;
@@ -34,25 +34,25 @@ struct GemmArgs {
   std::optional<DType> c_dtype;
 };
 
-enum class CopyMode { assign, accumulate };
+enum class CopyMode { Assign, Accumulate };
 
 // dst[b][r][c] (+)= src[b][r][c] for b < batch, r < rows, c < cols. A src batch stride of 0 broadcasts;
-// with CopyMode::accumulate a dst batch stride of 0 sums over the batch (a reduction).
+// with CopyMode::Accumulate a dst batch stride of 0 sums over the batch (a reduction).
 struct CopyArgs {
-  DType dtype = DType::f32;
+  DType dtype = DType::F32;
   std::int64_t batch = 1, rows = 0, cols = 0;
   const void* src = nullptr;
   std::int64_t src_ld = 0, src_batch_stride = 0;
   void* dst = nullptr;
   std::int64_t dst_ld = 0, dst_batch_stride = 0;
-  CopyMode mode = CopyMode::assign;
+  CopyMode mode = CopyMode::Assign;
   // dst's dtype when it differs from src's (`dtype`): a bfloat16 gradient accumulated into a float32 one.
   std::optional<DType> dst_dtype;
 };
 
 // RMSNorm over rows: y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps).
 struct RmsNormArgs {
-  DType dtype = DType::f32;
+  DType dtype = DType::F32;
   std::int64_t rows = 0, cols = 0;
   double eps = 1e-6;
   const void* x = nullptr;  // [rows, cols], row stride x_ld
@@ -77,7 +77,7 @@ struct RmsNormArgs {
 // Backward applies the transpose: dx from dy (same strides, x->dy, y->dx). y may be x (in place) when both
 // have the same strides and dtype.
 struct RopeArgs {
-  DType dtype = DType::f32;
+  DType dtype = DType::F32;
   std::int64_t tokens = 0, batch = 0, heads = 0, dim = 0;
   std::int64_t pos_offset = 0;
   const double* inv_freq = nullptr;  // [dim / 2], host memory
@@ -91,16 +91,16 @@ struct RopeArgs {
 };
 
 enum class AttentionKernel {
-  eager,  // scores materialised; softmax output [batch, heads, q_len, kv_len] kept for backward
-  fused,  // flash-style online softmax; only the output and the log-sum-exp kept
+  Eager,  // scores materialised; softmax output [batch, heads, q_len, kv_len] kept for backward
+  Fused,  // flash-style online softmax; only the output and the log-sum-exp kept
 };
 
 // Causal attention. Query i (0-based in this call) sees key j iff j <= i + q_offset: in the all_gather
 // layout rank r's queries sit at global positions r*s.. while keys cover the whole sequence.
 // kv_heads is q_heads (MHA) or 1 (MQA: every query head attends to the one shared key/value).
 struct AttentionFwdParams {
-  DType dtype = DType::f32;
-  AttentionKernel kernel = AttentionKernel::fused;
+  DType dtype = DType::F32;
+  AttentionKernel kernel = AttentionKernel::Fused;
   std::int64_t batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, d_qk = 0, d_v = 0;
   std::int64_t q_offset = 0;
   double scale = 1.0;
@@ -134,7 +134,7 @@ struct AttentionBwdParams : AttentionFwdParams {
 // whose running lse is -inf takes the partial's values. lse and lse_part are [batch, heads, q_len] in
 // accum_dtype(dtype), as the fused attention kernel writes them.
 struct AttentionMergeArgs {
-  DType dtype = DType::f32;  // o_part's dtype
+  DType dtype = DType::F32;  // o_part's dtype
   std::int64_t batch = 0, q_len = 0, heads = 0, d_v = 0;
   void* o = nullptr;  // [q_len, batch, heads, d_v] with the strides below
   std::int64_t o_token_stride = 0, o_batch_stride = 0, o_head_stride = 0;

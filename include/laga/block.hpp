@@ -46,16 +46,16 @@ AbsorbedAttention parse_absorbed_attention(const std::string&);
 DType parse_dtype(const std::string&);
 inline constexpr std::array<Form, 3> kAllForms = {Form::Explicit, Form::Absorbed, Form::Laga};
 inline constexpr std::array<Layout, 2> kAllLayouts = {Layout::A2A, Layout::AllGather};
-inline constexpr std::array<AttentionKernel, 2> kAllKernels = {AttentionKernel::eager,
-                                                               AttentionKernel::fused};
+inline constexpr std::array<AttentionKernel, 2> kAllKernels = {AttentionKernel::Eager,
+                                                               AttentionKernel::Fused};
 
 struct BlockOptions {
   Form form = Form::Laga;
   Layout layout = Layout::A2A;
-  AttentionKernel kernel = AttentionKernel::fused;
+  AttentionKernel kernel = AttentionKernel::Fused;
   Recompute recompute = Recompute::None;
   AbsorbedAttention absorbed_attention = AbsorbedAttention::Mqa;
-  DType dtype = DType::f32;
+  DType dtype = DType::F32;
   // all_gather, P > 1, bfloat16: the explicit form widens its per-rank partial K/V gradients to float32
   // before the reduce-scatter (twice its backward K/V traffic) and runs the up-projection's backward on the
   // float32 sums. Off (the default), it reduce-scatters them in bfloat16 as TransformerEngine's all_gather
@@ -195,7 +195,7 @@ inline MlaGrads allocate_grads(const MlaConfig& c, const BlockOptions& opts, All
 }
 
 // Counters of one forward or backward pass on one rank.
-enum class OpPhase { projections, up_projections, attention, communication, other };
+enum class OpPhase { Projections, UpProjections, Attention, Communication, Other };
 inline constexpr int kOpPhaseCount = 5;
 const char* op_phase_name(OpPhase);
 

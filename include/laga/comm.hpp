@@ -97,10 +97,10 @@ std::unique_ptr<Communicator> make_phantom_communicator(Backend& backend, int ra
 inline constexpr int kMaxThreadRanks = 64;
 std::vector<std::unique_ptr<Communicator>> make_thread_group(int size);
 
-enum class Phase { forward, backward };
+enum class Phase { Forward, Backward };
 const char* phase_name(Phase);
 
-enum class CollectiveKind { all_gather, reduce_scatter, all_to_all, all_reduce, ring_shift };
+enum class CollectiveKind { AllGather, ReduceScatter, AllToAll, AllReduce, RingShift };
 const char* collective_name(CollectiveKind);
 
 // One collective call as counted. Bytes are the logical bytes that cross between distinct ranks
@@ -108,8 +108,8 @@ const char* collective_name(CollectiveKind);
 // all_to_all sends and receives (P-1) * chunk; all_reduce is counted as reduce_scatter + all_gather;
 // ring_shift sends and receives one chunk (none at P = 1, where it is a copy).
 struct CollectiveRecord {
-  Phase phase = Phase::forward;
-  CollectiveKind kind = CollectiveKind::all_gather;
+  Phase phase = Phase::Forward;
+  CollectiveKind kind = CollectiveKind::AllGather;
   std::string tensor;  // what was exchanged, e.g. "q", "kv_latent", "o"
   std::size_t bytes_sent = 0;
   std::size_t bytes_received = 0;
@@ -161,7 +161,7 @@ class CountingCommunicator final : public Communicator {
  private:
   void record(CollectiveKind kind, std::size_t chunk_bytes);
   Communicator& inner_;
-  Phase phase_ = Phase::forward;
+  Phase phase_ = Phase::Forward;
   std::string tensor_ = "unlabelled";
   std::vector<CollectiveRecord> records_;
   int last_ = -1;

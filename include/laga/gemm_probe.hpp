@@ -14,9 +14,9 @@ namespace laga {
 
 // A GEMM's arguments without its pointers: what identifies one GEMM when it is run again alone.
 struct GemmKey {
-  DType dtype = DType::f32;
-  DType c_dtype = DType::f32;  // GemmArgs::c_dtype resolved (dtype when unset)
-  Trans trans_a = Trans::no, trans_b = Trans::no;
+  DType dtype = DType::F32;
+  DType c_dtype = DType::F32;  // GemmArgs::c_dtype resolved (dtype when unset)
+  Trans trans_a = Trans::No, trans_b = Trans::No;
   std::int64_t m = 0, n = 0, k = 0, batch = 1;
   std::int64_t lda = 0, stride_a = 0, ldb = 0, stride_b = 0, ldc = 0, stride_c = 0;
   double alpha = 1.0, beta = 0.0;

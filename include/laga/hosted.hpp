@@ -9,10 +9,10 @@
 
 namespace laga {
 
-// A CPU backend allocating through `allocator` (which must outlive it and serve Device::cpu).
+// A CPU backend allocating through `allocator` (which must outlive it and serve Device::Cpu).
 std::unique_ptr<Backend> make_cpu_backend(Allocator& allocator);
 
-// A CUDA backend on `device` allocating through `allocator` (Device::cuda memory of that device; must
+// A CUDA backend on `device` allocating through `allocator` (Device::Cuda memory of that device; must
 // outlive the backend) and queueing every op on `stream` (a cudaStream_t the caller owns; null: the legacy
 // default stream). set_cuda_stream() moves it to another stream between calls (the framework's current
 // stream may change from one step to the next). Throws InvalidArgument when built without CUDA.

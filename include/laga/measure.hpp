@@ -91,7 +91,7 @@ struct CheckPolicy {
 CheckPolicy check_policy(const BlockOptions&, int ranks, Device, double tolerance);
 
 // The references a run is compared with.
-enum class CheckReference { single_rank, same_p, cpu_float64 };
+enum class CheckReference { SingleRank, SameP, CpuFloat64 };
 // As the report writes it: "explicit P=1, same device", "explicit same P", "CPU float64".
 const char* check_reference_name(CheckReference);
 
@@ -101,7 +101,7 @@ struct TensorCheck {
   bool ok = false;  // rel_error <= tolerance (NaN fails)
 };
 struct CheckResult {
-  CheckReference reference = CheckReference::single_rank;
+  CheckReference reference = CheckReference::SingleRank;
   double tolerance = 0;
   std::vector<TensorCheck> tensors;
   bool ok() const;
@@ -131,7 +131,7 @@ std::vector<CheckResult> check_single_process(const MlaConfig&, const BlockOptio
                                               std::int64_t seq, Device, int gpu, std::uint64_t seed,
                                               const CheckPolicy&, const GlobalResult& global,
                                               const ProblemLoader& load = {},
-                                              AttentionProvider provider = AttentionProvider::laga);
+                                              AttentionProvider provider = AttentionProvider::Laga);
 
 // ---------------------------------------------------------------- the report of a rank's run (JSON)
 
@@ -167,7 +167,7 @@ std::vector<std::string> split(const std::string& s, char sep);
 // ---------------------------------------------------------------- communicators and ranks
 
 // Which communicator GPU ranks use.
-enum class GpuComm { single, nccl, host_staging };
+enum class GpuComm { Single, Nccl, HostStaging };
 const char* gpu_comm_name(GpuComm);
 // `--comm` (auto, nccl, host-staging) for P ranks on cuda, given whether every rank has a GPU of its own:
 // NCCL when every rank has its own GPU, MPI with host staging when ranks share one, a plain copy at

@@ -17,7 +17,7 @@ namespace laga {
 struct SavedTensor {
   std::string name;
   Shape shape;
-  DType dtype = DType::f32;
+  DType dtype = DType::F32;
   std::size_t bytes = 0;
 };
 

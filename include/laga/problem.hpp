@@ -20,7 +20,7 @@ std::vector<double> to_host(Backend&, const Tensor&);
 void from_host(Backend&, const Tensor&, const std::vector<double>&);
 
 // Streams of the deterministic data.
-enum class DataStream : std::uint64_t { x = 1, dy = 2, weights = 100 };
+enum class DataStream : std::uint64_t { X = 1, Dy = 2, Weights = 100 };
 
 // t[i] = shift + scale * deterministic_value(seed, stream, first_index + i).
 void fill_deterministic(Backend&, const Tensor& t, std::uint64_t seed, std::uint64_t stream,

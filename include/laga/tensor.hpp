@@ -12,9 +12,9 @@
 
 namespace laga {
 
-enum class DType { f32, f64, bf16 };
+enum class DType { F32, F64, BF16 };
 // meta: shapes and byte accounting only, no storage (the planner runs the real orchestration on it).
-enum class Device { cpu, cuda, meta };
+enum class Device { Cpu, Cuda, Meta };
 
 std::size_t dtype_size(DType);
 const char* dtype_name(DType);
@@ -24,15 +24,15 @@ DType accum_dtype(DType);
 
 // What an allocation is for. Only activations count toward live/peak bytes; weights, the block's input,
 // and the gradients handed back to the caller are the caller's memory (DESIGN.md section 4).
-enum class MemoryKind { activation, external };
+enum class MemoryKind { Activation, External };
 
 struct AllocationRecord {
   std::string name;
   std::size_t bytes = 0;
-  MemoryKind kind = MemoryKind::activation;
+  MemoryKind kind = MemoryKind::Activation;
   bool saved = false;  // kept from forward to backward
   std::vector<std::int64_t> shape;  // of the tensor saved (set by mark_saved)
-  DType dtype = DType::f32;
+  DType dtype = DType::F32;
 };
 
 // Accounting allocator. Subclasses provide the raw memory; the base counts every byte.
@@ -72,7 +72,7 @@ class Allocator {
 // Host memory, 64-byte aligned.
 class CpuAllocator final : public Allocator {
  public:
-  Device device() const override { return Device::cpu; }
+  Device device() const override { return Device::Cpu; }
 
  protected:
   void* raw_allocate(std::size_t bytes) override;
@@ -82,7 +82,7 @@ class CpuAllocator final : public Allocator {
 // No storage: counts bytes only.
 class MetaAllocator final : public Allocator {
  public:
-  Device device() const override { return Device::meta; }
+  Device device() const override { return Device::Meta; }
 
  protected:
   void* raw_allocate(std::size_t) override { return nullptr; }
@@ -98,7 +98,7 @@ class Tensor {
  public:
   Tensor() = default;
   Tensor(Allocator& alloc, DType dtype, Shape shape, const std::string& name,
-         MemoryKind kind = MemoryKind::activation);
+         MemoryKind kind = MemoryKind::Activation);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }
@@ -131,7 +131,7 @@ class Tensor {
     ~Storage();
   };
   std::shared_ptr<Storage> storage_;
-  DType dtype_ = DType::f32;
+  DType dtype_ = DType::F32;
   Shape shape_;
 };
 

@@ -43,7 +43,7 @@ std::shared_ptr<Resources> Block::resources(c10::Device device) {
   r->borrow = std::make_unique<BorrowingAllocator>(r->alloc->device());
   if (device.is_cuda()) {
     r->backend = laga::make_cuda_backend(device.index(), *r->alloc, nullptr);
-    if (provider_ == laga::AttentionProvider::cudnn) {
+    if (provider_ == laga::AttentionProvider::Cudnn) {
       const laga::CudnnInfo info = laga::cuda_cudnn_info();
       LAGA_REQUIRE(info.loaded, "attention_provider = 'cudnn': cuDNN is not available (", info.error,
                    "); use 'auto' or 'laga'");
@@ -51,7 +51,7 @@ std::shared_ptr<Resources> Block::resources(c10::Device device) {
     laga::cuda_set_attention_provider(*r->backend, provider_);
     laga::cuda_set_attention_deterministic(*r->backend, deterministic_);
   } else {
-    LAGA_REQUIRE(provider_ != laga::AttentionProvider::cudnn,
+    LAGA_REQUIRE(provider_ != laga::AttentionProvider::Cudnn,
                  "attention_provider = 'cudnn' on a CPU tensor: cuDNN runs on the GPU");
     r->backend = laga::make_cpu_backend(*r->alloc);
   }

@@ -52,7 +52,7 @@ class Block : public torch::CustomClassHolder {
 
   laga::MlaConfig cfg_;
   laga::BlockOptions opts_;
-  laga::AttentionProvider provider_ = laga::AttentionProvider::automatic;
+  laga::AttentionProvider provider_ = laga::AttentionProvider::Automatic;
   bool timing_ = false;  // MlaBlock::set_timing
   bool deterministic_ = true;  // cuda_set_attention_deterministic (CUDA only)
   std::string group_name_;

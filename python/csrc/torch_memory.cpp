@@ -12,9 +12,9 @@ namespace laga_torch {
 
 laga::DType to_laga(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return laga::DType::f32;
-    case at::kDouble: return laga::DType::f64;
-    case at::kBFloat16: return laga::DType::bf16;
+    case at::kFloat: return laga::DType::F32;
+    case at::kDouble: return laga::DType::F64;
+    case at::kBFloat16: return laga::DType::BF16;
     default: break;
   }
   throw laga::InvalidArgument(laga::detail::concat("dtype ", c10::toString(t),
@@ -23,9 +23,9 @@ laga::DType to_laga(at::ScalarType t) {
 
 at::ScalarType to_torch(laga::DType t) {
   switch (t) {
-    case laga::DType::f32: return at::kFloat;
-    case laga::DType::f64: return at::kDouble;
-    case laga::DType::bf16: return at::kBFloat16;
+    case laga::DType::F32: return at::kFloat;
+    case laga::DType::F64: return at::kDouble;
+    case laga::DType::BF16: return at::kBFloat16;
   }
   return at::kFloat;
 }
@@ -59,7 +59,7 @@ laga::Tensor BorrowingAllocator::borrow(const at::Tensor& t, const std::string& 
   LAGA_CHECK(t.is_contiguous(), name, " must be contiguous");
   next_ = t.data_ptr();
   laga::Shape shape(t.sizes().begin(), t.sizes().end());
-  return laga::Tensor(*this, to_laga(t.scalar_type()), std::move(shape), name, laga::MemoryKind::external);
+  return laga::Tensor(*this, to_laga(t.scalar_type()), std::move(shape), name, laga::MemoryKind::External);
 }
 
 void* BorrowingAllocator::raw_allocate(std::size_t) {

@@ -18,7 +18,7 @@ at::ScalarType to_torch(laga::DType);
 class TorchAllocator final : public laga::Allocator {
  public:
   explicit TorchAllocator(c10::Device device) : device_(device) {}
-  laga::Device device() const override { return device_.is_cuda() ? laga::Device::cuda : laga::Device::cpu; }
+  laga::Device device() const override { return device_.is_cuda() ? laga::Device::Cuda : laga::Device::Cpu; }
   void set_stream(void* stream) { stream_ = stream; }
 
  protected:
@@ -31,7 +31,7 @@ class TorchAllocator final : public laga::Allocator {
 };
 
 // Hands out caller-owned memory: each allocation returns the pointer given to borrow() just before, and
-// freeing does nothing. The laga tensors it makes are views of PyTorch tensors (MemoryKind::external).
+// freeing does nothing. The laga tensors it makes are views of PyTorch tensors (MemoryKind::External).
 class BorrowingAllocator final : public laga::Allocator {
  public:
   explicit BorrowingAllocator(laga::Device device) : device_(device) {}

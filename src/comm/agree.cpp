@@ -85,7 +85,7 @@ void require_agreement(Communicator& comm, const Fingerprint& mine) {
     local[2 * i] = double(h >> 32);  // 32-bit halves: exact in a double
     local[2 * i + 1] = double(h & 0xffffffffu);
   }
-  comm.all_gather(local.data(), all.data(), n, DType::f64);
+  comm.all_gather(local.data(), all.data(), n, DType::F64);
   for (std::size_t i = 0; i < mine.fields.size(); ++i) {
     // Ranks grouped by the value they hold, in order of their first rank.
     std::map<std::pair<double, double>, std::vector<int>> groups;

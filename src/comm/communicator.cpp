@@ -14,19 +14,19 @@ namespace laga {
 
 const char* phase_name(Phase phase) {
   switch (phase) {
-    case Phase::forward: return "forward";
-    case Phase::backward: return "backward";
+    case Phase::Forward: return "forward";
+    case Phase::Backward: return "backward";
   }
   return "unknown";
 }
 
 const char* collective_name(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::all_gather: return "all_gather";
-    case CollectiveKind::reduce_scatter: return "reduce_scatter";
-    case CollectiveKind::all_to_all: return "all_to_all";
-    case CollectiveKind::all_reduce: return "all_reduce";
-    case CollectiveKind::ring_shift: return "ring_shift";
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case CollectiveKind::AllToAll: return "all_to_all";
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::RingShift: return "ring_shift";
   }
   return "unknown";
 }
@@ -39,13 +39,13 @@ std::size_t collective_bytes_sent(CollectiveKind kind, std::size_t chunk_bytes, 
   LAGA_REQUIRE(ranks >= 1, "ranks = ", ranks, ": must be >= 1");
   const std::size_t others = static_cast<std::size_t>(ranks - 1);
   switch (kind) {
-    case CollectiveKind::all_gather:
-    case CollectiveKind::reduce_scatter:
-    case CollectiveKind::all_to_all:
+    case CollectiveKind::AllGather:
+    case CollectiveKind::ReduceScatter:
+    case CollectiveKind::AllToAll:
       return others * chunk_bytes;
-    case CollectiveKind::all_reduce:
+    case CollectiveKind::AllReduce:
       return 2 * others * chunk_bytes / static_cast<std::size_t>(ranks);
-    case CollectiveKind::ring_shift:
+    case CollectiveKind::RingShift:
       return others > 0 ? chunk_bytes : 0;
   }
   throw RuntimeError(detail::concat("collective_bytes_sent: unknown collective kind ", static_cast<int>(kind)));
@@ -80,51 +80,51 @@ void CountingCommunicator::record(CollectiveKind kind, std::size_t chunk_bytes) 
 // Record after the inner call so a call that throws is not counted.
 void CountingCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
   inner_.all_gather(send, recv, count, dtype);
-  record(CollectiveKind::all_gather, count * dtype_size(dtype));
+  record(CollectiveKind::AllGather, count * dtype_size(dtype));
 }
 
 void CountingCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype) {
   inner_.reduce_scatter(send, recv, count, dtype);
-  record(CollectiveKind::reduce_scatter, count * dtype_size(dtype));
+  record(CollectiveKind::ReduceScatter, count * dtype_size(dtype));
 }
 
 void CountingCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
   inner_.all_to_all(send, recv, count, dtype);
-  record(CollectiveKind::all_to_all, count * dtype_size(dtype));
+  record(CollectiveKind::AllToAll, count * dtype_size(dtype));
 }
 
 void CountingCommunicator::all_reduce(void* buf, std::size_t count, DType dtype) {
   inner_.all_reduce(buf, count, dtype);
-  record(CollectiveKind::all_reduce, count * dtype_size(dtype));
+  record(CollectiveKind::AllReduce, count * dtype_size(dtype));
 }
 
 void CountingCommunicator::ring_shift(const void* send, void* recv, std::size_t count, DType dtype) {
   inner_.ring_shift(send, recv, count, dtype);
-  record(CollectiveKind::ring_shift, count * dtype_size(dtype));
+  record(CollectiveKind::RingShift, count * dtype_size(dtype));
 }
 
 CollectiveRequest CountingCommunicator::start_ring_shift(const void* send, void* recv, std::size_t count, DType dtype) {
   CollectiveRequest req = inner_.start_ring_shift(send, recv, count, dtype);
-  record(CollectiveKind::ring_shift, count * dtype_size(dtype));
+  record(CollectiveKind::RingShift, count * dtype_size(dtype));
   return req;
 }
 
 CollectiveRequest CountingCommunicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
   CollectiveRequest req = inner_.start_all_gather(send, recv, count, dtype);
-  record(CollectiveKind::all_gather, count * dtype_size(dtype));
+  record(CollectiveKind::AllGather, count * dtype_size(dtype));
   return req;
 }
 
 CollectiveRequest CountingCommunicator::start_reduce_scatter(const void* send, void* recv, std::size_t count,
                                                              DType dtype) {
   CollectiveRequest req = inner_.start_reduce_scatter(send, recv, count, dtype);
-  record(CollectiveKind::reduce_scatter, count * dtype_size(dtype));
+  record(CollectiveKind::ReduceScatter, count * dtype_size(dtype));
   return req;
 }
 
 CollectiveRequest CountingCommunicator::start_all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
   CollectiveRequest req = inner_.start_all_to_all(send, recv, count, dtype);
-  record(CollectiveKind::all_to_all, count * dtype_size(dtype));
+  record(CollectiveKind::AllToAll, count * dtype_size(dtype));
   return req;
 }
 
@@ -168,7 +168,7 @@ void device_copy(Backend& backend, const void* src, void* dst, std::size_t count
   args.src_ld = static_cast<std::int64_t>(count);
   args.dst = dst;
   args.dst_ld = static_cast<std::int64_t>(count);
-  args.mode = CopyMode::assign;
+  args.mode = CopyMode::Assign;
   backend.copy(args);
 }
 

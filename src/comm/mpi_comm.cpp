@@ -132,9 +132,9 @@ namespace {
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::bf16:
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::BF16:
       throw InvalidArgument(
           "MPI communicator: dtype bf16 is not supported (MPI has no bfloat16 type and host ranks compute "
           "in f32 or f64); use f32 or f64");

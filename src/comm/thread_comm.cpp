@@ -34,8 +34,8 @@ void sum_chunks(const std::vector<const void*>& srcs, std::size_t offset, std::s
 
 void sum_into(DType dt, const std::vector<const void*>& srcs, std::size_t offset, std::size_t count, void* dst) {
   switch (dt) {
-    case DType::f32: sum_chunks<float>(srcs, offset, count, dst); return;
-    case DType::f64: sum_chunks<double>(srcs, offset, count, dst); return;
+    case DType::F32: sum_chunks<float>(srcs, offset, count, dst); return;
+    case DType::F64: sum_chunks<double>(srcs, offset, count, dst); return;
     default: LAGA_REQUIRE(false, "dtype ", dtype_name(dt), ": the thread communicator sums float32 and float64 only");
   }
 }
@@ -64,16 +64,16 @@ class ThreadCommunicator final : public Communicator {
     shift(send, recv, count, dt);
   }
   CollectiveRequest start_ring_shift(const void* send, void* recv, std::size_t count, DType dt) override {
-    return defer(CollectiveKind::ring_shift, send, recv, count, dt);
+    return defer(CollectiveKind::RingShift, send, recv, count, dt);
   }
   CollectiveRequest start_all_gather(const void* send, void* recv, std::size_t count, DType dt) override {
-    return defer(CollectiveKind::all_gather, send, recv, count, dt);
+    return defer(CollectiveKind::AllGather, send, recv, count, dt);
   }
   CollectiveRequest start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dt) override {
-    return defer(CollectiveKind::reduce_scatter, send, recv, count, dt);
+    return defer(CollectiveKind::ReduceScatter, send, recv, count, dt);
   }
   CollectiveRequest start_all_to_all(const void* send, void* recv, std::size_t count, DType dt) override {
-    return defer(CollectiveKind::all_to_all, send, recv, count, dt);
+    return defer(CollectiveKind::AllToAll, send, recv, count, dt);
   }
 
  private:
@@ -104,11 +104,11 @@ class ThreadCommunicator final : public Communicator {
     std::shared_ptr<Deferred> op = queue_.front();
     queue_.pop_front();
     switch (op->kind) {
-      case CollectiveKind::all_gather: gather(op->send, op->recv, op->count, op->dt); break;
-      case CollectiveKind::reduce_scatter: reduce(op->send, op->recv, op->count, op->dt); break;
-      case CollectiveKind::all_to_all: exchange(op->send, op->recv, op->count, op->dt); break;
-      case CollectiveKind::ring_shift: shift(op->send, op->recv, op->count, op->dt); break;
-      case CollectiveKind::all_reduce: LAGA_CHECK(false, "all_reduce is never deferred");
+      case CollectiveKind::AllGather: gather(op->send, op->recv, op->count, op->dt); break;
+      case CollectiveKind::ReduceScatter: reduce(op->send, op->recv, op->count, op->dt); break;
+      case CollectiveKind::AllToAll: exchange(op->send, op->recv, op->count, op->dt); break;
+      case CollectiveKind::RingShift: shift(op->send, op->recv, op->count, op->dt); break;
+      case CollectiveKind::AllReduce: LAGA_CHECK(false, "all_reduce is never deferred");
     }
     op->done = true;
   }

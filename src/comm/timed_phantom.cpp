@@ -62,39 +62,39 @@ class TimedPhantomCommunicator final : public Communicator {
 
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype) override {
     phantom_->all_gather(send, recv, count, dtype);
-    hold(CollectiveKind::all_gather, count, dtype);
+    hold(CollectiveKind::AllGather, count, dtype);
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype) override {
     phantom_->reduce_scatter(send, recv, count, dtype);
-    hold(CollectiveKind::reduce_scatter, count, dtype);
+    hold(CollectiveKind::ReduceScatter, count, dtype);
   }
   void all_to_all(const void* send, void* recv, std::size_t count, DType dtype) override {
     phantom_->all_to_all(send, recv, count, dtype);
-    hold(CollectiveKind::all_to_all, count, dtype);
+    hold(CollectiveKind::AllToAll, count, dtype);
   }
   void all_reduce(void* buf, std::size_t count, DType dtype) override {
     phantom_->all_reduce(buf, count, dtype);
-    hold(CollectiveKind::all_reduce, count, dtype);
+    hold(CollectiveKind::AllReduce, count, dtype);
   }
   void ring_shift(const void* send, void* recv, std::size_t count, DType dtype) override {
     phantom_->ring_shift(send, recv, count, dtype);
-    hold(CollectiveKind::ring_shift, count, dtype);
+    hold(CollectiveKind::RingShift, count, dtype);
   }
   CollectiveRequest start_ring_shift(const void* send, void* recv, std::size_t count, DType dtype) override {
     phantom_->ring_shift(send, recv, count, dtype);
-    return start(CollectiveKind::ring_shift, count, dtype);
+    return start(CollectiveKind::RingShift, count, dtype);
   }
   CollectiveRequest start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) override {
     phantom_->all_gather(send, recv, count, dtype);
-    return start(CollectiveKind::all_gather, count, dtype);
+    return start(CollectiveKind::AllGather, count, dtype);
   }
   CollectiveRequest start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype) override {
     phantom_->reduce_scatter(send, recv, count, dtype);
-    return start(CollectiveKind::reduce_scatter, count, dtype);
+    return start(CollectiveKind::ReduceScatter, count, dtype);
   }
   CollectiveRequest start_all_to_all(const void* send, void* recv, std::size_t count, DType dtype) override {
     phantom_->all_to_all(send, recv, count, dtype);
-    return start(CollectiveKind::all_to_all, count, dtype);
+    return start(CollectiveKind::AllToAll, count, dtype);
   }
   void barrier() override {}
 

@@ -14,23 +14,23 @@ namespace laga {
 
 const char* attention_provider_name(AttentionProvider p) {
   switch (p) {
-    case AttentionProvider::automatic: return "auto";
-    case AttentionProvider::laga: return "laga";
-    case AttentionProvider::cudnn: return "cudnn";
+    case AttentionProvider::Automatic: return "auto";
+    case AttentionProvider::Laga: return "laga";
+    case AttentionProvider::Cudnn: return "cudnn";
   }
   return "?";
 }
 
 AttentionProvider parse_attention_provider(const std::string& text) {
-  for (auto p : {AttentionProvider::automatic, AttentionProvider::laga, AttentionProvider::cudnn})
+  for (auto p : {AttentionProvider::Automatic, AttentionProvider::Laga, AttentionProvider::Cudnn})
     if (text == attention_provider_name(p)) return p;
   throw InvalidArgument(detail::concat("attention provider = '", text, "': must be one of auto, laga, cudnn"));
 }
 
 AttentionProvider AttentionTiming::faster(bool deterministic) const {
-  if (!(cudnn_fwd_ms > 0 && cudnn_bwd_ms > 0)) return AttentionProvider::laga;
+  if (!(cudnn_fwd_ms > 0 && cudnn_bwd_ms > 0)) return AttentionProvider::Laga;
   const double bwd = !deterministic && cudnn_nondeterministic_bwd_ms > 0 ? cudnn_nondeterministic_bwd_ms : cudnn_bwd_ms;
-  return cudnn_fwd_ms + bwd < laga_fwd_ms + laga_bwd_ms ? AttentionProvider::cudnn : AttentionProvider::laga;
+  return cudnn_fwd_ms + bwd < laga_fwd_ms + laga_bwd_ms ? AttentionProvider::Cudnn : AttentionProvider::Laga;
 }
 
 const AttentionTiming* AttentionProviderTable::nearest(const AttentionShape& s) const {
@@ -62,8 +62,8 @@ std::int64_t AttentionProviderTable::cudnn_workspace(const AttentionShape& s, bo
 AttentionProvider AttentionProviderTable::choose(const AttentionShape& s, std::int64_t max_workspace,
                                                  bool deterministic) const {
   const AttentionTiming* t = nearest(s);
-  if (!t || t->faster(deterministic) != AttentionProvider::cudnn) return AttentionProvider::laga;
-  return cudnn_workspace(s, deterministic) <= max_workspace ? AttentionProvider::cudnn : AttentionProvider::laga;
+  if (!t || t->faster(deterministic) != AttentionProvider::Cudnn) return AttentionProvider::Laga;
+  return cudnn_workspace(s, deterministic) <= max_workspace ? AttentionProvider::Cudnn : AttentionProvider::Laga;
 }
 
 AttentionProviderTable AttentionProviderTable::from_json(const std::string& text) {

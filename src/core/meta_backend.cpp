@@ -8,7 +8,7 @@ namespace {
 // Shapes and bytes only: every op is a no-op. The planner runs the real orchestration on it.
 class MetaBackend final : public Backend {
  public:
-  Device device() const override { return Device::meta; }
+  Device device() const override { return Device::Meta; }
   const char* name() const override { return "meta"; }
   Allocator& allocator() override { return alloc_; }
   void gemm(const GemmArgs&) override {}

@@ -25,8 +25,8 @@ std::size_t item_size(const std::string& descr) { return descr == "<f4" ? 4 : 8;
 
 const char* descr_of(DType dtype, const std::string& path) {
   switch (dtype) {
-    case DType::f32: return "<f4";
-    case DType::f64: return "<f8";
+    case DType::F32: return "<f4";
+    case DType::F64: return "<f8";
     default: break;
   }
   throw InvalidArgument(detail::concat("npy file \"", path,
@@ -151,8 +151,8 @@ class HeaderParser {
 }  // namespace
 
 DType NpyArray::dtype() const {
-  if (descr == "<f4") return DType::f32;
-  if (descr == "<f8") return DType::f64;
+  if (descr == "<f4") return DType::F32;
+  if (descr == "<f8") return DType::F64;
   throw InvalidArgument(detail::concat("npy array: unsupported descr '", descr, "'"));
 }
 
@@ -165,7 +165,7 @@ std::int64_t NpyArray::numel() const {
 std::vector<double> NpyArray::to_doubles() const {
   const std::size_t n = static_cast<std::size_t>(numel());
   std::vector<double> out(n);
-  if (dtype() == DType::f64) {
+  if (dtype() == DType::F64) {
     std::memcpy(out.data(), data.data(), n * sizeof(double));
   } else {
     for (std::size_t i = 0; i < n; ++i) {
@@ -180,7 +180,7 @@ std::vector<double> NpyArray::to_doubles() const {
 std::vector<float> NpyArray::to_floats() const {
   const std::size_t n = static_cast<std::size_t>(numel());
   std::vector<float> out(n);
-  if (dtype() == DType::f32) {
+  if (dtype() == DType::F32) {
     std::memcpy(out.data(), data.data(), n * sizeof(float));
   } else {
     for (std::size_t i = 0; i < n; ++i) {
@@ -225,14 +225,14 @@ void write_npy(const std::string& path, const std::vector<std::int64_t>& shape, 
   const std::int64_t n = checked_numel(shape, path);
   LAGA_REQUIRE(n == static_cast<std::int64_t>(values.size()), "npy file \"", path, "\": shape ",
                shape_tuple(shape), " holds ", n, " elements but ", values.size(), " were given");
-  write_npy(path, shape, DType::f32, values.data());
+  write_npy(path, shape, DType::F32, values.data());
 }
 
 void write_npy(const std::string& path, const std::vector<std::int64_t>& shape, const std::vector<double>& values) {
   const std::int64_t n = checked_numel(shape, path);
   LAGA_REQUIRE(n == static_cast<std::int64_t>(values.size()), "npy file \"", path, "\": shape ",
                shape_tuple(shape), " holds ", n, " elements but ", values.size(), " were given");
-  write_npy(path, shape, DType::f64, values.data());
+  write_npy(path, shape, DType::F64, values.data());
 }
 
 NpyArray read_npy(const std::string& path) {

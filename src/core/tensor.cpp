@@ -13,41 +13,41 @@ namespace laga {
 
 std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::bf16: return 2;
+    case DType::F32: return 4;
+    case DType::F64: return 8;
+    case DType::BF16: return 2;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::bf16: return "bfloat16";
+    case DType::F32: return "float32";
+    case DType::F64: return "float64";
+    case DType::BF16: return "bfloat16";
   }
   return "?";
 }
 
 const char* device_name(Device d) {
   switch (d) {
-    case Device::cpu: return "cpu";
-    case Device::cuda: return "cuda";
-    case Device::meta: return "meta";
+    case Device::Cpu: return "cpu";
+    case Device::Cuda: return "cuda";
+    case Device::Meta: return "meta";
   }
   return "?";
 }
 
-DType accum_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+DType accum_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 
 std::uint64_t Allocator::allocate(std::size_t bytes, const std::string& name, MemoryKind kind,
                                   void** ptr) {
   *ptr = bytes ? raw_allocate(bytes) : nullptr;
-  LAGA_CHECK(bytes == 0 || *ptr != nullptr || device() == Device::meta, "out of memory allocating ",
+  LAGA_CHECK(bytes == 0 || *ptr != nullptr || device() == Device::Meta, "out of memory allocating ",
              bytes, " bytes for '", name, "' on ", device_name(device()));
   const std::uint64_t id = next_id_++;
   records_[id] = AllocationRecord{name, bytes, kind, false};
-  if (kind == MemoryKind::activation) {
+  if (kind == MemoryKind::Activation) {
     live_ += bytes;
     peak_ = std::max(peak_, live_);
   }
@@ -57,7 +57,7 @@ std::uint64_t Allocator::allocate(std::size_t bytes, const std::string& name, Me
 void Allocator::free(std::uint64_t id, void* ptr) {
   auto it = records_.find(id);
   LAGA_CHECK(it != records_.end(), "free of unknown allocation id ", id);
-  if (it->second.kind == MemoryKind::activation) live_ -= it->second.bytes;
+  if (it->second.kind == MemoryKind::Activation) live_ -= it->second.bytes;
   records_.erase(it);
   if (ptr) raw_free(ptr);
 }
@@ -81,7 +81,7 @@ void Allocator::unmark_saved(std::uint64_t id) {
 std::vector<AllocationRecord> Allocator::saved_tensors() const {
   std::vector<AllocationRecord> out;
   for (const auto& [id, r] : records_)
-    if (r.saved && r.kind == MemoryKind::activation) out.push_back(r);
+    if (r.saved && r.kind == MemoryKind::Activation) out.push_back(r);
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   return out;
 }
@@ -95,7 +95,7 @@ std::size_t Allocator::saved_bytes() const {
 std::vector<AllocationRecord> Allocator::live_activations() const {
   std::vector<AllocationRecord> out;
   for (const auto& [id, r] : records_)
-    if (r.kind == MemoryKind::activation) out.push_back(r);
+    if (r.kind == MemoryKind::Activation) out.push_back(r);
   return out;
 }
 

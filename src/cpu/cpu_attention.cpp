@@ -23,9 +23,9 @@ constexpr i64 kBlockN = 64;  // keys per tile
 
 const char* dtype_label(DType d) {
   switch (d) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::bf16: return "bf16";
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::BF16: return "bf16";
   }
   return "unknown";
 }
@@ -314,7 +314,7 @@ void fused_backward(const AttentionBwdParams& p) {
 // Validation and dispatch
 
 void check_common(const AttentionFwdParams& p, const char* op) {
-  LAGA_CHECK(p.dtype == DType::f32 || p.dtype == DType::f64, "cpu ", op, " supports f32 and f64 only, got ",
+  LAGA_CHECK(p.dtype == DType::F32 || p.dtype == DType::F64, "cpu ", op, " supports f32 and f64 only, got ",
              dtype_label(p.dtype));
   LAGA_CHECK(p.batch >= 0 && p.q_len >= 0 && p.kv_len >= 0, op, ": negative size (batch ", p.batch,
              ", q_len ", p.q_len, ", kv_len ", p.kv_len, ")");
@@ -322,7 +322,7 @@ void check_common(const AttentionFwdParams& p, const char* op) {
   LAGA_CHECK(p.q_heads > 0 && p.kv_heads > 0 && p.q_heads % p.kv_heads == 0, op, ": q_heads ", p.q_heads,
              " must be a positive multiple of kv_heads ", p.kv_heads);
   LAGA_CHECK(p.q && p.k && p.v, op, ": q, k and v must be set");
-  if (p.kernel == AttentionKernel::eager)
+  if (p.kernel == AttentionKernel::Eager)
     LAGA_CHECK(p.probs, op, ": the eager kernel needs probs");
   else
     LAGA_CHECK(p.lse, op, ": the fused kernel needs lse");
@@ -336,8 +336,8 @@ void attention_forward(const AttentionFwdParams& p) {
   check_common(p, "attention_forward");
   LAGA_CHECK(p.o, "attention_forward: o must be set");
   if (no_queries(p)) return;
-  const bool f32 = p.dtype == DType::f32;
-  if (p.kernel == AttentionKernel::eager)
+  const bool f32 = p.dtype == DType::F32;
+  if (p.kernel == AttentionKernel::Eager)
     f32 ? eager_forward<float>(p) : eager_forward<double>(p);
   else
     f32 ? fused_forward<float>(p) : fused_forward<double>(p);
@@ -347,10 +347,10 @@ void attention_backward(const AttentionBwdParams& p) {
   check_common(p, "attention_backward");
   LAGA_CHECK(p.dout && p.dq && p.dk && p.dv, "attention_backward: dout, dq, dk and dv must be set");
   LAGA_CHECK(p.dk != p.dv, "attention_backward: dk and dv must not alias");
-  if (p.kernel == AttentionKernel::fused) LAGA_CHECK(p.o, "attention_backward: the fused kernel needs o");
+  if (p.kernel == AttentionKernel::Fused) LAGA_CHECK(p.o, "attention_backward: the fused kernel needs o");
   if (p.batch == 0) return;
-  const bool f32 = p.dtype == DType::f32;
-  if (p.kernel == AttentionKernel::eager)
+  const bool f32 = p.dtype == DType::F32;
+  if (p.kernel == AttentionKernel::Eager)
     f32 ? eager_backward<float>(p) : eager_backward<double>(p);
   else
     f32 ? fused_backward<float>(p) : fused_backward<double>(p);

@@ -14,7 +14,7 @@
 namespace laga {
 namespace {
 
-CBLAS_TRANSPOSE to_cblas(Trans t) { return t == Trans::yes ? CblasTrans : CblasNoTrans; }
+CBLAS_TRANSPOSE to_cblas(Trans t) { return t == Trans::Yes ? CblasTrans : CblasNoTrans; }
 
 template <typename T>
 void gemm_impl(const GemmArgs& g) {
@@ -42,7 +42,7 @@ void copy_impl(const CopyArgs& c) {
     for (std::int64_t r = 0; r < c.rows; ++r) {
       const T* s = src + b * c.src_batch_stride + r * c.src_ld;
       T* d = dst + b * c.dst_batch_stride + r * c.dst_ld;
-      if (c.mode == CopyMode::assign) {
+      if (c.mode == CopyMode::Assign) {
         if (s != d) std::memmove(d, s, sizeof(T) * c.cols);
       } else {
         for (std::int64_t j = 0; j < c.cols; ++j) d[j] += s[j];
@@ -131,8 +131,8 @@ void rope_impl(const RopeArgs& a) {
 template <typename F>
 void dispatch(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
+    case DType::F32: f(float{}); return;
+    case DType::F64: f(double{}); return;
     default: LAGA_REQUIRE(false, "dtype ", dtype_name(t), " is not supported by the cpu backend (", op, "): use float32 or float64");
   }
 }
@@ -169,10 +169,10 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend() = default;
   explicit CpuBackend(Allocator& hosted) : alloc_(&hosted) {
-    LAGA_REQUIRE(hosted.device() == Device::cpu, "a cpu backend needs a cpu allocator, not one of device ",
+    LAGA_REQUIRE(hosted.device() == Device::Cpu, "a cpu backend needs a cpu allocator, not one of device ",
                  device_name(hosted.device()));
   }
-  Device device() const override { return Device::cpu; }
+  Device device() const override { return Device::Cpu; }
   const char* name() const override { return "cpu"; }
   Allocator& allocator() override { return *alloc_; }
 

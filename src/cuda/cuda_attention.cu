@@ -177,7 +177,7 @@ void eager_forward(Context& ctx, const AttentionFwdParams& p) {
       T* pc = probs + c.h0 * sq * sk + c.r0 * sk;  // the chunk's rows are contiguous in probs
       // scores_h = scale Q_h K_g^T  (fp32)
       per_head_gemm(ctx,
-                    MatmulArgs{.ab_type = dt, .c_type = CUDA_R_32F, .trans_b = Trans::yes, .m = n, .n = sk,
+                    MatmulArgs{.ab_type = dt, .c_type = CUDA_R_32F, .trans_b = Trans::Yes, .m = n, .n = sk,
                                .k = p.d_qk, .a = byte_ptr(q, c.h0 * p.q_head_stride + c.r0 * p.q_token_stride, es),
                                .lda = p.q_token_stride, .b = k, .ldb = p.k_token_stride, .c = scores, .ldc = sk,
                                .alpha = float(p.scale)},
@@ -241,14 +241,14 @@ void eager_backward(Context& ctx, const AttentionBwdParams& p) {
     const T* probs = static_cast<const T*>(p.probs) + b * per_batch;
     // dV_g = sum over the group of P_h^T dO_h: from the saved probabilities, not chunked.
     if (group == 1) {
-      ctx.gemm->run(MatmulArgs{.ab_type = dt, .c_type = dt, .trans_a = Trans::yes, .m = sk, .n = p.d_v, .k = sq,
+      ctx.gemm->run(MatmulArgs{.ab_type = dt, .c_type = dt, .trans_a = Trans::Yes, .m = sk, .n = p.d_v, .k = sq,
                                .batch = H, .a = probs, .lda = sk, .stride_a = sq * sk, .b = dout,
                                .ldb = p.dout_token_stride, .stride_b = p.dout_head_stride, .c = dv,
                                .ldc = p.dv_token_stride, .stride_c = p.dv_head_stride});
     } else {  // the sum over the group is one GEMM with the group's rows stacked (k = group * q_len)
       for (i64 kv = 0; kv < p.kv_heads; ++kv) {
         gather(gdo, dout, kv * group, (kv + 1) * group, p.d_v, p.dout_head_stride, p.dout_token_stride);
-        ctx.gemm->run(MatmulArgs{.ab_type = dt, .c_type = dt, .trans_a = Trans::yes, .m = sk, .n = p.d_v,
+        ctx.gemm->run(MatmulArgs{.ab_type = dt, .c_type = dt, .trans_a = Trans::Yes, .m = sk, .n = p.d_v,
                                  .k = group * sq, .a = probs + kv * group * sq * sk, .lda = sk, .b = gdo,
                                  .ldb = p.d_v, .c = byte_ptr(dv, kv * p.dv_head_stride, es),
                                  .ldc = p.dv_token_stride});
@@ -258,7 +258,7 @@ void eager_backward(Context& ctx, const AttentionBwdParams& p) {
       const i64 n = c.r1 - c.r0, rows = (c.h1 - c.h0) * n;
       // dP_h = dO_h V_g^T  (fp32), then dS = P (dP - rowsum(P dP))  (storage dtype)
       per_head_gemm(ctx,
-                    MatmulArgs{.ab_type = dt, .c_type = CUDA_R_32F, .trans_b = Trans::yes, .m = n, .n = sk,
+                    MatmulArgs{.ab_type = dt, .c_type = CUDA_R_32F, .trans_b = Trans::Yes, .m = n, .n = sk,
                                .k = p.d_v,
                                .a = byte_ptr(dout, c.h0 * p.dout_head_stride + c.r0 * p.dout_token_stride, es),
                                .lda = p.dout_token_stride, .b = v, .ldb = p.v_token_stride, .c = dp, .ldc = sk},
@@ -278,7 +278,7 @@ void eager_backward(Context& ctx, const AttentionBwdParams& p) {
       // dK_g = scale sum over the group of dS_h^T Q_h
       if (n == sq && c.h0 % group == 0 && c.h1 % group == 0) {  // whole kv groups, all rows: written directly
         if (group == 1) {
-          ctx.gemm->run(MatmulArgs{.ab_type = dt, .c_type = dt, .trans_a = Trans::yes, .m = sk, .n = p.d_qk,
+          ctx.gemm->run(MatmulArgs{.ab_type = dt, .c_type = dt, .trans_a = Trans::Yes, .m = sk, .n = p.d_qk,
                                    .k = sq, .batch = c.h1 - c.h0, .a = ds, .lda = sk, .stride_a = sq * sk,
                                    .b = byte_ptr(q, c.h0 * p.q_head_stride, es), .ldb = p.q_token_stride,
                                    .stride_b = p.q_head_stride, .c = byte_ptr(dk, c.h0 * p.dk_head_stride, es),
@@ -287,7 +287,7 @@ void eager_backward(Context& ctx, const AttentionBwdParams& p) {
         }
         for (i64 kv = c.h0 / group; kv < c.h1 / group; ++kv) {
           gather(gq, q, kv * group, (kv + 1) * group, p.d_qk, p.q_head_stride, p.q_token_stride);
-          ctx.gemm->run(MatmulArgs{.ab_type = dt, .c_type = dt, .trans_a = Trans::yes, .m = sk, .n = p.d_qk,
+          ctx.gemm->run(MatmulArgs{.ab_type = dt, .c_type = dt, .trans_a = Trans::Yes, .m = sk, .n = p.d_qk,
                                    .k = group * sq, .a = ds + (kv * group - c.h0) * sq * sk, .lda = sk, .b = gq,
                                    .ldb = p.d_qk, .c = byte_ptr(dk, kv * p.dk_head_stride, es),
                                    .ldc = p.dk_token_stride, .alpha = scale});
@@ -297,7 +297,7 @@ void eager_backward(Context& ctx, const AttentionBwdParams& p) {
       // Part of one kv group's sum (heads of one group, or rows of one head): accumulated in fp32.
       const i64 kv = c.h0 / group;
       const bool first = c.h0 == kv * group && c.r0 == 0, last = c.h1 == (kv + 1) * group && c.r1 == sq;
-      MatmulArgs acc{.ab_type = dt, .c_type = CUDA_R_32F, .trans_a = Trans::yes, .m = sk, .n = p.d_qk, .k = rows,
+      MatmulArgs acc{.ab_type = dt, .c_type = CUDA_R_32F, .trans_a = Trans::Yes, .m = sk, .n = p.d_qk, .k = rows,
                      .a = ds, .lda = sk, .c = dk_acc, .ldc = p.d_qk, .alpha = scale, .beta = first ? 0.f : 1.f};
       if (n == sq) {  // heads [h0, h1) of the group, stacked
         gather(gq, q, c.h0, c.h1, p.d_qk, p.q_head_stride, p.q_token_stride);
@@ -309,7 +309,7 @@ void eager_backward(Context& ctx, const AttentionBwdParams& p) {
       }
       ctx.gemm->run(acc);
       if (last)
-        copy_op(ctx, CopyArgs{.dtype = DType::f32, .rows = sk, .cols = p.d_qk, .src = dk_acc, .src_ld = p.d_qk,
+        copy_op(ctx, CopyArgs{.dtype = DType::F32, .rows = sk, .cols = p.d_qk, .src = dk_acc, .src_ld = p.d_qk,
                               .dst = byte_ptr(dk, kv * p.dk_head_stride, es), .dst_ld = p.dk_token_stride,
                               .dst_dtype = p.dtype});
     });
@@ -317,7 +317,7 @@ void eager_backward(Context& ctx, const AttentionBwdParams& p) {
 }
 
 void check_common(const AttentionFwdParams& p, const char* op) {
-  LAGA_REQUIRE(p.dtype == DType::f32 || p.dtype == DType::bf16, "cuda ", op, " supports float32 and bfloat16, got ",
+  LAGA_REQUIRE(p.dtype == DType::F32 || p.dtype == DType::BF16, "cuda ", op, " supports float32 and bfloat16, got ",
                dtype_name(p.dtype));
   LAGA_REQUIRE(p.batch >= 0 && p.q_len >= 0 && p.kv_len >= 0, op, ": negative size (batch ", p.batch, ", q_len ",
                p.q_len, ", kv_len ", p.kv_len, ")");
@@ -327,7 +327,7 @@ void check_common(const AttentionFwdParams& p, const char* op) {
   LAGA_REQUIRE(p.q && p.k && p.v, op, ": q, k and v must be set");
   LAGA_REQUIRE(p.q_heads <= 65535 && p.batch <= 65535, op, ": q_heads ", p.q_heads, " and batch ", p.batch,
                " must be <= 65535 (grid limit)");
-  if (p.kernel == AttentionKernel::eager) {
+  if (p.kernel == AttentionKernel::Eager) {
     LAGA_REQUIRE(p.probs, op, ": the eager kernel needs probs");
     LAGA_REQUIRE(p.q_heads * p.q_len <= INT32_MAX, op, ": q_heads * q_len = ", p.q_heads * p.q_len,
                  " exceeds the grid limit");
@@ -344,7 +344,7 @@ void attention_forward(Context& ctx, const AttentionFwdParams& p) {
   check_common(p, "attention_forward");
   LAGA_REQUIRE(p.o, "attention_forward: o must be set");
   if (p.batch == 0 || p.q_len == 0) return;
-  if (p.kernel == AttentionKernel::fused) return flash_forward(ctx, p);
+  if (p.kernel == AttentionKernel::Fused) return flash_forward(ctx, p);
   dispatch_compute(p.dtype, "attention", [&](auto z) { eager_forward<decltype(z)>(ctx, p); });
 }
 
@@ -352,9 +352,9 @@ void attention_backward(Context& ctx, const AttentionBwdParams& p) {
   check_common(p, "attention_backward");
   LAGA_REQUIRE(p.dout && p.dq && p.dk && p.dv, "attention_backward: dout, dq, dk and dv must be set");
   LAGA_REQUIRE(p.dk != p.dv, "attention_backward: dk and dv must not alias");
-  if (p.kernel == AttentionKernel::fused) LAGA_REQUIRE(p.o, "attention_backward: the fused kernel needs o");
+  if (p.kernel == AttentionKernel::Fused) LAGA_REQUIRE(p.o, "attention_backward: the fused kernel needs o");
   if (p.batch == 0) return;
-  if (p.kernel == AttentionKernel::fused) return flash_backward(ctx, p);
+  if (p.kernel == AttentionKernel::Fused) return flash_backward(ctx, p);
   dispatch_compute(p.dtype, "attention", [&](auto z) { eager_backward<decltype(z)>(ctx, p); });
 }
 

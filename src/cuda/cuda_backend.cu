@@ -70,7 +70,7 @@ void* Scratch::get(ScratchSlot slot, std::size_t bytes, cudaStream_t stream) {
     free_buf(b);
   }
   if (hosted) {
-    b.id = hosted->allocate(bytes, std::string("scratch.") + scratch_slot_name(slot), MemoryKind::external, &b.ptr);
+    b.id = hosted->allocate(bytes, std::string("scratch.") + scratch_slot_name(slot), MemoryKind::External, &b.ptr);
   } else {
     LAGA_CUDA_CHECK(cudaMalloc(&b.ptr, bytes));
   }
@@ -146,7 +146,7 @@ class CudaAllocator final : public Allocator {
     if (stream_) cudaStreamSynchronize(stream_);
     cudaMemPoolDestroy(pool_);
   }
-  Device device() const override { return Device::cuda; }
+  Device device() const override { return Device::Cuda; }
   // The stream every allocation and free is ordered on (the backend's, once it has checked the device); the
   // first call creates the pool.
   void set_stream(cudaStream_t stream) {
@@ -232,7 +232,7 @@ class CudaBackend final : public Backend {
   }
   // Hosted by a framework: its allocator (device memory of `device`) and its stream.
   CudaBackend(int device, Allocator& hosted, cudaStream_t stream) : alloc_(&hosted) {
-    LAGA_REQUIRE(hosted.device() == Device::cuda, "a cuda backend needs a cuda allocator, not one of device ",
+    LAGA_REQUIRE(hosted.device() == Device::Cuda, "a cuda backend needs a cuda allocator, not one of device ",
                  device_name(hosted.device()));
     check_device(device);
     ctx_.device = device;
@@ -264,7 +264,7 @@ class CudaBackend final : public Backend {
     cudnn_.reset();
   }
 
-  Device device() const override { return Device::cuda; }
+  Device device() const override { return Device::Cuda; }
   const char* name() const override { return "cuda"; }
   Allocator& allocator() override { return *alloc_; }
   cudaStream_t stream() const { return ctx_.stream; }
@@ -429,15 +429,15 @@ class CudaBackend final : public Backend {
   bool auto_prefers_cudnn(const AttentionFwdParams& p) const {
     const AttentionShape shape{p.dtype, p.d_qk, p.d_v, p.q_heads, p.kv_heads, p.q_len, p.kv_len};
     return builtin_attention_provider_table().choose(shape, deterministic_ ? scratch_cap() : INT64_MAX,
-                                                     deterministic_) == AttentionProvider::cudnn;
+                                                     deterministic_) == AttentionProvider::Cudnn;
   }
   // Whether cuDNN runs this call (and then it has been queued). `laga`: never. `cudnn`: always, or an
   // InvalidArgument naming the shape. `auto`: when the table prefers cuDNN for the shape and cuDNN takes it;
   // otherwise laga's kernels run (a fallback is counted).
   bool pick_cudnn(const AttentionFwdParams& p, const AttentionBwdParams* bp) {
     const bool backward = bp != nullptr;
-    if (provider_ == AttentionProvider::laga || p.kernel != AttentionKernel::fused) return false;
-    const bool forced = provider_ == AttentionProvider::cudnn;
+    if (provider_ == AttentionProvider::Laga || p.kernel != AttentionKernel::Fused) return false;
+    const bool forced = provider_ == AttentionProvider::Cudnn;
     auto shape_text = [&] {
       return detail::concat(backward ? "backward" : "forward", " of ", dtype_name(p.dtype), " attention d_qk ", p.d_qk,
                             ", d_v ", p.d_v, ", heads ", p.q_heads, "/", p.kv_heads, ", q_len ", p.q_len, ", kv_len ",
@@ -470,7 +470,7 @@ class CudaBackend final : public Backend {
   Allocator* alloc_;                          // own_alloc_, or the host framework's
   bool own_stream_ = false;
   Context ctx_;
-  AttentionProvider provider_ = AttentionProvider::laga;
+  AttentionProvider provider_ = AttentionProvider::Laga;
   bool deterministic_ = true;  // cuDNN's backward: its deterministic algorithm (laga's kernels always are)
   AttentionProviderCounts counts_;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;

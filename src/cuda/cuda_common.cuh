@@ -69,8 +69,8 @@ __device__ __forceinline__ double from_acc<double>(double v) {
 template <typename F>
 void dispatch_compute(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::bf16: f(bf16{}); return;
+    case DType::F32: f(float{}); return;
+    case DType::BF16: f(bf16{}); return;
     default:
       LAGA_REQUIRE(false, "dtype ", dtype_name(t), " is not supported by the cuda backend (", op,
                    "): use float32 or bfloat16");
@@ -80,9 +80,9 @@ void dispatch_compute(DType t, const char* op, F&& f) {
 template <typename F>
 void dispatch_any(DType t, F&& f) {
   switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::bf16: f(bf16{}); return;
-    case DType::f64: f(double{}); return;
+    case DType::F32: f(float{}); return;
+    case DType::BF16: f(bf16{}); return;
+    case DType::F64: f(double{}); return;
   }
 }
 
@@ -91,8 +91,8 @@ void dispatch_any(DType t, F&& f) {
 template <typename F>
 void dispatch_pair(DType a, DType b, const char* op, F&& f) {
   if (a == b) return dispatch_any(a, [&](auto z) { f(z, z); });
-  if (a == DType::bf16 && b == DType::f32) return f(bf16{}, float{});
-  if (a == DType::f32 && b == DType::bf16) return f(float{}, bf16{});
+  if (a == DType::BF16 && b == DType::F32) return f(bf16{}, float{});
+  if (a == DType::F32 && b == DType::BF16) return f(float{}, bf16{});
   LAGA_REQUIRE(false, op, ": dtypes ", dtype_name(a), " and ", dtype_name(b),
                " cannot be mixed (the cuda backend mixes only bfloat16 with float32)");
 }

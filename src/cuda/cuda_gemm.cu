@@ -60,11 +60,11 @@ void make_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, i64 rows, 
 // The column-major problem: Lt's A is our B, Lt's B is our A, D = C is [n, m] column-major.
 void make_descs(const MatmulArgs& g, i64 batch, std::size_t workspace_bytes, LtDescs& d) {
   LAGA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t op_a = g.trans_b == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = g.trans_a == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = g.trans_b == Trans::Yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = g.trans_a == Trans::Yes ? CUBLAS_OP_T : CUBLAS_OP_N;
   LAGA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   LAGA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-  const bool tb = g.trans_b == Trans::yes, ta = g.trans_a == Trans::yes;
+  const bool tb = g.trans_b == Trans::Yes, ta = g.trans_a == Trans::Yes;
   make_layout(&d.a, g.ab_type, tb ? g.k : g.n, tb ? g.n : g.k, g.ldb, batch, g.stride_b);
   make_layout(&d.b, g.ab_type, ta ? g.m : g.k, ta ? g.k : g.m, g.lda, batch, g.stride_a);
   make_layout(&d.c, g.c_type, g.n, g.m, g.ldc, batch, g.stride_c);
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kFallbackTile * kFallbackTile)
   const int tx = threadIdx.x, ty = threadIdx.y;
   const i64 row = i64(blockIdx.y) * kFallbackTile + ty;
   const i64 col = i64(blockIdx.x) * kFallbackTile + tx;
-  const bool ta = p.trans_a == Trans::yes, tb = p.trans_b == Trans::yes;
+  const bool ta = p.trans_a == Trans::Yes, tb = p.trans_b == Trans::Yes;
   float acc = 0.f;
   for (i64 k0 = 0; k0 < p.k; k0 += kFallbackTile) {
     const i64 ka = k0 + tx, kb = k0 + ty;
@@ -140,9 +140,9 @@ void launch_fallback(const MatmulArgs& g, cudaStream_t stream) {
 
 cudaDataType_t cuda_data_type(DType t) {
   switch (t) {
-    case DType::f32: return CUDA_R_32F;
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f64: return CUDA_R_64F;
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F64: return CUDA_R_64F;
   }
   return CUDA_R_32F;
 }
@@ -205,7 +205,7 @@ void GemmRunner::run(const MatmulArgs& g) {
   LAGA_REQUIRE(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0, "gemm: negative size (m ", g.m, ", n ", g.n,
                ", k ", g.k, ", batch ", g.batch, ")");
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
-  const bool ta = g.trans_a == Trans::yes, tb = g.trans_b == Trans::yes;
+  const bool ta = g.trans_a == Trans::Yes, tb = g.trans_b == Trans::Yes;
   LAGA_REQUIRE(g.lda >= (ta ? g.m : g.k) && g.lda >= 1, "gemm: lda = ", g.lda, " < ", ta ? g.m : g.k);
   LAGA_REQUIRE(g.ldb >= (tb ? g.k : g.n) && g.ldb >= 1, "gemm: ldb = ", g.ldb, " < ", tb ? g.k : g.n);
   LAGA_REQUIRE(g.ldc >= g.n, "gemm: ldc = ", g.ldc, " < n = ", g.n);

@@ -21,7 +21,7 @@ namespace laga::cuda {
 struct MatmulArgs {
   cudaDataType_t ab_type = CUDA_R_32F;  // element type of A and B
   cudaDataType_t c_type = CUDA_R_32F;   // element type of C (= D)
-  Trans trans_a = Trans::no, trans_b = Trans::no;
+  Trans trans_a = Trans::No, trans_b = Trans::No;
   i64 m = 0, n = 0, k = 0, batch = 1;
   const void* a = nullptr;  // [m, k] (or [k, m] when trans_a), row-major; stride 0 broadcasts
   i64 lda = 0, stride_a = 0;

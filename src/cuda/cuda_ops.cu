@@ -223,7 +223,7 @@ void copy_op(Context& ctx, const CopyArgs& c) {
   if (is_host_pointer(c.src) || is_host_pointer(c.dst)) {
     LAGA_REQUIRE(dst_dtype == c.dtype, "copy: host transfers keep the dtype (", dtype_name(c.dtype), " to ",
                  dtype_name(dst_dtype), " asked)");
-    LAGA_REQUIRE(c.mode == CopyMode::assign, "copy: accumulate needs device buffers (got a host pointer)");
+    LAGA_REQUIRE(c.mode == CopyMode::Assign, "copy: accumulate needs device buffers (got a host pointer)");
     for (i64 b = 0; b < c.batch; ++b) {
       const char* s = static_cast<const char*>(c.src) + b * c.src_batch_stride * i64(es);
       char* d = static_cast<char*>(c.dst) + b * c.dst_batch_stride * i64(es);
@@ -234,10 +234,10 @@ void copy_op(Context& ctx, const CopyArgs& c) {
     LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
     return;
   }
-  if (c.mode == CopyMode::assign && c.src == c.dst && c.src_ld == c.dst_ld &&
+  if (c.mode == CopyMode::Assign && c.src == c.dst && c.src_ld == c.dst_ld &&
       c.src_batch_stride == c.dst_batch_stride && dst_dtype == c.dtype)
     return;  // onto itself
-  const bool reduce = c.mode == CopyMode::accumulate && c.dst_batch_stride == 0 && c.batch > 1;
+  const bool reduce = c.mode == CopyMode::Accumulate && c.dst_batch_stride == 0 && c.batch > 1;
   // Batch entries go on blockIdx.y (at most 65535 a launch); the (row, col) walk on blockIdx.x, grid-strided.
   constexpr i64 kMaxGridY = 65535;
   const i64 per_batch = c.rows * c.cols;
@@ -249,7 +249,7 @@ void copy_op(Context& ctx, const CopyArgs& c) {
   const auto aligned = [&](const void* p, i64 ld, i64 batch_stride) {
     return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && ld % vec == 0 && batch_stride % vec == 0;
   };
-  if (c.mode == CopyMode::assign && dst_dtype == c.dtype && c.cols % vec == 0 && per_batch / vec < kIndex32 &&
+  if (c.mode == CopyMode::Assign && dst_dtype == c.dtype && c.cols % vec == 0 && per_batch / vec < kIndex32 &&
       aligned(c.src, c.src_ld, c.src_batch_stride) && aligned(c.dst, c.dst_ld, c.dst_batch_stride)) {
     const unsigned blocks = std::min(blocks_for(per_batch / vec, kElementwiseThreads), 1u << 20);
     launches([&](i64 b0, unsigned nb) {
@@ -271,7 +271,7 @@ void copy_op(Context& ctx, const CopyArgs& c) {
         const dim3 grid(blocks, reduce ? 1u : nb);
         if (reduce)
           copy_kernel<S, D, true, true, I><<<grid, kElementwiseThreads, 0, ctx.stream>>>(c, b0);
-        else if (c.mode == CopyMode::accumulate)
+        else if (c.mode == CopyMode::Accumulate)
           copy_kernel<S, D, true, false, I><<<grid, kElementwiseThreads, 0, ctx.stream>>>(c, b0);
         else
           copy_kernel<S, D, false, false, I><<<grid, kElementwiseThreads, 0, ctx.stream>>>(c, b0);

@@ -55,8 +55,8 @@ const CudnnStatus& cudnn_status() {
 
 std::string cudnn_attention_rejects(const AttentionFwdParams& p) {
   auto say = [](auto&&... a) { return detail::concat(a...); };
-  if (p.dtype != DType::bf16) return say("dtype ", dtype_name(p.dtype), " (cuDNN provider: bfloat16 only)");
-  if (p.kernel != AttentionKernel::fused) return "the eager kernel (cuDNN provider: fused only)";
+  if (p.dtype != DType::BF16) return say("dtype ", dtype_name(p.dtype), " (cuDNN provider: bfloat16 only)");
+  if (p.kernel != AttentionKernel::Fused) return "the eager kernel (cuDNN provider: fused only)";
   if (p.q_heads != p.kv_heads) return say("q_heads ", p.q_heads, " != kv_heads ", p.kv_heads, " (cuDNN provider: MHA only)");
   if (p.d_qk % 8 || p.d_v % 8 || p.d_qk > 256 || p.d_v > 256)
     return say("head dims d_qk ", p.d_qk, ", d_v ", p.d_v, " (cuDNN: multiples of 8, at most 256)");

@@ -59,7 +59,7 @@ inline bool bwd_aligned(const AttentionBwdParams& p) {
 }
 
 // Whether the tensor-core kernels take this problem (bf16, head dims in kHeadDims).
-inline bool tc_supported(const AttentionFwdParams& p) { return p.dtype == DType::bf16 && has_head_dims(p.d_qk, p.d_v); }
+inline bool tc_supported(const AttentionFwdParams& p) { return p.dtype == DType::BF16 && has_head_dims(p.d_qk, p.d_v); }
 
 // One block per (tile, kv head, batch entry), tile slowest (tile_work). The kernels map rows to (query, head)
 // in 32 bits (RowMap).

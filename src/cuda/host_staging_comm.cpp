@@ -37,7 +37,7 @@ float bf16_to_float(std::uint16_t h) {
 }
 
 // The dtype a device dtype travels as on the host.
-DType host_dtype(DType dt) { return dt == DType::bf16 ? DType::f32 : dt; }
+DType host_dtype(DType dt) { return dt == DType::BF16 ? DType::F32 : dt; }
 
 class HostStagingCommunicator final : public Communicator {
  public:
@@ -106,7 +106,7 @@ class HostStagingCommunicator final : public Communicator {
   void to_host(const void* dev, std::size_t count, DType dt, std::vector<char>& out) {
     LAGA_CUDA_CHECK(cudaSetDevice(device_));
     const std::size_t bytes = count * dtype_size(dt);
-    if (dt != DType::bf16) {
+    if (dt != DType::BF16) {
       out.resize(bytes);
       LAGA_CUDA_CHECK(cudaMemcpyAsync(out.data(), dev, bytes, cudaMemcpyDeviceToHost, stream_));
       LAGA_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -126,7 +126,7 @@ class HostStagingCommunicator final : public Communicator {
     LAGA_CUDA_CHECK(cudaSetDevice(device_));
     const std::size_t bytes = count * dtype_size(dt);
     const void* src = in.data();
-    if (dt == DType::bf16) {
+    if (dt == DType::BF16) {
       raw_.resize(bytes);
       const auto* f = reinterpret_cast<const float*>(in.data());
       auto* h = reinterpret_cast<std::uint16_t*>(raw_.data());

@@ -42,9 +42,9 @@ namespace {
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::bf16: return ncclBfloat16;
-    case DType::f32: return ncclFloat32;
-    case DType::f64: return ncclFloat64;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
   }
   throw InvalidArgument("NCCL communicator: unknown dtype");
 }
@@ -76,7 +76,7 @@ class NcclCommunicator final : public Communicator {
     if (rank_ == 0) LAGA_NCCL_CHECK(ncclGetUniqueId(&id));
     std::vector<double> mine(kIdDoubles, 0.0), all(kIdDoubles * static_cast<std::size_t>(size_), 0.0);
     std::memcpy(mine.data(), &id, sizeof id);
-    bootstrap_.all_gather(mine.data(), all.data(), kIdDoubles, DType::f64);
+    bootstrap_.all_gather(mine.data(), all.data(), kIdDoubles, DType::F64);
     std::memcpy(&id, all.data(), sizeof id);  // rank 0's chunk
     LAGA_CUDA_CHECK(cudaSetDevice(device_));
     comm_stream_ = cuda_detail::make_comm_stream();

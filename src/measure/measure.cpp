@@ -11,7 +11,7 @@ Measurement measure(const MlaConfig& cfg, const BlockOptions& opts, const BlockS
                     Communicator& comm, std::uint64_t seed, int warmup, const ProblemInputs& in) {
   for (int i = 0; i < warmup; ++i) run_rank(cfg, opts, shape, be, comm, seed, in.weights, in.x, in.dy);
   Measurement m;
-  const bool cuda = be.device() == Device::cuda;
+  const bool cuda = be.device() == Device::Cuda;
   if (cuda) {
     be.synchronize();
     m.memory.have = true;
@@ -41,13 +41,13 @@ std::size_t bytes_received(const std::vector<CollectiveRecord>& traffic) {
 
 // ---------------------------------------------------------------- the check policy
 
-double cpu_reference_tolerance(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-5; }
+double cpu_reference_tolerance(DType dt) { return dt == DType::BF16 ? 3e-2 : 1e-5; }
 
 double default_tolerance(DType dt, Form form) {
   switch (dt) {
-    case DType::f64: return 1e-10;
-    case DType::f32: return 1e-5;
-    case DType::bf16: return form == Form::Absorbed ? cpu_reference_tolerance(dt) : 1e-3;
+    case DType::F64: return 1e-10;
+    case DType::F32: return 1e-5;
+    case DType::BF16: return form == Form::Absorbed ? cpu_reference_tolerance(dt) : 1e-3;
   }
   return 1e-5;
 }
@@ -56,7 +56,7 @@ CheckPolicy check_policy(const BlockOptions& opts, int ranks, Device device, dou
   CheckPolicy p;
   // The ring (p2p) sums a key chunk's gradient over its query chunks' attention calls in the storage dtype
   // even at P = 1 (two calls on the first chunk), as a P > 1 all_gather sums its ranks' partials.
-  const bool bf16_parallel = opts.dtype == DType::bf16 && (ranks > 1 || opts.layout == Layout::P2P);
+  const bool bf16_parallel = opts.dtype == DType::BF16 && (ranks > 1 || opts.layout == Layout::P2P);
   p.same_p_tolerance = tolerance > 0 ? tolerance : default_tolerance(opts.dtype, opts.form);
   // bf16 at P > 1: the bar (1e-3) is LAGA against explicit at the same P (DESIGN.md section 5). Against the
   // single-rank result every form is held to bf16's own precision: at P > 1 the per-rank partial K/V
@@ -64,7 +64,7 @@ CheckPolicy check_policy(const BlockOptions& opts, int ranks, Device device, dou
   // (TransformerEngine's too), so even explicit sits ~4e-3 from its single-rank self there.
   p.single_rank = tolerance > 0 || !bf16_parallel ? p.same_p_tolerance : cpu_reference_tolerance(opts.dtype);
   p.same_p = bf16_parallel && opts.form != Form::Explicit;
-  p.cpu_float64 = device == Device::cuda;
+  p.cpu_float64 = device == Device::Cuda;
   p.cpu_float64_tolerance = cpu_reference_tolerance(opts.dtype);
   return p;
 }
@@ -77,9 +77,9 @@ bool CheckResult::ok() const {
 
 const char* check_reference_name(CheckReference r) {
   switch (r) {
-    case CheckReference::single_rank: return "explicit P=1, same device";
-    case CheckReference::same_p: return "explicit same P";
-    case CheckReference::cpu_float64: return "CPU float64";
+    case CheckReference::SingleRank: return "explicit P=1, same device";
+    case CheckReference::SameP: return "explicit same P";
+    case CheckReference::CpuFloat64: return "CPU float64";
   }
   return "?";
 }
@@ -116,17 +116,17 @@ std::vector<CheckResult> check_single_process(const MlaConfig& cfg, const BlockO
                                               const ProblemLoader& load, AttentionProvider provider) {
   std::vector<CheckResult> out;
   {
-    std::unique_ptr<Backend> be = device == Device::cuda ? make_cuda_backend(gpu) : make_cpu_backend();
-    if (device == Device::cuda) cuda_set_attention_provider(*be, provider);
+    std::unique_ptr<Backend> be = device == Device::Cuda ? make_cuda_backend(gpu) : make_cpu_backend();
+    if (device == Device::Cuda) cuda_set_attention_provider(*be, provider);
     const GlobalResult ref = reference_on(cfg, opts.dtype, opts.kernel, batch, seq, *be, seed, load);
-    out.push_back(check_against(CheckReference::single_rank, global, ref, policy.single_rank));
+    out.push_back(check_against(CheckReference::SingleRank, global, ref, policy.single_rank));
   }
   if (policy.cpu_float64) {
     // The precision of the dtype itself: the CPU's float64 result of the same problem (the inputs and
     // weights before rounding to the GPU's dtype).
     auto be = make_cpu_backend();
-    const GlobalResult ref = reference_on(cfg, DType::f64, opts.kernel, batch, seq, *be, seed, load);
-    out.push_back(check_against(CheckReference::cpu_float64, global, ref, policy.cpu_float64_tolerance));
+    const GlobalResult ref = reference_on(cfg, DType::F64, opts.kernel, batch, seq, *be, seed, load);
+    out.push_back(check_against(CheckReference::CpuFloat64, global, ref, policy.cpu_float64_tolerance));
   }
   return out;
 }

@@ -8,19 +8,19 @@
 namespace laga {
 
 Device parse_device(const std::string& s) {
-  if (s == "cpu") return Device::cpu;
-  if (s == "cuda") return Device::cuda;
+  if (s == "cpu") return Device::Cpu;
+  if (s == "cuda") return Device::Cuda;
   throw InvalidArgument(detail::concat("device = '", s, "': must be one of cpu, cuda"));
 }
 
-DType default_dtype(Device d) { return d == Device::cuda ? DType::bf16 : DType::f32; }
+DType default_dtype(Device d) { return d == Device::Cuda ? DType::BF16 : DType::F32; }
 
 void require_dtype_runs_on(DType dt, Device d) {
-  if (d == Device::cpu)
-    LAGA_REQUIRE(dt != DType::bf16, "dtype = bfloat16: the cpu backend runs float32 or float64 "
+  if (d == Device::Cpu)
+    LAGA_REQUIRE(dt != DType::BF16, "dtype = bfloat16: the cpu backend runs float32 or float64 "
                                     "(bfloat16 needs --device cuda)");
   else
-    LAGA_REQUIRE(dt != DType::f64, "dtype = float64: the cuda backend runs bfloat16 or float32 "
+    LAGA_REQUIRE(dt != DType::F64, "dtype = float64: the cuda backend runs bfloat16 or float32 "
                                    "(float64 needs --device cpu)");
 }
 

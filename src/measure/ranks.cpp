@@ -15,9 +15,9 @@ namespace laga {
 
 const char* gpu_comm_name(GpuComm c) {
   switch (c) {
-    case GpuComm::single: return "single";
-    case GpuComm::nccl: return "nccl";
-    case GpuComm::host_staging: return "host-staging";
+    case GpuComm::Single: return "single";
+    case GpuComm::Nccl: return "nccl";
+    case GpuComm::HostStaging: return "host-staging";
   }
   return "?";
 }
@@ -29,18 +29,18 @@ GpuComm choose_gpu_comm(const std::string& text, int ranks, bool every_rank_own_
     LAGA_REQUIRE(nccl_available(), "comm = nccl: laga was built without NCCL; use --comm host-staging");
     LAGA_REQUIRE(every_rank_own_gpu, "comm = nccl: ranks share a GPU, and NCCL needs one rank per GPU; use "
                                      "--comm host-staging (or auto), or give each rank its own GPU");
-    return GpuComm::nccl;
+    return GpuComm::Nccl;
   }
-  if (text == "host-staging") return GpuComm::host_staging;
-  if (ranks == 1) return GpuComm::single;
-  return every_rank_own_gpu && nccl_available() ? GpuComm::nccl : GpuComm::host_staging;
+  if (text == "host-staging") return GpuComm::HostStaging;
+  if (ranks == 1) return GpuComm::Single;
+  return every_rank_own_gpu && nccl_available() ? GpuComm::Nccl : GpuComm::HostStaging;
 }
 
 std::unique_ptr<Communicator> make_gpu_communicator(GpuComm kind, Communicator& host, Backend& cuda_backend) {
   switch (kind) {
-    case GpuComm::nccl: return make_nccl_communicator(host, cuda_backend);
-    case GpuComm::host_staging: return make_host_staging_communicator(host, cuda_backend);
-    case GpuComm::single: break;
+    case GpuComm::Nccl: return make_nccl_communicator(host, cuda_backend);
+    case GpuComm::HostStaging: return make_host_staging_communicator(host, cuda_backend);
+    case GpuComm::Single: break;
   }
   return make_single_rank_communicator(cuda_backend);
 }

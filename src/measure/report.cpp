@@ -102,13 +102,13 @@ std::vector<json> gather_reports(Communicator& host, const json& mine) {
   if (P == 1) return {mine};
   double len = double(text.size());
   std::vector<double> lens(P);
-  host.all_gather(&len, lens.data(), 1, DType::f64);
+  host.all_gather(&len, lens.data(), 1, DType::F64);
   std::size_t longest = 0;
   for (double l : lens) longest = std::max(longest, std::size_t(l));
   const std::size_t words = std::max<std::size_t>(1, (longest + sizeof(double) - 1) / sizeof(double));
   std::vector<double> buf(words, 0.0), all(words * P);
   std::memcpy(buf.data(), text.data(), text.size());
-  host.all_gather(buf.data(), all.data(), words, DType::f64);
+  host.all_gather(buf.data(), all.data(), words, DType::F64);
   std::vector<json> out;
   for (int r = 0; r < P; ++r)
     out.push_back(json::parse(std::string(reinterpret_cast<const char*>(all.data() + std::size_t(r) * words),
@@ -119,8 +119,8 @@ std::vector<json> gather_reports(Communicator& host, const json& mine) {
 json machine_report(Device device, int gpu, const std::string& communicator) {
   json j = {{"hostname", host_name()}, {"commit", LAGA_BUILD_COMMIT},
             {"dirty", LAGA_BUILD_DIRTY < 0 ? json(nullptr) : json(LAGA_BUILD_DIRTY == 1)}, {"communicator", communicator},
-            {"device", device == Device::cuda ? "cuda" : "cpu"}};
-  if (device == Device::cuda) {
+            {"device", device == Device::Cuda ? "cuda" : "cpu"}};
+  if (device == Device::Cuda) {
     j["device_name"] = cuda_device_name(gpu);
     j["device_count"] = cuda_device_count();
     j["device_memory_bytes"] = cuda_mem_info(gpu).total_bytes;

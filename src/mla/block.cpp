@@ -26,7 +26,7 @@ struct BlockImpl {
   Backend& be;
   CountingCommunicator& comm;
   PassStats* stats = nullptr;
-  Phase phase = Phase::forward;
+  Phase phase = Phase::Forward;
 
   // Sizes.
   const std::int64_t B, S, s, d, nh, dn, dr, dqk, dv, rkv, dl, rq_in;
@@ -132,7 +132,7 @@ struct BlockImpl {
   // y [rows, out] (linear), dx [rows, in] (linear_dx) or dW [out, in] (linear_dw). C (y, dx or dW) in out_dtype
   // and the operands in dtype, both by default the block's.
   struct LinearArgs {
-    OpPhase phase = OpPhase::projections;
+    OpPhase phase = OpPhase::Projections;
     std::int64_t rows = 0, in = 0, out = 0;
     const void* x = nullptr;
     std::int64_t ldx = 0;
@@ -152,7 +152,7 @@ struct BlockImpl {
   };
   // y (+)= x W^T
   void linear(const LinearArgs& a) {
-    gemm(a.phase, GemmArgs{.trans_b = Trans::yes, .m = a.rows, .n = a.out, .k = a.in, .a = a.x, .lda = a.ldx, .b = a.w,
+    gemm(a.phase, GemmArgs{.trans_b = Trans::Yes, .m = a.rows, .n = a.out, .k = a.in, .a = a.x, .lda = a.ldx, .b = a.w,
                            .ldb = a.ldw, .c = a.y, .ldc = a.ldy, .beta = a.beta, .c_dtype = a.out_dtype},
          a.dtype);
   }
@@ -164,7 +164,7 @@ struct BlockImpl {
   }
   // dW += dy^T x
   void linear_dw(const LinearArgs& a) {
-    gemm(a.phase, GemmArgs{.trans_a = Trans::yes, .m = a.out, .n = a.in, .k = a.rows, .a = a.dy, .lda = a.lddy,
+    gemm(a.phase, GemmArgs{.trans_a = Trans::Yes, .m = a.out, .n = a.in, .k = a.rows, .a = a.dy, .lda = a.lddy,
                            .b = a.x, .ldb = a.ldx, .c = a.dw, .ldc = a.lddw, .beta = 1.0, .c_dtype = a.out_dtype},
          a.dtype);
   }
@@ -173,7 +173,7 @@ struct BlockImpl {
   void linear_dw_first(Tensor& dw, LinearArgs a) {
     a.dw = dw.data();
     a.out_dtype = dw.dtype();
-    gemm(a.phase, GemmArgs{.trans_a = Trans::yes, .m = a.out, .n = a.in, .k = a.rows, .a = a.dy, .lda = a.lddy,
+    gemm(a.phase, GemmArgs{.trans_a = Trans::Yes, .m = a.out, .n = a.in, .k = a.rows, .a = a.dy, .lda = a.lddy,
                            .b = a.x, .ldb = a.ldx, .c = a.dw, .ldc = a.lddw, .beta = opts.accumulate_grads ? 1.0 : 0.0,
                            .c_dtype = a.out_dtype});
   }
@@ -201,12 +201,12 @@ struct BlockImpl {
     if (!a2a()) return local;
     const std::int64_t chunk = T * H * w;
     Tensor send = empty({P, chunk}, what + ".a2a_send");
-    copy(OpPhase::communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = local.data(), .src_ld = nh * w,
+    copy(OpPhase::Communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = local.data(), .src_ld = nh * w,
                                           .src_batch_stride = H * w, .dst = send.data(), .dst_ld = H * w,
                                           .dst_batch_stride = chunk});
     Tensor recv = empty({Tk, H * w}, what + ".a2a");
     comm.label(phase, what);
-    Timer timer{*this, OpPhase::communication, true};
+    Timer timer{*this, OpPhase::Communication, true};
     comm.all_to_all(send.data(), recv.data(), chunk, dt);
     return recv;
   }
@@ -217,11 +217,11 @@ struct BlockImpl {
     Tensor recv = empty({P, chunk}, what + ".a2a_recv");
     {
       comm.label(phase, what);
-      Timer timer{*this, OpPhase::communication, true};
+      Timer timer{*this, OpPhase::Communication, true};
       comm.all_to_all(att.data(), recv.data(), chunk, dt);
     }
     Tensor local = empty({T, nh * w}, what + ".local");
-    copy(OpPhase::communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = recv.data(), .src_ld = H * w,
+    copy(OpPhase::Communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = recv.data(), .src_ld = H * w,
                                           .src_batch_stride = chunk, .dst = local.data(), .dst_ld = nh * w,
                                           .dst_batch_stride = H * w});
     return local;
@@ -230,7 +230,7 @@ struct BlockImpl {
   Tensor all_gather(const Tensor& local, std::int64_t w, const std::string& what) {
     Tensor full = empty({Tk, w}, what + ".gathered");
     comm.label(phase, what);
-    Timer timer{*this, OpPhase::communication, true};
+    Timer timer{*this, OpPhase::Communication, true};
     comm.all_gather(local.data(), full.data(), T * w, dt);
     return full;
   }
@@ -238,7 +238,7 @@ struct BlockImpl {
   Tensor reduce_scatter(const Tensor& full, std::int64_t w, const std::string& what) {
     Tensor local(be.allocator(), full.dtype(), {T, w}, what + ".scattered");
     comm.label(phase, what);
-    Timer timer{*this, OpPhase::communication, true};
+    Timer timer{*this, OpPhase::Communication, true};
     comm.reduce_scatter(full.data(), local.data(), T * w, full.dtype());
     return local;
   }
@@ -255,7 +255,7 @@ struct BlockImpl {
   };
   Tensor finish(InFlight& f) {
     if (f.req.pending()) {
-      Timer timer{*this, OpPhase::communication, false, f.record};
+      Timer timer{*this, OpPhase::Communication, false, f.record};
       f.req.wait();
     }
     f.keep = Tensor();
@@ -266,7 +266,7 @@ struct BlockImpl {
   void start(InFlight& f, Start start, const std::string& what, const void* send, void* recv, std::int64_t count,
              DType dtype) {
     comm.label(phase, what);
-    Timer timer{*this, OpPhase::communication, true};
+    Timer timer{*this, OpPhase::Communication, true};
     f.req = (comm.*start)(send, recv, std::size_t(count), dtype);
     f.record = comm.last_record();
   }
@@ -279,7 +279,7 @@ struct BlockImpl {
     }
     const std::int64_t chunk = T * H * w;
     f.keep = empty({P, chunk}, what + ".a2a_send");
-    copy(OpPhase::communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = local.data(), .src_ld = nh * w,
+    copy(OpPhase::Communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = local.data(), .src_ld = nh * w,
                                           .src_batch_stride = H * w, .dst = f.keep.data(), .dst_ld = H * w,
                                           .dst_batch_stride = chunk});
     f.out = empty({Tk, H * w}, what + ".a2a");
@@ -304,7 +304,7 @@ struct BlockImpl {
     if (!a2a()) return recv;
     const std::int64_t chunk = T * H * w;
     Tensor local = empty({T, nh * w}, what + ".local");
-    copy(OpPhase::communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = recv.data(), .src_ld = H * w,
+    copy(OpPhase::Communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = recv.data(), .src_ld = H * w,
                                           .src_batch_stride = chunk, .dst = local.data(), .dst_ld = nh * w,
                                           .dst_batch_stride = H * w});
     return local;
@@ -412,13 +412,13 @@ struct BlockImpl {
     AttentionFwdParams p = attention_params(in.kv_heads, in.d_qk, in.d_v);
     Attn a;
     a.o = empty({Tq, H * in.d_v}, oname);
-    if (opts.kernel == AttentionKernel::fused)
+    if (opts.kernel == AttentionKernel::Fused)
       a.lse = Tensor(be.allocator(), accum_dtype(dt), {B, H, Sq}, "lse");
     else
       a.probs = empty({B, H, Sq, S}, "probs");
     fill_attention_pointers(p, in, a);
-    stats->flops[int(OpPhase::attention)] += 2.0 * double(in.d_qk + in.d_v) * causal_pairs();
-    Timer timer{*this, OpPhase::attention};
+    stats->flops[int(OpPhase::Attention)] += 2.0 * double(in.d_qk + in.d_v) * causal_pairs();
+    Timer timer{*this, OpPhase::Attention};
     be.attention_forward(p);
     return a;
   }
@@ -459,9 +459,9 @@ struct BlockImpl {
     set_strides(kv_heads, d_qk, B, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
     p.dv = g.dv.data();
     set_strides(kv_heads, d_v, B, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
-    const double per_pair = opts.kernel == AttentionKernel::fused ? 3.0 * d_qk + 2.0 * d_v : 2.0 * d_qk + 2.0 * d_v;
-    stats->flops[int(OpPhase::attention)] += 2.0 * per_pair * causal_pairs();
-    Timer timer{*this, OpPhase::attention};
+    const double per_pair = opts.kernel == AttentionKernel::Fused ? 3.0 * d_qk + 2.0 * d_v : 2.0 * d_qk + 2.0 * d_v;
+    stats->flops[int(OpPhase::Attention)] += 2.0 * per_pair * causal_pairs();
+    Timer timer{*this, OpPhase::Attention};
     be.attention_backward(p);
     return g;
   }
@@ -474,15 +474,15 @@ struct BlockImpl {
     k = empty({rows, heads * dqk}, "k");
     v = empty({rows, heads * dv}, "v");
     // k_nope[h] = c_kv W_UK[h], v[h] = c_kv W_UV[h]: per-head GEMMs over kv_b_proj's rows of each head.
-    gemm(OpPhase::up_projections,
-         GemmArgs{.trans_b = Trans::yes, .m = rows, .n = dn, .k = rkv, .batch = heads, .a = latent.data(), .lda = dl,
+    gemm(OpPhase::UpProjections,
+         GemmArgs{.trans_b = Trans::Yes, .m = rows, .n = dn, .k = rkv, .batch = heads, .a = latent.data(), .lda = dl,
                   .stride_a = 0, .b = uk(w.kv_b_proj, first), .ldb = rkv, .stride_b = kv_head_stride(), .c = k.data(),
                   .ldc = heads * dqk, .stride_c = dqk});
-    copy(OpPhase::up_projections, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = latent.at(rkv), .src_ld = dl,
+    copy(OpPhase::UpProjections, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = latent.at(rkv), .src_ld = dl,
                                            .src_batch_stride = 0, .dst = k.at(dn), .dst_ld = heads * dqk,
                                            .dst_batch_stride = dqk});
-    gemm(OpPhase::up_projections,
-         GemmArgs{.trans_b = Trans::yes, .m = rows, .n = dv, .k = rkv, .batch = heads, .a = latent.data(), .lda = dl,
+    gemm(OpPhase::UpProjections,
+         GemmArgs{.trans_b = Trans::Yes, .m = rows, .n = dv, .k = rkv, .batch = heads, .a = latent.data(), .lda = dl,
                   .stride_a = 0, .b = uv(w.kv_b_proj, first), .ldb = rkv, .stride_b = kv_head_stride(), .c = v.data(),
                   .ldc = heads * dv, .stride_c = dv});
   }
@@ -508,7 +508,7 @@ struct BlockImpl {
     // never rounded to the storage dtype (LAGA never forms it: it applies the up-projection to each rank's
     // partial and sums the latent gradients in float32). The copies cost 4 * r_kv * heads * (d_nope + d_v) bytes.
     const DType op = dk.dtype();
-    constexpr OpPhase ph = OpPhase::up_projections;
+    constexpr OpPhase ph = OpPhase::UpProjections;
     // dk's nope columns and dv side by side per head, [rows, heads, d_n + d_v]: kv_b_proj's row order, so that
     // each product with the heads' rows of kv_b_proj is one GEMM over all heads (one rounding of the sum in
     // low precision, one launch) instead of a GEMM per head and weight.
@@ -534,7 +534,7 @@ struct BlockImpl {
     // d k_pe = sum over heads of the rope part of dk
     copy(ph, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = dk.at(dn), .src_ld = heads * dqk,
                       .src_batch_stride = dqk, .dst = dlatent.at(rkv), .dst_ld = dl, .dst_batch_stride = 0,
-                      .mode = CopyMode::accumulate, .dst_dtype = dlatent.dtype()},
+                      .mode = CopyMode::Accumulate, .dst_dtype = dlatent.dtype()},
          op);
     if (between) between();
     linear_dw({.phase = ph, .rows = rows, .in = rkv, .out = heads * dkv_w, .x = lat, .ldx = dl, .dy = dkv.data(),
@@ -553,7 +553,7 @@ struct BlockImpl {
   }
   Attn saved_attention(const SavedContext& ctx, Saved oname) const {
     Attn a;
-    if (opts.kernel == AttentionKernel::eager) {
+    if (opts.kernel == AttentionKernel::Eager) {
       a.probs = ctx.get(Saved::Probs);
     } else {
       a.lse = ctx.get(Saved::Lse);
@@ -565,11 +565,11 @@ struct BlockImpl {
   // q_abs [Tq, H, dl] = [q_nope_h W_UK[h]^T | q_pe_h]
   Tensor absorb_query(const Tensor& q_att, const MlaWeights& w) {
     Tensor q_abs = empty({Tq, H * dl}, "q_abs");
-    gemm(OpPhase::up_projections,
+    gemm(OpPhase::UpProjections,
          GemmArgs{.m = Tq, .n = rkv, .k = dn, .batch = H, .a = q_att.data(), .lda = H * dqk, .stride_a = dqk,
                   .b = uk(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(), .c = q_abs.data(), .ldc = H * dl,
                   .stride_c = dl});
-    copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = q_att.at(dn), .src_ld = H * dqk,
+    copy(OpPhase::UpProjections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = q_att.at(dn), .src_ld = H * dqk,
                                            .src_batch_stride = dqk, .dst = q_abs.at(rkv), .dst_ld = H * dl,
                                            .dst_batch_stride = dl});
     return q_abs;
@@ -587,7 +587,7 @@ struct BlockImpl {
       Tensor q_rstd = Tensor(be.allocator(), accum_dtype(dt), {T}, "q_rstd");
       Tensor c_q = empty({T, rq_in}, "c_q");
       {
-        Timer timer{*this, OpPhase::projections};
+        Timer timer{*this, OpPhase::Projections};
         be.rmsnorm_forward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rq_in, .eps = cfg.rms_norm_eps, .x = q_down.data(),
                                        .x_ld = rq_in, .gamma = w.q_a_layernorm.data(), .y = c_q.data(), .y_ld = rq_in,
                                        .rstd = q_rstd.data()});
@@ -603,7 +603,7 @@ struct BlockImpl {
     }
     // RoPE in place on each head's rope columns: the nope columns are q's already.
     {
-      Timer timer{*this, OpPhase::projections};
+      Timer timer{*this, OpPhase::Projections};
       apply_rope(rope_args(nh, q_pre.at(dn), nh * dqk, q_pre.at(dn), nh * dqk, dqk), false);
     }
     return q_pre;
@@ -612,7 +612,7 @@ struct BlockImpl {
   // queries' share of the input gradient to dx.
   void query_backward(SavedContext& ctx, Tensor dq_pre, const Tensor& x, const MlaWeights& w, MlaGrads& g, Tensor& dx) {
     {
-      Timer timer{*this, OpPhase::projections};
+      Timer timer{*this, OpPhase::Projections};
       apply_rope(rope_args(nh, dq_pre.at(dn), nh * dqk, dq_pre.at(dn), nh * dqk, dqk), true);
     }
     if (cfg.q_lora_rank) {
@@ -626,7 +626,7 @@ struct BlockImpl {
       ctx.release({Saved::CQ});
       Tensor dq_down = empty({T, rq_in}, "d_q_down");
       {
-        Timer timer{*this, OpPhase::projections};
+        Timer timer{*this, OpPhase::Projections};
         be.rmsnorm_backward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rq_in, .eps = cfg.rms_norm_eps,
                                         .x = ctx.get(Saved::QDown).data(), .x_ld = rq_in,
                                         .gamma = w.q_a_layernorm.data(),
@@ -656,7 +656,7 @@ struct BlockImpl {
     Tensor kv_rstd = Tensor(be.allocator(), accum_dtype(dt), {T}, "kv_rstd");
     Tensor latent = empty({T, dl}, "latent");
     {
-      Timer timer{*this, OpPhase::projections};
+      Timer timer{*this, OpPhase::Projections};
       be.rmsnorm_forward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rkv, .eps = cfg.rms_norm_eps, .x = kv_down.data(),
                                      .x_ld = dl, .gamma = w.kv_a_layernorm.data(), .y = latent.data(), .y_ld = dl,
                                      .rstd = kv_rstd.data()});
@@ -672,7 +672,7 @@ struct BlockImpl {
     Tensor dkv_down = empty({T, dl}, "d_kv_down");
     {
       const Tensor& kv_down = ctx.get(Saved::KvDown);
-      Timer timer{*this, OpPhase::projections};
+      Timer timer{*this, OpPhase::Projections};
       RopeArgs rope = rope_args(1, dlatent.at(rkv), dl, dkv_down.at(rkv), dl, 0);
       rope.x_dtype = dlatent.dtype();
       apply_rope(rope, true);
@@ -810,8 +810,8 @@ struct BlockImpl {
     ctx.release({Saved::Probs, Saved::Lse, Saved::OAtt, Saved::KAtt, Saved::VAtt});
     out.dq_att = ag.dq;
     if (kv_grads_reduced_in_fp32(opts, P)) {  // the partials widened to float32 before they are summed
-      ag.dk = converted(OpPhase::communication, ag.dk.data(), Tk, nh * dqk, nh * dqk, accum_dtype(dt), "d_k_att.f32");
-      ag.dv = converted(OpPhase::communication, ag.dv.data(), Tk, nh * dv, nh * dv, accum_dtype(dt), "d_v_att.f32");
+      ag.dk = converted(OpPhase::Communication, ag.dk.data(), Tk, nh * dqk, nh * dqk, accum_dtype(dt), "d_k_att.f32");
+      ag.dv = converted(OpPhase::Communication, ag.dv.data(), Tk, nh * dv, nh * dv, accum_dtype(dt), "d_v_att.f32");
     }
     Tensor dk_loc, dv_loc;
     if (opts.overlap) {  // the query gradient's all-to-all under the up-projection's backward
@@ -900,10 +900,10 @@ struct BlockImpl {
     } else {
       Tensor k_exp = empty({Tk, H * dl}, "k_expanded");
       Tensor v_exp = empty({Tk, H * rkv}, "v_expanded");
-      copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = dl, .src = lat_full.data(), .src_ld = dl,
+      copy(OpPhase::UpProjections, CopyArgs{.batch = H, .rows = Tk, .cols = dl, .src = lat_full.data(), .src_ld = dl,
                                              .src_batch_stride = 0, .dst = k_exp.data(), .dst_ld = H * dl,
                                              .dst_batch_stride = dl});
-      copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = rkv, .src = lat_full.data(), .src_ld = dl,
+      copy(OpPhase::UpProjections, CopyArgs{.batch = H, .rows = Tk, .cols = rkv, .src = lat_full.data(), .src_ld = dl,
                                              .src_batch_stride = 0, .dst = v_exp.data(), .dst_ld = H * rkv,
                                              .dst_batch_stride = rkv});
       lat_full = Tensor();
@@ -920,8 +920,8 @@ struct BlockImpl {
     if (!ctx.tensors.count(Saved::OLat)) ctx.save(Saved::OLat, o_lat);
     // o_h = o_lat_h W_UV[h]
     Tensor o_att = empty({Tq, H * dv}, "o_att");
-    gemm(OpPhase::up_projections,
-         GemmArgs{.trans_b = Trans::yes, .m = Tq, .n = dv, .k = rkv, .batch = H, .a = o_lat.data(), .lda = H * rkv,
+    gemm(OpPhase::UpProjections,
+         GemmArgs{.trans_b = Trans::Yes, .m = Tq, .n = dv, .k = rkv, .batch = H, .a = o_lat.data(), .lda = H * rkv,
                   .stride_a = rkv, .b = uv(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(),
                   .c = o_att.data(), .ldc = H * dv, .stride_c = dv});
     return o_att;
@@ -936,12 +936,12 @@ struct BlockImpl {
     Tensor q_abs = ctx.get(Saved::QAbs);
     Tensor o_lat = ctx.get(Saved::OLat);
     Tensor do_lat = empty({Tq, H * rkv}, "d_o_lat");
-    gemm(OpPhase::up_projections,
+    gemm(OpPhase::UpProjections,
          GemmArgs{.m = Tq, .n = rkv, .k = dv, .batch = H, .a = do_att.data(), .lda = H * dv, .stride_a = dv,
                   .b = uv(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(), .c = do_lat.data(),
                   .ldc = H * rkv, .stride_c = rkv});
-    gemm(OpPhase::up_projections,
-         GemmArgs{.trans_a = Trans::yes, .m = dv, .n = rkv, .k = Tq, .batch = H, .a = do_att.data(), .lda = H * dv,
+    gemm(OpPhase::UpProjections,
+         GemmArgs{.trans_a = Trans::Yes, .m = dv, .n = rkv, .k = Tq, .batch = H, .a = do_att.data(), .lda = H * dv,
                   .stride_a = dv, .b = o_lat.data(), .ldb = H * rkv, .stride_b = rkv, .c = uv(g.kv_b_proj, h0),
                   .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = g.kv_b_proj.dtype()});
     do_att = Tensor();
@@ -957,19 +957,19 @@ struct BlockImpl {
     }
     // q_abs = [q_nope W_UK[h]^T | q_pe]
     out.dq_att = empty({Tq, H * dqk}, "d_q_att");
-    gemm(OpPhase::up_projections,
-         GemmArgs{.trans_b = Trans::yes, .m = Tq, .n = dn, .k = rkv, .batch = H, .a = dq_abs.data(), .lda = H * dl,
+    gemm(OpPhase::UpProjections,
+         GemmArgs{.trans_b = Trans::Yes, .m = Tq, .n = dn, .k = rkv, .batch = H, .a = dq_abs.data(), .lda = H * dl,
                   .stride_a = dl, .b = uk(w.kv_b_proj, h0), .ldb = rkv, .stride_b = kv_head_stride(),
                   .c = out.dq_att.data(), .ldc = H * dqk, .stride_c = dqk});
-    copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = dq_abs.at(rkv), .src_ld = H * dl,
+    copy(OpPhase::UpProjections, CopyArgs{.batch = H, .rows = Tq, .cols = dr, .src = dq_abs.at(rkv), .src_ld = H * dl,
                                            .src_batch_stride = dl, .dst = out.dq_att.at(dn), .dst_ld = H * dqk,
                                            .dst_batch_stride = dqk});
     if (opts.overlap) {  // the query gradient's all-to-all under dW_UK
       out.dq_flight = start_gather_heads(out.dq_att, dqk, "q");
       out.dq_att = Tensor();
     }
-    gemm(OpPhase::up_projections,
-         GemmArgs{.trans_a = Trans::yes, .m = dn, .n = rkv, .k = Tq, .batch = H, .a = q_att.data(), .lda = H * dqk,
+    gemm(OpPhase::UpProjections,
+         GemmArgs{.trans_a = Trans::Yes, .m = dn, .n = rkv, .k = Tq, .batch = H, .a = q_att.data(), .lda = H * dqk,
                   .stride_a = dqk, .b = dq_abs.data(), .ldb = H * dl, .stride_b = dl, .c = uk(g.kv_b_proj, h0),
                   .ldc = rkv, .stride_c = kv_head_stride(), .beta = 1.0, .c_dtype = g.kv_b_proj.dtype()});
     dq_abs = Tensor();
@@ -986,10 +986,10 @@ struct BlockImpl {
       const Tensor lat_full = ctx.get(Saved::LatentGathered);
       AttnGrads ag = attention_backward(
           do_lat, {.q = q_abs, .k = lat_full, .k_row = dl, .v_row = dl, .kv_heads = 1, .d_qk = dl, .d_v = rkv}, a);
-      copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = dl, .dst = dlat_full.data(),
-                                        .dst_ld = dl, .mode = CopyMode::accumulate, .dst_dtype = dlat_full.dtype()});
-      copy(OpPhase::attention, CopyArgs{.rows = Tk, .cols = rkv, .src = ag.dv.data(), .src_ld = rkv,
-                                        .dst = dlat_full.data(), .dst_ld = dl, .mode = CopyMode::accumulate,
+      copy(OpPhase::Attention, CopyArgs{.rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = dl, .dst = dlat_full.data(),
+                                        .dst_ld = dl, .mode = CopyMode::Accumulate, .dst_dtype = dlat_full.dtype()});
+      copy(OpPhase::Attention, CopyArgs{.rows = Tk, .cols = rkv, .src = ag.dv.data(), .src_ld = rkv,
+                                        .dst = dlat_full.data(), .dst_ld = dl, .mode = CopyMode::Accumulate,
                                         .dst_dtype = dlat_full.dtype()});
       return ag.dq;
     }
@@ -998,13 +998,13 @@ struct BlockImpl {
                                       {.q = q_abs, .k = k_exp, .k_row = H * dl, .v = &v_exp, .v_row = H * rkv,
                                        .kv_heads = H, .d_qk = dl, .d_v = rkv},
                                       a);
-    copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = H * dl,
+    copy(OpPhase::UpProjections, CopyArgs{.batch = H, .rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = H * dl,
                                            .src_batch_stride = dl, .dst = dlat_full.data(), .dst_ld = dl,
-                                           .dst_batch_stride = 0, .mode = CopyMode::accumulate,
+                                           .dst_batch_stride = 0, .mode = CopyMode::Accumulate,
                                            .dst_dtype = dlat_full.dtype()});
-    copy(OpPhase::up_projections, CopyArgs{.batch = H, .rows = Tk, .cols = rkv, .src = ag.dv.data(),
+    copy(OpPhase::UpProjections, CopyArgs{.batch = H, .rows = Tk, .cols = rkv, .src = ag.dv.data(),
                                            .src_ld = H * rkv, .src_batch_stride = rkv, .dst = dlat_full.data(),
-                                           .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::accumulate,
+                                           .dst_ld = dl, .dst_batch_stride = 0, .mode = CopyMode::Accumulate,
                                            .dst_dtype = dlat_full.dtype()});
     return ag.dq;
   }
@@ -1015,7 +1015,7 @@ struct BlockImpl {
     Tensor o = gather_heads(o_att, dv, "o");
     o_att = Tensor();
     ctx.save(Saved::O, o);
-    Tensor y = Tensor(be.allocator(), dt, {s, B, d}, "y", MemoryKind::external);
+    Tensor y = Tensor(be.allocator(), dt, {s, B, d}, "y", MemoryKind::External);
     linear({.rows = T, .in = nh * dv, .out = d, .x = o.data(), .ldx = nh * dv, .w = w.o_proj.data(), .ldw = nh * dv,
             .y = y.data(), .ldy = d});
     return y;
@@ -1100,7 +1100,7 @@ struct BlockImpl {
   void accumulate(OpPhase ph, const Tensor& dst, std::int64_t row0, const Tensor& src, std::int64_t rows,
                   std::int64_t cols) {
     copy(ph, CopyArgs{.rows = rows, .cols = cols, .src = src.data(), .src_ld = cols, .dst = dst.at(row0 * cols),
-                      .dst_ld = cols, .mode = CopyMode::accumulate, .dst_dtype = dst.dtype()},
+                      .dst_ld = cols, .mode = CopyMode::Accumulate, .dst_dtype = dst.dtype()},
          src.dtype());
   }
   // `t` in the block's dtype (itself when it already is).
@@ -1108,7 +1108,7 @@ struct BlockImpl {
     if (t.dtype() == dt) return t;
     const std::int64_t cols = t.numel() / t.dim(0);
     Tensor out = empty(t.shape(), name);
-    copy(OpPhase::other, CopyArgs{.rows = t.dim(0), .cols = cols, .src = t.data(), .src_ld = cols, .dst = out.data(),
+    copy(OpPhase::Other, CopyArgs{.rows = t.dim(0), .cols = cols, .src = t.data(), .src_ld = cols, .dst = out.data(),
                                   .dst_ld = cols, .dst_dtype = dt},
          t.dtype());
     return out;
@@ -1119,7 +1119,7 @@ struct BlockImpl {
     const std::int64_t c = chunk();
     for (int half = 0; half < 2; ++half) {
       const std::int64_t by_half = half * B * nh * c, by_query = half * c;
-      copy(OpPhase::attention, CopyArgs{.rows = B * nh, .cols = c, .src = src.at(src_halves ? by_half : by_query),
+      copy(OpPhase::Attention, CopyArgs{.rows = B * nh, .cols = c, .src = src.at(src_halves ? by_half : by_query),
                                         .src_ld = src_halves ? c : 2 * c, .dst = dst.at(src_halves ? by_query : by_half),
                                         .dst_ld = src_halves ? 2 * c : c},
            src.dtype());
@@ -1190,16 +1190,16 @@ struct BlockImpl {
         Tensor lse_part = Tensor(be.allocator(), accum_dtype(dt), {B, nh, call_queries(call)}, "lse_part");
         p.o = o_part.data();
         p.lse = lse_part.data();
-        stats->flops[int(OpPhase::attention)] += 2.0 * double(dqk + dv) * ring_pairs(call);
+        stats->flops[int(OpPhase::Attention)] += 2.0 * double(dqk + dv) * ring_pairs(call);
         {
-          Timer timer{*this, OpPhase::attention};
+          Timer timer{*this, OpPhase::Attention};
           be.attention_forward(p);
         }
         if (t == 0) {  // the local pair's calls, one per half: the first partial of each half is the running result
-          copy(OpPhase::attention, CopyArgs{.rows = cB, .cols = nh * dv, .src = o_part.data(), .src_ld = nh * dv,
+          copy(OpPhase::Attention, CopyArgs{.rows = cB, .cols = nh * dv, .src = o_part.data(), .src_ld = nh * dv,
                                             .dst = o_run.at(call.half * cB * nh * dv), .dst_ld = nh * dv,
                                             .dst_dtype = o_run.dtype()});
-          copy(OpPhase::attention, CopyArgs{.rows = 1, .cols = B * nh * chunk(), .src = lse_part.data(),
+          copy(OpPhase::Attention, CopyArgs{.rows = 1, .cols = B * nh * chunk(), .src = lse_part.data(),
                                             .src_ld = B * nh * chunk(), .dst = lse.at(call.half * B * nh * chunk()),
                                             .dst_ld = B * nh * chunk()},
                lse.dtype());
@@ -1219,7 +1219,7 @@ struct BlockImpl {
           set_strides(nh, dv, B, m.o_token_stride, m.o_batch_stride, m.o_head_stride);
           set_strides(nh, dv, B, m.part_token_stride, m.part_batch_stride, m.part_head_stride);
           if (m.o_dtype == m.dtype) m.o_dtype.reset();
-          Timer timer{*this, OpPhase::attention};
+          Timer timer{*this, OpPhase::Attention};
           be.attention_merge(m);
         }
       }
@@ -1276,15 +1276,15 @@ struct BlockImpl {
       set_strides(nh, dqk, B, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
       p.dv = dv_part.data();
       set_strides(nh, dv, B, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
-      stats->flops[int(OpPhase::attention)] += 2.0 * (3.0 * dqk + 2.0 * dv) * ring_pairs(call);
+      stats->flops[int(OpPhase::Attention)] += 2.0 * (3.0 * dqk + 2.0 * dv) * ring_pairs(call);
       {
-        Timer timer{*this, OpPhase::attention};
+        Timer timer{*this, OpPhase::Attention};
         be.attention_backward(p);
       }
-      accumulate(OpPhase::attention, dq_run, first, dq_part, rows, nh * dqk);
+      accumulate(OpPhase::Attention, dq_run, first, dq_part, rows, nh * dqk);
       if (out.dk.defined()) {
-        accumulate(OpPhase::attention, dk_part, 0, out.dk, out.key_tokens * B, nh * dqk);
-        accumulate(OpPhase::attention, dv_part, 0, out.dv, out.key_tokens * B, nh * dv);
+        accumulate(OpPhase::Attention, dk_part, 0, out.dk, out.key_tokens * B, nh * dqk);
+        accumulate(OpPhase::Attention, dv_part, 0, out.dv, out.key_tokens * B, nh * dv);
       }
       out.dk = dk_part, out.dv = dv_part, out.key_tokens = call.kv_tokens;
     }
@@ -1338,8 +1338,8 @@ struct BlockImpl {
                              .dlatent = acc[0].second},
                             w, g);
       } else {
-        accumulate(OpPhase::attention, acc[0].second, 0, dk, key_rows, nh * dqk);
-        accumulate(OpPhase::attention, acc[1].second, 0, dv_, key_rows, nh * dv);
+        accumulate(OpPhase::Attention, acc[0].second, 0, dk, key_rows, nh * dqk);
+        accumulate(OpPhase::Attention, acc[1].second, 0, dv_, key_rows, nh * dv);
       }
       dk = dv_ = Tensor();
       if (P > 1)  // on to the next rank, which works on this pair next (after the last step: back to its owner)
@@ -1391,9 +1391,9 @@ struct BlockImpl {
     }
     Tensor dx = backward_into(g, ctx, dy, x, w);
     for (auto [sum, dst] : rounded)
-      copy(OpPhase::other, CopyArgs{.rows = 1, .cols = sum->numel(), .src = sum->data(), .src_ld = sum->numel(),
+      copy(OpPhase::Other, CopyArgs{.rows = 1, .cols = sum->numel(), .src = sum->data(), .src_ld = sum->numel(),
                                     .dst = dst->data(), .dst_ld = dst->numel(),
-                                    .mode = opts.accumulate_grads ? CopyMode::accumulate : CopyMode::assign,
+                                    .mode = opts.accumulate_grads ? CopyMode::Accumulate : CopyMode::Assign,
                                     .dst_dtype = dst->dtype()},
            accum_dtype(dt));
     return dx;
@@ -1417,7 +1417,7 @@ struct BlockImpl {
     Tensor dq = overlapped() ? finish_gather_heads(pg.dq_flight, dqk, "q") : gather_heads(pg.dq_att, dqk, "q");
     pg.dq_att = Tensor();
 
-    Tensor dx = Tensor(be.allocator(), dt, {s, B, d}, "dx", MemoryKind::external);
+    Tensor dx = Tensor(be.allocator(), dt, {s, B, d}, "dx", MemoryKind::External);
     latent_backward(ctx, std::move(pg.dlatent), x, w, g, dx);
     query_backward(ctx, std::move(dq), x, w, g, dx);
     LAGA_CHECK(ctx.tensors.empty(), "saved tensors left after backward, first: '",
@@ -1444,7 +1444,7 @@ Tensor MlaBlock::forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w
   alloc.reset_peak();
   BlockImpl impl(*this);
   impl.stats = &fwd_;
-  impl.phase = Phase::forward;
+  impl.phase = Phase::Forward;
   Tensor y = impl.forward(ctx, x, w);
   impl.finish_timing();
   fwd_.peak_bytes = alloc.peak_bytes() - base;
@@ -1458,7 +1458,7 @@ Tensor MlaBlock::backward(MlaGrads& grads, SavedContext& ctx, const Tensor& dy, 
   alloc.reset_peak();
   BlockImpl impl(*this);
   impl.stats = &bwd_;
-  impl.phase = Phase::backward;
+  impl.phase = Phase::Backward;
   Tensor dx = impl.backward(grads, ctx, dy, x, w);
   impl.finish_timing();
   bwd_.peak_bytes = alloc.peak_bytes() - base;

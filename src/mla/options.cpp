@@ -25,16 +25,16 @@ const char* layout_name(Layout l) {
   }
   return "?";
 }
-const char* kernel_name(AttentionKernel k) { return k == AttentionKernel::eager ? "eager" : "fused"; }
+const char* kernel_name(AttentionKernel k) { return k == AttentionKernel::Eager ? "eager" : "fused"; }
 const char* recompute_name(Recompute r) { return r == Recompute::None ? "none" : "kv"; }
 const char* absorbed_attention_name(AbsorbedAttention a) { return a == AbsorbedAttention::Mqa ? "mqa" : "expanded"; }
 const char* op_phase_name(OpPhase p) {
   switch (p) {
-    case OpPhase::projections: return "projections";
-    case OpPhase::up_projections: return "up_projections";
-    case OpPhase::attention: return "attention";
-    case OpPhase::communication: return "communication";
-    case OpPhase::other: return "other";
+    case OpPhase::Projections: return "projections";
+    case OpPhase::UpProjections: return "up_projections";
+    case OpPhase::Attention: return "attention";
+    case OpPhase::Communication: return "communication";
+    case OpPhase::Other: return "other";
   }
   return "?";
 }
@@ -61,7 +61,7 @@ Layout parse_layout(const std::string& s) {
 }
 AttentionKernel parse_kernel(const std::string& s) {
   return parse_enum<AttentionKernel, 2>("kernel", s,
-                                        {{{"eager", AttentionKernel::eager}, {"fused", AttentionKernel::fused}}});
+                                        {{{"eager", AttentionKernel::Eager}, {"fused", AttentionKernel::Fused}}});
 }
 Recompute parse_recompute(const std::string& s) {
   return parse_enum<Recompute, 2>("recompute", s, {{{"none", Recompute::None}, {"kv", Recompute::KV}}});
@@ -71,7 +71,7 @@ AbsorbedAttention parse_absorbed_attention(const std::string& s) {
                                           {{{"mqa", AbsorbedAttention::Mqa}, {"expanded", AbsorbedAttention::Expanded}}});
 }
 DType parse_dtype(const std::string& s) {
-  return parse_enum<DType, 3>("dtype", s, {{{"float32", DType::f32}, {"float64", DType::f64}, {"bfloat16", DType::bf16}}});
+  return parse_enum<DType, 3>("dtype", s, {{{"float32", DType::F32}, {"float64", DType::F64}, {"bfloat16", DType::BF16}}});
 }
 
 void validate(const MlaConfig& cfg, const BlockOptions& opts, const BlockShape& shape) {
@@ -90,7 +90,7 @@ void validate(const MlaConfig& cfg, const BlockOptions& opts, const BlockShape& 
   if (opts.layout == Layout::P2P) {
     LAGA_REQUIRE(shape.seq % (2 * std::int64_t(shape.ranks)) == 0, "seq = ", shape.seq, " is not divisible by 2 x sp = ",
                  2 * shape.ranks, ": the p2p layout gives each rank two chunks of S/(2P) tokens (zigzag)");
-    LAGA_REQUIRE(opts.kernel == AttentionKernel::fused, "kernel = ", kernel_name(opts.kernel),
+    LAGA_REQUIRE(opts.kernel == AttentionKernel::Fused, "kernel = ", kernel_name(opts.kernel),
                  " with layout = p2p: the ring merges partial results by their log-sum-exp, which only the fused "
                  "kernel keeps");
     LAGA_REQUIRE(opts.form != Form::Absorbed, "form = absorbed with layout = p2p: the ring is built for the "
@@ -128,7 +128,7 @@ void validate_sizes(const MlaConfig& cfg, const BlockOptions& opts, const BlockS
   for (std::int64_t w : widths)
     largest = std::max(largest, checked_product({rows, w, es}, detail::concat(
         "bytes of a [seq x batch, ", w, "] activation (seq = ", shape.seq, ", batch = ", shape.batch, ")")));
-  if (opts.kernel == AttentionKernel::eager) {
+  if (opts.kernel == AttentionKernel::Eager) {
     const std::int64_t heads = opts.layout == Layout::A2A ? nh / shape.ranks : nh;
     const std::int64_t queries = opts.layout == Layout::A2A ? shape.seq : shape.local_seq();
     largest = std::max(largest, checked_product({shape.batch, heads, queries, shape.seq, es}, detail::concat(
@@ -156,7 +156,7 @@ std::vector<std::pair<std::string, const Tensor*>> MlaWeights::named() const {
 }
 
 MlaWeights allocate_weights(const MlaConfig& c, DType dtype, Allocator& alloc, const std::string& prefix) {
-  auto make = [&](const char* name, Shape s) { return Tensor(alloc, dtype, std::move(s), prefix + name, MemoryKind::external); };
+  auto make = [&](const char* name, Shape s) { return Tensor(alloc, dtype, std::move(s), prefix + name, MemoryKind::External); };
   const long nh = c.num_attention_heads;
   MlaWeights w;
   const long dqk = c.qk_head_dim();

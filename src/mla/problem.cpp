@@ -43,9 +43,9 @@ std::vector<double> to_host(Backend& be, const Tensor& t) {
   be.copy_to_host(raw.data(), t);
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     switch (t.dtype()) {
-      case DType::f32: out[i] = reinterpret_cast<const float*>(raw.data())[i]; break;
-      case DType::f64: out[i] = reinterpret_cast<const double*>(raw.data())[i]; break;
-      case DType::bf16: out[i] = from_bf16(reinterpret_cast<const std::uint16_t*>(raw.data())[i]); break;
+      case DType::F32: out[i] = reinterpret_cast<const float*>(raw.data())[i]; break;
+      case DType::F64: out[i] = reinterpret_cast<const double*>(raw.data())[i]; break;
+      case DType::BF16: out[i] = from_bf16(reinterpret_cast<const std::uint16_t*>(raw.data())[i]); break;
     }
   }
   return out;
@@ -58,9 +58,9 @@ void from_host(Backend& be, const Tensor& t, const std::vector<double>& v) {
   std::vector<char> raw(t.bytes());
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     switch (t.dtype()) {
-      case DType::f32: reinterpret_cast<float*>(raw.data())[i] = float(v[i]); break;
-      case DType::f64: reinterpret_cast<double*>(raw.data())[i] = v[i]; break;
-      case DType::bf16: reinterpret_cast<std::uint16_t*>(raw.data())[i] = to_bf16(float(v[i])); break;
+      case DType::F32: reinterpret_cast<float*>(raw.data())[i] = float(v[i]); break;
+      case DType::F64: reinterpret_cast<double*>(raw.data())[i] = v[i]; break;
+      case DType::BF16: reinterpret_cast<std::uint16_t*>(raw.data())[i] = to_bf16(float(v[i])); break;
     }
   }
   be.copy_from_host(t, raw.data());
@@ -77,7 +77,7 @@ void fill_deterministic(Backend& be, const Tensor& t, std::uint64_t seed, std::u
 
 MlaWeights make_weights(const MlaConfig& cfg, DType dtype, Backend& be, std::uint64_t seed) {
   MlaWeights w = allocate_weights(cfg, dtype, be.allocator());
-  std::uint64_t stream = std::uint64_t(DataStream::weights);
+  std::uint64_t stream = std::uint64_t(DataStream::Weights);
   for (auto& [name, t] : w.named()) {
     if (t->rank() == 1)
       fill_deterministic(be, *t, seed, stream++, 0, 0.1, 1.0);
@@ -90,8 +90,8 @@ MlaWeights make_weights(const MlaConfig& cfg, DType dtype, Backend& be, std::uin
 Tensor make_shard(const MlaConfig& cfg, const BlockShape& shape, DType dtype, Backend& be, std::uint64_t seed,
                   DataStream stream, Layout layout) {
   const std::int64_t s = shape.local_seq();
-  Tensor t(be.allocator(), dtype, {s, shape.batch, cfg.hidden_size}, stream == DataStream::x ? "x" : "dy",
-           MemoryKind::external);
+  Tensor t(be.allocator(), dtype, {s, shape.batch, cfg.hidden_size}, stream == DataStream::X ? "x" : "dy",
+           MemoryKind::External);
   if (!t.data()) return t;  // the meta device: no values
   const std::int64_t row = shape.batch * cfg.hidden_size;
   std::vector<double> v(std::size_t(s * row));
@@ -113,8 +113,8 @@ RankRun run_rank(const MlaConfig& cfg, const BlockOptions& opts, const BlockShap
     own_weights = make_weights(cfg, opts.dtype, be, seed);
     weights = &own_weights;
   }
-  Tensor x = x_in ? *x_in : make_shard(cfg, shape, opts.dtype, be, seed, DataStream::x, opts.layout);
-  Tensor dy = dy_in ? *dy_in : make_shard(cfg, shape, opts.dtype, be, seed, DataStream::dy, opts.layout);
+  Tensor x = x_in ? *x_in : make_shard(cfg, shape, opts.dtype, be, seed, DataStream::X, opts.layout);
+  Tensor dy = dy_in ? *dy_in : make_shard(cfg, shape, opts.dtype, be, seed, DataStream::Dy, opts.layout);
 
   RankRun run;
   run.layout = opts.layout;
@@ -137,7 +137,7 @@ GlobalResult gather_result(Backend& be, Communicator& comm, const RankRun& run) 
     std::vector<double> local = to_host(be, t);
     if (P == 1) return local;
     std::vector<double> full(local.size() * P);
-    comm.all_gather(local.data(), full.data(), local.size(), DType::f64);
+    comm.all_gather(local.data(), full.data(), local.size(), DType::F64);
     const std::int64_t s = t.dim(0);
     return assemble_sequence(run.layout, full, s * P, P, t.numel() / s);
   };
@@ -146,7 +146,7 @@ GlobalResult gather_result(Backend& be, Communicator& comm, const RankRun& run) 
   g.dx = gather(run.dx);
   for (const auto& [name, t] : run.grads.named()) {
     std::vector<double> v = to_host(be, *t);
-    if (P > 1) comm.all_reduce(v.data(), v.size(), DType::f64);
+    if (P > 1) comm.all_reduce(v.data(), v.size(), DType::F64);
     g.grads.emplace_back(name.substr(0), std::move(v));
   }
   return g;

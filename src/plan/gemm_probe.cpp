@@ -39,7 +39,7 @@ std::int64_t span(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::in
 }  // namespace
 
 GemmOperandElements gemm_operand_elements(const GemmKey& g) {
-  const bool ta = g.trans_a == Trans::yes, tb = g.trans_b == Trans::yes;
+  const bool ta = g.trans_a == Trans::Yes, tb = g.trans_b == Trans::Yes;
   return {.a = span(ta ? g.k : g.m, ta ? g.m : g.k, g.lda, g.batch, g.stride_a),
           .b = span(tb ? g.n : g.k, tb ? g.k : g.n, g.ldb, g.batch, g.stride_b),
           .c = span(g.m, g.n, g.ldc, g.batch, g.stride_c)};
@@ -87,7 +87,7 @@ namespace {
 
 // Non-zero values (a zero operand could let a library skip work): magnitudes in [0.5, 1], either sign.
 Tensor operand(Backend& be, DType dtype, std::int64_t elements, const char* name, std::uint64_t stream) {
-  Tensor t(be.allocator(), dtype, {elements}, name, MemoryKind::external);
+  Tensor t(be.allocator(), dtype, {elements}, name, MemoryKind::External);
   std::vector<double> v(elements);
   for (std::int64_t i = 0; i < elements; ++i) {
     const double u = deterministic_value(/*seed=*/7, stream, std::uint64_t(i));

@@ -21,8 +21,8 @@ std::string describe(const GemmArgs& g) {
   std::ostringstream s;
   s << g.m << "x" << g.n << "x" << g.k;
   if (g.batch != 1) s << " batch " << g.batch;
-  if (g.trans_a == Trans::yes || g.trans_b == Trans::yes)
-    s << " " << (g.trans_a == Trans::yes ? "T" : "N") << (g.trans_b == Trans::yes ? "T" : "N");
+  if (g.trans_a == Trans::Yes || g.trans_b == Trans::Yes)
+    s << " " << (g.trans_a == Trans::Yes ? "T" : "N") << (g.trans_b == Trans::Yes ? "T" : "N");
   s << " " << dtypes(g.dtype, g.c_dtype) << " beta " << g.beta;
   return s.str();
 }
@@ -31,7 +31,7 @@ std::string describe(const CopyArgs& c) {
   std::ostringstream s;
   if (c.batch != 1) s << c.batch << "x";
   s << c.rows << "x" << c.cols << " " << dtypes(c.dtype, c.dst_dtype);
-  if (c.mode == CopyMode::accumulate) s << (c.dst_batch_stride == 0 && c.batch > 1 ? " sum" : " add");
+  if (c.mode == CopyMode::Accumulate) s << (c.dst_batch_stride == 0 && c.batch > 1 ? " sum" : " add");
   if (c.src_batch_stride == 0 && c.batch > 1) s << " broadcast";
   return s.str();
 }
@@ -51,7 +51,7 @@ std::string describe(const RopeArgs& a) {
 std::string describe(const AttentionFwdParams& p) {
   std::ostringstream s;
   s << "heads " << p.q_heads << "/" << p.kv_heads << " q " << p.q_len << " kv " << p.kv_len << " d " << p.d_qk << "/"
-    << p.d_v << " " << dtype_name(p.dtype) << (p.kernel == AttentionKernel::fused ? " fused" : " eager");
+    << p.d_v << " " << dtype_name(p.dtype) << (p.kernel == AttentionKernel::Fused ? " fused" : " eager");
   return s.str();
 }
 

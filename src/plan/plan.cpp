@@ -32,8 +32,8 @@ RankPlan plan_rank(const MlaConfig& cfg, const BlockOptions& opts, const BlockSh
   CountingCommunicator comm(*phantom);
   MlaBlock block(cfg, opts, shape, *meta, comm);
   const MlaWeights w = allocate_weights(cfg, opts.dtype, meta->allocator());
-  const Tensor x = make_shard(cfg, shape, opts.dtype, *meta, 0, DataStream::x, opts.layout);
-  const Tensor dy = make_shard(cfg, shape, opts.dtype, *meta, 0, DataStream::dy, opts.layout);
+  const Tensor x = make_shard(cfg, shape, opts.dtype, *meta, 0, DataStream::X, opts.layout);
+  const Tensor dy = make_shard(cfg, shape, opts.dtype, *meta, 0, DataStream::Dy, opts.layout);
 
   RankPlan plan{.cfg = cfg, .opts = opts, .shape = shape};
   SavedContext ctx;
@@ -66,7 +66,7 @@ std::vector<CollectiveRecord> expected_traffic(const MlaConfig& cfg, const Block
   // The latent gradient travels in the accumulation dtype (float32 for bf16: src/mla/block.cpp, latent_grad).
   const std::size_t es_latent_grad = dtype_size(accum_dtype(opts.dtype));
   auto add = [&](Phase ph, CollectiveKind kind, const char* tensor, std::size_t chunk_elems) {
-    const bool latent_grad = ph == Phase::backward && std::string_view(tensor) == "kv_latent";
+    const bool latent_grad = ph == Phase::Backward && std::string_view(tensor) == "kv_latent";
     const std::size_t b = collective_bytes_sent(kind, chunk_elems * (latent_grad ? es_latent_grad : es), P);
     out.push_back({ph, kind, tensor, b, b, 1});
   };
@@ -74,54 +74,54 @@ std::vector<CollectiveRecord> expected_traffic(const MlaConfig& cfg, const Block
   // gradient's accumulator back round to its owner (none at P = 1).
   auto ring = [&](Phase ph, const char* tensor, std::size_t elems, std::size_t elem_bytes, int calls) {
     if (calls == 0 || P == 1) return;
-    const std::size_t b = std::size_t(calls) * collective_bytes_sent(CollectiveKind::ring_shift, elems * elem_bytes, P);
-    out.push_back({ph, CollectiveKind::ring_shift, tensor, b, b, calls});
+    const std::size_t b = std::size_t(calls) * collective_bytes_sent(CollectiveKind::RingShift, elems * elem_bytes, P);
+    out.push_back({ph, CollectiveKind::RingShift, tensor, b, b, calls});
   };
   if (opts.layout == Layout::P2P) {
     if (latent) {
-      ring(Phase::forward, "kv_latent", T * dl, es, P - 1);
-      ring(Phase::backward, "kv_latent_resend", T * dl, es, P - 1);
-      ring(Phase::backward, "kv_latent", T * dl, es_latent_grad, P);
+      ring(Phase::Forward, "kv_latent", T * dl, es, P - 1);
+      ring(Phase::Backward, "kv_latent_resend", T * dl, es, P - 1);
+      ring(Phase::Backward, "kv_latent", T * dl, es_latent_grad, P);
     } else {
       const std::size_t es_grad = kv_grads_reduced_in_fp32(opts, P) ? dtype_size(accum_dtype(opts.dtype)) : es;
-      ring(Phase::forward, "k", T * nh * dqk, es, P - 1);
-      ring(Phase::forward, "v", T * nh * dv, es, P - 1);
-      ring(Phase::backward, "k_resend", T * nh * dqk, es, P - 1);
-      ring(Phase::backward, "v_resend", T * nh * dv, es, P - 1);
-      ring(Phase::backward, "k", T * nh * dqk, es_grad, P);
-      ring(Phase::backward, "v", T * nh * dv, es_grad, P);
+      ring(Phase::Forward, "k", T * nh * dqk, es, P - 1);
+      ring(Phase::Forward, "v", T * nh * dv, es, P - 1);
+      ring(Phase::Backward, "k_resend", T * nh * dqk, es, P - 1);
+      ring(Phase::Backward, "v_resend", T * nh * dv, es, P - 1);
+      ring(Phase::Backward, "k", T * nh * dqk, es_grad, P);
+      ring(Phase::Backward, "v", T * nh * dv, es_grad, P);
     }
     return out;
   }
   // a2a chunks: this rank's tokens for one rank's heads, T * H * width.
   if (opts.layout == Layout::A2A) {
-    add(Phase::forward, CollectiveKind::all_to_all, "q", T * H * dqk);
+    add(Phase::Forward, CollectiveKind::AllToAll, "q", T * H * dqk);
     if (latent) {
-      add(Phase::forward, CollectiveKind::all_gather, "kv_latent", T * dl);
+      add(Phase::Forward, CollectiveKind::AllGather, "kv_latent", T * dl);
     } else {
-      add(Phase::forward, CollectiveKind::all_to_all, "k", T * H * dqk);
-      add(Phase::forward, CollectiveKind::all_to_all, "v", T * H * dv);
+      add(Phase::Forward, CollectiveKind::AllToAll, "k", T * H * dqk);
+      add(Phase::Forward, CollectiveKind::AllToAll, "v", T * H * dv);
     }
-    add(Phase::forward, CollectiveKind::all_to_all, "o", T * H * dv);
-    add(Phase::backward, CollectiveKind::all_to_all, "o", T * H * dv);
+    add(Phase::Forward, CollectiveKind::AllToAll, "o", T * H * dv);
+    add(Phase::Backward, CollectiveKind::AllToAll, "o", T * H * dv);
     if (latent) {
-      add(Phase::backward, CollectiveKind::reduce_scatter, "kv_latent", T * dl);
+      add(Phase::Backward, CollectiveKind::ReduceScatter, "kv_latent", T * dl);
     } else {
-      add(Phase::backward, CollectiveKind::all_to_all, "k", T * H * dqk);
-      add(Phase::backward, CollectiveKind::all_to_all, "v", T * H * dv);
+      add(Phase::Backward, CollectiveKind::AllToAll, "k", T * H * dqk);
+      add(Phase::Backward, CollectiveKind::AllToAll, "v", T * H * dv);
     }
-    add(Phase::backward, CollectiveKind::all_to_all, "q", T * H * dqk);
+    add(Phase::Backward, CollectiveKind::AllToAll, "q", T * H * dqk);
   } else {
     if (latent) {
-      add(Phase::forward, CollectiveKind::all_gather, "kv_latent", T * dl);
-      add(Phase::backward, CollectiveKind::reduce_scatter, "kv_latent", T * dl);
+      add(Phase::Forward, CollectiveKind::AllGather, "kv_latent", T * dl);
+      add(Phase::Backward, CollectiveKind::ReduceScatter, "kv_latent", T * dl);
     } else {
-      add(Phase::forward, CollectiveKind::all_gather, "k", T * nh * dqk);
-      add(Phase::forward, CollectiveKind::all_gather, "v", T * nh * dv);
+      add(Phase::Forward, CollectiveKind::AllGather, "k", T * nh * dqk);
+      add(Phase::Forward, CollectiveKind::AllGather, "v", T * nh * dv);
       // In the accumulation dtype with kv_grad_reduce_fp32 (bf16 at P > 1): twice the bytes.
       const std::size_t scale = kv_grads_reduced_in_fp32(opts, P) ? dtype_size(accum_dtype(opts.dtype)) / es : 1;
-      add(Phase::backward, CollectiveKind::reduce_scatter, "k", T * nh * dqk * scale);
-      add(Phase::backward, CollectiveKind::reduce_scatter, "v", T * nh * dv * scale);
+      add(Phase::Backward, CollectiveKind::ReduceScatter, "k", T * nh * dqk * scale);
+      add(Phase::Backward, CollectiveKind::ReduceScatter, "v", T * nh * dv * scale);
     }
   }
   return out;

@@ -45,12 +45,12 @@ double collective_seconds(const TimeModel& m, CollectiveKind kind, double bytes_
   const double P = ranks, k = ranks_per_node, n = calls;
   // A ring shift is one step: every rank sends to its successor at once; across nodes, the ranks at a
   // node's edge send over the slower link and set the pace, as in the ring collectives.
-  const double steps = kind == CollectiveKind::all_reduce ? 2.0 * (P - 1.0)
-                       : kind == CollectiveKind::ring_shift ? 1.0
+  const double steps = kind == CollectiveKind::AllReduce ? 2.0 * (P - 1.0)
+                       : kind == CollectiveKind::RingShift ? 1.0
                                                             : P - 1.0;
   if (ranks_per_node >= ranks)  // one node: NVLink only
     return n * steps * m.intra.latency + bytes_sent / m.intra.bandwidth;
-  if (kind != CollectiveKind::all_to_all)  // ring across nodes: the slowest link sets the pace
+  if (kind != CollectiveKind::AllToAll)  // ring across nodes: the slowest link sets the pace
     return n * steps * m.inter.latency + bytes_sent / m.inter.bandwidth;
   // Pairwise all-to-all across nodes: k-1 peers on the node, P-k beyond it, sent concurrently.
   const double intra_bytes = bytes_sent * (k - 1.0) / (P - 1.0);

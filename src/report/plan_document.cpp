@@ -99,7 +99,7 @@ nlohmann::json plan_to_json(const RankPlan& p, const DeviceFit& fit, const TimeM
 }
 
 std::int64_t plan_cudnn_workspace(const PlanQuery& q, const PlanPoint& pt, bool deterministic) {
-  if (q.base.kernel != AttentionKernel::fused) return 0;
+  if (q.base.kernel != AttentionKernel::Fused) return 0;
   const bool a2a = q.base.layout == Layout::A2A;
   const std::int64_t heads = a2a ? q.cfg.num_attention_heads / pt.sp : q.cfg.num_attention_heads;
   const AttentionShape s{.dtype = q.base.dtype, .d_qk = q.cfg.qk_head_dim(), .d_v = q.cfg.v_head_dim,

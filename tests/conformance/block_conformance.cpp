@@ -35,7 +35,7 @@ std::int64_t case_seq(const Case& c, int P) { return c.seq > 0 ? c.seq : 8 * std
 
 // The kernels a layout takes (p2p: the fused kernel only, whose log-sum-exp the ring merges).
 std::vector<AttentionKernel> kernels_for(Layout l) {
-  if (l == Layout::P2P) return {AttentionKernel::fused};
+  if (l == Layout::P2P) return {AttentionKernel::Fused};
   return {kAllKernels.begin(), kAllKernels.end()};
 }
 
@@ -48,7 +48,7 @@ const GlobalResult& reference(const MlaConfig& cfg, AttentionKernel kernel, std:
   auto it = cache.find(key);
   if (it == cache.end()) {
     auto be = make_cpu_backend();
-    it = cache.emplace(key, reference_result(cfg, DType::f64, kernel, batch, seq, *be, kSeed)).first;
+    it = cache.emplace(key, reference_result(cfg, DType::F64, kernel, batch, seq, *be, kSeed)).first;
   }
   return it->second;
 }
@@ -73,7 +73,7 @@ using Outcome = std::vector<std::shared_ptr<const RankResult>>;
 // Every rank's `mine` (all of one length), concatenated in rank order. A collective over host buffers.
 std::vector<double> gather_all(Communicator& host, const std::vector<double>& mine) {
   std::vector<double> all(mine.size() * std::size_t(host.size()));
-  if (!mine.empty()) host.all_gather(mine.data(), all.data(), mine.size(), DType::f64);
+  if (!mine.empty()) host.all_gather(mine.data(), all.data(), mine.size(), DType::F64);
   return all;
 }
 
@@ -160,47 +160,47 @@ std::vector<CollectiveRecord> design_traffic(const MlaConfig& cfg, const BlockOp
   // Every other rank gets this rank's s*B*width values.
   auto gathered = [&](std::size_t width, std::size_t elem) { return (P - 1) * s * B * width * elem; };
   auto ring = [&](Phase ph, const char* t, std::size_t width, std::size_t elem, std::size_t shifts) {
-    if (P > 1) out.push_back(CollectiveRecord{ph, CollectiveKind::ring_shift, t, shifts * s * B * width * elem,
+    if (P > 1) out.push_back(CollectiveRecord{ph, CollectiveKind::RingShift, t, shifts * s * B * width * elem,
                                               shifts * s * B * width * elem, int(shifts)});
   };
   if (opts.layout == Layout::P2P) {
     if (latent) {
-      ring(Phase::forward, "kv_latent", latent_w, e, P - 1);
-      ring(Phase::backward, "kv_latent_resend", latent_w, e, P - 1);
-      ring(Phase::backward, "kv_latent", latent_w, e_latent_grad, P);
+      ring(Phase::Forward, "kv_latent", latent_w, e, P - 1);
+      ring(Phase::Backward, "kv_latent_resend", latent_w, e, P - 1);
+      ring(Phase::Backward, "kv_latent", latent_w, e_latent_grad, P);
     } else {
-      ring(Phase::forward, "k", nh * k_w, e, P - 1);
-      ring(Phase::forward, "v", nh * v_w, e, P - 1);
-      ring(Phase::backward, "k_resend", nh * k_w, e, P - 1);
-      ring(Phase::backward, "v_resend", nh * v_w, e, P - 1);
-      ring(Phase::backward, "k", nh * k_w, e, P);
-      ring(Phase::backward, "v", nh * v_w, e, P);
+      ring(Phase::Forward, "k", nh * k_w, e, P - 1);
+      ring(Phase::Forward, "v", nh * v_w, e, P - 1);
+      ring(Phase::Backward, "k_resend", nh * k_w, e, P - 1);
+      ring(Phase::Backward, "v_resend", nh * v_w, e, P - 1);
+      ring(Phase::Backward, "k", nh * k_w, e, P);
+      ring(Phase::Backward, "v", nh * v_w, e, P);
     }
   } else if (opts.layout == Layout::A2A) {
-    add(Phase::forward, CollectiveKind::all_to_all, "q", a2a(q_w));
+    add(Phase::Forward, CollectiveKind::AllToAll, "q", a2a(q_w));
     if (latent) {
-      add(Phase::forward, CollectiveKind::all_gather, "kv_latent", gathered(latent_w, e));
+      add(Phase::Forward, CollectiveKind::AllGather, "kv_latent", gathered(latent_w, e));
     } else {
-      add(Phase::forward, CollectiveKind::all_to_all, "k", a2a(k_w));
-      add(Phase::forward, CollectiveKind::all_to_all, "v", a2a(v_w));
+      add(Phase::Forward, CollectiveKind::AllToAll, "k", a2a(k_w));
+      add(Phase::Forward, CollectiveKind::AllToAll, "v", a2a(v_w));
     }
-    add(Phase::forward, CollectiveKind::all_to_all, "o", a2a(o_w));
-    add(Phase::backward, CollectiveKind::all_to_all, "o", a2a(o_w));
+    add(Phase::Forward, CollectiveKind::AllToAll, "o", a2a(o_w));
+    add(Phase::Backward, CollectiveKind::AllToAll, "o", a2a(o_w));
     if (latent) {
-      add(Phase::backward, CollectiveKind::reduce_scatter, "kv_latent", gathered(latent_w, e_latent_grad));
+      add(Phase::Backward, CollectiveKind::ReduceScatter, "kv_latent", gathered(latent_w, e_latent_grad));
     } else {
-      add(Phase::backward, CollectiveKind::all_to_all, "k", a2a(k_w));
-      add(Phase::backward, CollectiveKind::all_to_all, "v", a2a(v_w));
+      add(Phase::Backward, CollectiveKind::AllToAll, "k", a2a(k_w));
+      add(Phase::Backward, CollectiveKind::AllToAll, "v", a2a(v_w));
     }
-    add(Phase::backward, CollectiveKind::all_to_all, "q", a2a(q_w));
+    add(Phase::Backward, CollectiveKind::AllToAll, "q", a2a(q_w));
   } else if (latent) {
-    add(Phase::forward, CollectiveKind::all_gather, "kv_latent", gathered(latent_w, e));
-    add(Phase::backward, CollectiveKind::reduce_scatter, "kv_latent", gathered(latent_w, e_latent_grad));
+    add(Phase::Forward, CollectiveKind::AllGather, "kv_latent", gathered(latent_w, e));
+    add(Phase::Backward, CollectiveKind::ReduceScatter, "kv_latent", gathered(latent_w, e_latent_grad));
   } else {
-    add(Phase::forward, CollectiveKind::all_gather, "k", gathered(nh * k_w, e));
-    add(Phase::forward, CollectiveKind::all_gather, "v", gathered(nh * v_w, e));
-    add(Phase::backward, CollectiveKind::reduce_scatter, "k", gathered(nh * k_w, e));
-    add(Phase::backward, CollectiveKind::reduce_scatter, "v", gathered(nh * v_w, e));
+    add(Phase::Forward, CollectiveKind::AllGather, "k", gathered(nh * k_w, e));
+    add(Phase::Forward, CollectiveKind::AllGather, "v", gathered(nh * v_w, e));
+    add(Phase::Backward, CollectiveKind::ReduceScatter, "k", gathered(nh * k_w, e));
+    add(Phase::Backward, CollectiveKind::ReduceScatter, "v", gathered(nh * v_w, e));
   }
   return out;
 }
@@ -242,7 +242,7 @@ void expect_matches_reference(const Platform& platform, const Outcome& o, DType 
   if (platform.report)
     for (const auto& e : first(o).errors)
       std::printf("GPUCHECK Block/%s.%s %s %s rel_err=%.3e tol=%.1e\n", platform.name.c_str(), what.c_str(),
-                  e.tensor.c_str(), dtype == DType::bf16 ? "bf16" : dtype == DType::f32 ? "f32" : "f64", e.rel_error,
+                  e.tensor.c_str(), dtype == DType::BF16 ? "bf16" : dtype == DType::F32 ? "f32" : "f64", e.rel_error,
                   tol);
 }
 
@@ -479,7 +479,7 @@ std::vector<BadInput> bad_inputs(const MlaConfig& cfg, int P, DType dtype) {
                BlockOptions{.form = Form::Explicit, .layout = Layout::A2A, .recompute = Recompute::KV, .dtype = dtype},
                8 * P, {"recompute = kv", "explicit", "laga"}});
   v.push_back({"p2p with the eager kernel", cfg,
-               BlockOptions{.form = Form::Laga, .layout = Layout::P2P, .kernel = AttentionKernel::eager, .dtype = dtype},
+               BlockOptions{.form = Form::Laga, .layout = Layout::P2P, .kernel = AttentionKernel::Eager, .dtype = dtype},
                8 * P, {"kernel = eager with layout = p2p", "fused"}});
   v.push_back({"p2p with a sequence not in 2P chunks", cfg,
                BlockOptions{.form = Form::Laga, .layout = Layout::P2P, .dtype = dtype}, 3 * P,

@@ -80,7 +80,7 @@ struct Case {
   std::string config = "tiny";  // tests/common/block_configs.hpp; in a2a with n_h not divisible by P, n_h = P
   int ranks = 0;                // 0: as many as Ranks::size gives (MPI: the job's)
   Layout layout = Layout::A2A;
-  DType dtype = DType::f32;
+  DType dtype = DType::F32;
   std::int64_t batch = 2;
   std::int64_t seq = 0;  // 0: 8 tokens per rank
   std::optional<AttentionKernel> kernel;  // empty: every kernel the layout takes

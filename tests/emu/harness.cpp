@@ -133,7 +133,7 @@ bool run_case(const Case& c) {
   auto o = buffer(ov, false), dq = buffer(qv, false), dk = buffer(kv, false), dv = buffer(dvv, false);
   std::vector<float> lse(std::size_t(c.batch * c.q_heads * c.q_len), NAN);
   AttentionBwdParams p;
-  p.dtype = laga::DType::bf16;
+  p.dtype = laga::DType::BF16;
   p.batch = c.batch, p.q_len = c.q_len, p.kv_len = c.kv_len, p.q_heads = c.q_heads, p.kv_heads = c.kv_heads;
   p.d_qk = c.dqk, p.d_v = c.dv, p.q_offset = c.q_offset, p.scale = 1.0 / std::sqrt(double(c.dqk));
   p.q = q.data() + qv.col0, p.q_token_stride = qv.ts, p.q_batch_stride = qv.bs, p.q_head_stride = qv.hs;

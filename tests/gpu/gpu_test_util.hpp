@@ -37,10 +37,10 @@ namespace laga::gpu_test {
 using i64 = std::int64_t;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-inline const char* dtype_tag(DType t) { return t == DType::bf16 ? "bf16" : t == DType::f32 ? "f32" : "f64"; }
+inline const char* dtype_tag(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F32 ? "f32" : "f64"; }
 
 // Relative Frobenius error allowed for one op against float64: bf16 storage (fp32 accumulation) and f32.
-inline double op_tolerance(DType t) { return t == DType::bf16 ? 1e-2 : 1e-5; }
+inline double op_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : 1e-5; }
 
 // A device tensor's bytes, for bitwise comparisons.
 inline std::vector<std::uint8_t> raw_bytes(Backend& be, const Tensor& t) {
@@ -72,7 +72,7 @@ struct Mirror {
 
   Mirror() = default;
   Mirror(Backend& gpu, DType dtype, i64 n, const std::string& name)
-      : dev(gpu.allocator(), dtype, {n}, name, MemoryKind::external), host(static_cast<std::size_t>(n), kNaN) {}
+      : dev(gpu.allocator(), dtype, {n}, name, MemoryKind::External), host(static_cast<std::size_t>(n), kNaN) {}
 
   // host := values; the GPU copy gets them rounded to its dtype, and host is read back to match.
   void upload(Backend& gpu, const std::vector<double>& values) {

@@ -106,7 +106,7 @@ struct Problem {
     if (!c.v_aliases_k) v = with_nan_padding(vv, rng, "v");
     const i64 rows = c.batch * c.q_heads * c.q_len;
     o = poisoned_mirror(gpu, dt, ov.size, "o");
-    lse = poisoned_mirror(gpu, DType::f32, std::max<i64>(rows, 1), "lse");
+    lse = poisoned_mirror(gpu, DType::F32, std::max<i64>(rows, 1), "lse");
     probs = poisoned_mirror(gpu, dt, std::max<i64>(rows * c.kv_len, 1), "probs");
     o_ref.assign(o.host.size(), kNaN);
     lse_ref.assign(lse.host.size(), kNaN);
@@ -131,7 +131,7 @@ struct Problem {
   // The parameters for one side: `on_gpu` picks the buffers (device, test dtype) or the twins (host, f64).
   AttentionBwdParams params(bool on_gpu) {
     AttentionBwdParams p;
-    p.dtype = on_gpu ? dt : DType::f64;
+    p.dtype = on_gpu ? dt : DType::F64;
     p.kernel = kernel;
     p.batch = c.batch, p.q_len = c.q_len, p.kv_len = c.kv_len, p.q_heads = c.q_heads, p.kv_heads = c.kv_heads;
     p.d_qk = c.d_qk, p.d_v = c.d_v, p.q_offset = c.q_offset;
@@ -149,7 +149,7 @@ struct Problem {
     p.o = ptr(o, ov, &o_ref);
     set(ov, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
     p.lse = on_gpu ? lse.gpu() : lse_ref.data();
-    if (kernel == AttentionKernel::eager) p.probs = on_gpu ? probs.gpu() : probs_ref.data();
+    if (kernel == AttentionKernel::Eager) p.probs = on_gpu ? probs.gpu() : probs_ref.data();
     if (dout.dev.defined()) {
       p.dout = ptr(dout, ov, nullptr);
       set(ov, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
@@ -197,8 +197,8 @@ struct Problem {
           bad_empty_rows += !(std::isinf(got[r]) && got[r] < 0);
       }
     EXPECT_EQ(bad_empty_rows, 0) << "lse of rows without visible keys must be -inf";
-    if (std::count(rows.begin(), rows.end(), 1) > 0) expect_output("lse", DType::f32, got, lse_ref, rows, 1e-5, false);
-    if (kernel == AttentionKernel::eager) {
+    if (std::count(rows.begin(), rows.end(), 1) > 0) expect_output("lse", DType::F32, got, lse_ref, rows, 1e-5, false);
+    if (kernel == AttentionKernel::Eager) {
       std::vector<char> all(probs.host.size(), 1);
       if (c.batch * c.q_heads * c.q_len * c.kv_len == 0) all.assign(all.size(), 0);
       if (std::count(all.begin(), all.end(), 1) > 0) expect_output("probs", dt, probs.download(gpu), probs_ref, all, tol);
@@ -213,7 +213,7 @@ struct Problem {
   }
 };
 
-const char* kernel_tag(AttentionKernel k) { return k == AttentionKernel::eager ? "eager" : "fused"; }
+const char* kernel_tag(AttentionKernel k) { return k == AttentionKernel::Eager ? "eager" : "fused"; }
 
 struct Param {
   Case c;
@@ -228,8 +228,8 @@ std::string param_name(const ::testing::TestParamInfo<Param>& i) { return param_
 std::vector<Param> params() {
   std::vector<Param> out;
   for (const auto& c : kCases)
-    for (AttentionKernel k : {AttentionKernel::eager, AttentionKernel::fused})
-      for (DType t : {DType::f32, DType::bf16}) out.push_back({c, k, t});
+    for (AttentionKernel k : {AttentionKernel::Eager, AttentionKernel::Fused})
+      for (DType t : {DType::F32, DType::BF16}) out.push_back({c, k, t});
   return out;
 }
 
@@ -282,9 +282,9 @@ TEST(CudaAttentionChecks, RejectsUnsupportedInputs) {
   auto rng = rng_for_test();
   const Case& tiny = *std::find_if(std::begin(kCases), std::end(kCases),
                                    [](const Case& c) { return std::string(c.name) == "tiny_mha"; });
-  Problem pr(tiny, AttentionKernel::fused, DType::f32, be, rng);
+  Problem pr(tiny, AttentionKernel::Fused, DType::F32, be, rng);
   AttentionBwdParams p = pr.params(true);
-  p.dtype = DType::f64;
+  p.dtype = DType::F64;
   EXPECT_THROW(be.gpu->attention_forward(p), InvalidArgument);
   p = pr.params(true);
   p.kv_heads = 3;  // does not divide 2 query heads
@@ -353,7 +353,7 @@ std::vector<CapParam> cap_params() {
   std::vector<CapParam> out;
   for (const char* name : {"mha_192_128", "gqa_offset", "mqa_576_512_absorbed", "mqa_separate_v",
                            "mha_offset_unseen_keys", "negative_offset"})
-    for (DType t : {DType::f32, DType::bf16})
+    for (DType t : {DType::F32, DType::BF16})
       for (Cap c : {Cap::two_heads, Cap::one_head, Cap::rows, Cap::one_row})
         if (c != Cap::two_heads || case_named(name).q_heads > 2) out.push_back({name, t, c});
   return out;
@@ -375,7 +375,7 @@ TEST_P(CudaEagerScratchCap, ChunkedMatchesFloat64) {
   Backends be;
   Backend& gpu = *be.gpu;
   auto rng = rng_for_test();
-  Problem pr(c, AttentionKernel::eager, cp.dtype, be, rng);
+  Problem pr(c, AttentionKernel::Eager, cp.dtype, be, rng);
   // Uncapped: one chunk, the calls eager attention made before chunking existed.
   cuda_set_eager_scratch_cap(gpu, std::numeric_limits<std::size_t>::max());
   pr.forward();
@@ -440,7 +440,7 @@ TEST(CudaScratch, FusedBackwardUsesItsOwnSlots) {
   Backends be;
   Backend& gpu = *be.gpu;
   auto rng = rng_for_test();
-  Problem pr(case_named("mqa_576_512_absorbed_dense_h16"), AttentionKernel::fused, DType::bf16, be, rng);
+  Problem pr(case_named("mqa_576_512_absorbed_dense_h16"), AttentionKernel::Fused, DType::BF16, be, rng);
   pr.forward();
   pr.backward(rng);
   pr.check_backward();
@@ -470,7 +470,7 @@ TEST_P(CudaAttentionFusedDq, SameDkDvBitsAndDqWithinTolerance) {
   LAGA_REQUIRE_GPU();
   Backends be;
   auto rng = rng_for_test();
-  Problem pr(GetParam(), AttentionKernel::fused, DType::bf16, be, rng);
+  Problem pr(GetParam(), AttentionKernel::Fused, DType::BF16, be, rng);
   pr.forward();
   cuda_set_flash_fused_dq(*be.gpu, false);
   cuda_reset_scratch_peak(*be.gpu, /*release=*/true);
@@ -536,9 +536,9 @@ class CudaAttentionCudnn : public ::testing::TestWithParam<Case> {
 
 TEST_P(CudaAttentionCudnn, MatchesCpuFloat64AndRerunsBitwise) {
   Backends be;
-  cuda_set_attention_provider(*be.gpu, AttentionProvider::cudnn);
+  cuda_set_attention_provider(*be.gpu, AttentionProvider::Cudnn);
   auto rng = rng_for_test();
-  Problem pr(GetParam(), AttentionKernel::fused, DType::bf16, be, rng);
+  Problem pr(GetParam(), AttentionKernel::Fused, DType::BF16, be, rng);
   const AttentionBwdParams p0 = pr.params(true);
   const std::string why = cuda::cudnn_attention_rejects(static_cast<const AttentionFwdParams&>(p0));
   if (!why.empty()) {
@@ -591,11 +591,11 @@ TEST_P(CudaAttentionCudnn, MatchesCpuFloat64AndRerunsBitwise) {
 // float64 bars as the deterministic one; its own graph (the forward's is shared).
 TEST_P(CudaAttentionCudnn, NondeterministicBackwardMatchesCpuFloat64) {
   Backends be;
-  cuda_set_attention_provider(*be.gpu, AttentionProvider::cudnn);
+  cuda_set_attention_provider(*be.gpu, AttentionProvider::Cudnn);
   EXPECT_TRUE(cuda_attention_deterministic(*be.gpu)) << "a new backend runs deterministically";
   cuda_set_attention_deterministic(*be.gpu, false);
   auto rng = rng_for_test();
-  Problem pr(GetParam(), AttentionKernel::fused, DType::bf16, be, rng);
+  Problem pr(GetParam(), AttentionKernel::Fused, DType::BF16, be, rng);
   const AttentionBwdParams p0 = pr.params(true);
   if (!cuda::cudnn_attention_rejects(static_cast<const AttentionFwdParams&>(p0)).empty())
     GTEST_SKIP() << "a shape the provider refuses (the test above checks the refusal)";
@@ -627,9 +627,9 @@ TEST(CudaAttentionProvider, LagaAndAutoCountTheirCalls) {
   LAGA_REQUIRE_GPU();
   Backends be;
   auto rng = rng_for_test();
-  EXPECT_EQ(cuda_attention_provider(*be.gpu), AttentionProvider::laga) << "a new backend runs laga's kernels";
-  Problem pr(kCases[0], AttentionKernel::fused, DType::f32, be, rng);
-  cuda_set_attention_provider(*be.gpu, AttentionProvider::automatic);
+  EXPECT_EQ(cuda_attention_provider(*be.gpu), AttentionProvider::Laga) << "a new backend runs laga's kernels";
+  Problem pr(kCases[0], AttentionKernel::Fused, DType::F32, be, rng);
+  cuda_set_attention_provider(*be.gpu, AttentionProvider::Automatic);
   pr.forward();
   pr.backward(rng);
   pr.check_backward();

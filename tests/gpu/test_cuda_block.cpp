@@ -20,7 +20,7 @@ namespace {
 // on an H200 (scripts/gpu.sh check) with a margin of about 10x for f32 and 3x for bf16. f32: fp32 arithmetic
 // everywhere (no TF32), at most 9e-7 measured. bf16: every intermediate is stored in bf16 (relative rounding
 // up to 2^-9 per store, compounding over ~30 ops), at most 1.1e-2 measured.
-double cuda_tolerance(DType t) { return t == DType::bf16 ? 3e-2 : 1e-5; }
+double cuda_tolerance(DType t) { return t == DType::BF16 ? 3e-2 : 1e-5; }
 
 std::string no_gpu() { return cuda_available() ? "" : "no usable CUDA device (or built without CUDA)"; }
 
@@ -29,7 +29,7 @@ Platform cuda_platform(const std::string& name, GpuComm comm) {
       .name = name,
       .unavailable =
           [comm] {
-            if (comm == GpuComm::nccl && !nccl_available()) return std::string("laga was built without NCCL");
+            if (comm == GpuComm::Nccl && !nccl_available()) return std::string("laga was built without NCCL");
             return no_gpu();
           },
       .make_backend = [](int) { return make_cuda_backend(0); },
@@ -46,36 +46,36 @@ std::shared_ptr<const Suite> suite(const std::string& name, GpuComm comm) {
 
 std::vector<Param> single_cases() {
   std::vector<Case> shapes;
-  for (DType t : {DType::f32, DType::bf16}) {
+  for (DType t : {DType::F32, DType::BF16}) {
     shapes.push_back({.config = "tiny", .ranks = 1, .dtype = t, .seq = 16});
     shapes.push_back({.config = "small", .ranks = 1, .dtype = t, .seq = 32});
     shapes.push_back({.config = "mla_dims", .ranks = 1, .dtype = t, .seq = 32});
   }
-  return every_layout(suite("cuda", GpuComm::single), shapes);
+  return every_layout(suite("cuda", GpuComm::Single), shapes);
 }
 
 const std::shared_ptr<const Suite>& staging() {
-  static const auto s = suite("cuda_host_staging", GpuComm::host_staging);
+  static const auto s = suite("cuda_host_staging", GpuComm::HostStaging);
   return s;
 }
 std::vector<Param> staging_cases() {
   std::vector<Case> shapes;
-  for (DType t : {DType::f32, DType::bf16})
+  for (DType t : {DType::F32, DType::BF16})
     for (int P : {2, 4}) shapes.push_back({.config = "tiny", .ranks = P, .dtype = t, .seq = 64});
   return every_layout(staging(), shapes);
 }
 
 std::vector<Param> nccl_cases() {
   std::vector<Case> shapes;
-  for (DType t : {DType::f32, DType::bf16}) shapes.push_back({.config = "tiny", .ranks = 1, .dtype = t, .seq = 64});
-  return every_layout(suite("cuda_nccl", GpuComm::nccl), shapes);
+  for (DType t : {DType::F32, DType::BF16}) shapes.push_back({.config = "tiny", .ranks = 1, .dtype = t, .seq = 64});
+  return every_layout(suite("cuda_nccl", GpuComm::Nccl), shapes);
 }
 
 INSTANTIATE_TEST_SUITE_P(CudaBlock, BlockConformance, testing::ValuesIn(single_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(CudaHostStaging, BlockConformance, testing::ValuesIn(staging_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(CudaNccl, BlockConformance, testing::ValuesIn(nccl_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(CudaHostStaging, BlockRefusals,
-                         testing::Values(Param{staging(), Case{.ranks = 2, .dtype = DType::bf16}}), param_name);
+                         testing::Values(Param{staging(), Case{.ranks = 2, .dtype = DType::BF16}}), param_name);
 
 }  // namespace
 }  // namespace laga::conformance

@@ -15,7 +15,7 @@
 namespace laga::gpu_test {
 namespace {
 
-const DType kDtypes[] = {DType::f32, DType::bf16};
+const DType kDtypes[] = {DType::F32, DType::BF16};
 
 // ================================================================ GEMM
 
@@ -32,17 +32,17 @@ struct GemmCase {
 void PrintTo(const GemmCase& c, std::ostream* os) { *os << c.name; }
 
 const GemmCase kGemmCases[] = {
-    {"nn_square", Trans::no, Trans::no, 64, 64, 64, 1, 0, BatchMode::normal, 1.0, 0.0},
-    {"nt_odd_sizes_odd_ld", Trans::no, Trans::yes, 37, 45, 29, 1, 3, BatchMode::normal, 1.0, 0.0},
-    {"tn_alpha_beta", Trans::yes, Trans::no, 40, 24, 56, 1, 8, BatchMode::normal, 0.5, 1.0},
-    {"tt_batched", Trans::yes, Trans::yes, 33, 17, 21, 3, 1, BatchMode::normal, 1.0, 0.0},
-    {"broadcast_a_batched", Trans::no, Trans::no, 48, 16, 32, 4, 0, BatchMode::broadcast_a, 1.0, 0.0},
-    {"broadcast_b_batched_beta", Trans::no, Trans::yes, 24, 40, 16, 3, 2, BatchMode::broadcast_b, 1.0, 1.0},
+    {"nn_square", Trans::No, Trans::No, 64, 64, 64, 1, 0, BatchMode::normal, 1.0, 0.0},
+    {"nt_odd_sizes_odd_ld", Trans::No, Trans::Yes, 37, 45, 29, 1, 3, BatchMode::normal, 1.0, 0.0},
+    {"tn_alpha_beta", Trans::Yes, Trans::No, 40, 24, 56, 1, 8, BatchMode::normal, 0.5, 1.0},
+    {"tt_batched", Trans::Yes, Trans::Yes, 33, 17, 21, 3, 1, BatchMode::normal, 1.0, 0.0},
+    {"broadcast_a_batched", Trans::No, Trans::No, 48, 16, 32, 4, 0, BatchMode::broadcast_a, 1.0, 0.0},
+    {"broadcast_b_batched_beta", Trans::No, Trans::Yes, 24, 40, 16, 3, 2, BatchMode::broadcast_b, 1.0, 1.0},
     // As the block's per-head up-projection: A broadcast, B and C batches interleaved inside one row.
-    {"interleaved_heads", Trans::no, Trans::no, 50, 8, 16, 4, 0, BatchMode::interleaved, 1.0, 0.0},
-    {"interleaved_heads_ta_beta", Trans::yes, Trans::no, 16, 8, 50, 4, 0, BatchMode::interleaved, 1.0, 1.0},
-    {"large_k", Trans::no, Trans::no, 32, 48, 1000, 1, 0, BatchMode::normal, 1.0, 0.0},
-    {"k_zero_scales_c", Trans::no, Trans::no, 5, 7, 0, 2, 1, BatchMode::normal, 1.0, 0.5},
+    {"interleaved_heads", Trans::No, Trans::No, 50, 8, 16, 4, 0, BatchMode::interleaved, 1.0, 0.0},
+    {"interleaved_heads_ta_beta", Trans::Yes, Trans::No, 16, 8, 50, 4, 0, BatchMode::interleaved, 1.0, 1.0},
+    {"large_k", Trans::No, Trans::No, 32, 48, 1000, 1, 0, BatchMode::normal, 1.0, 0.0},
+    {"k_zero_scales_c", Trans::No, Trans::No, 5, 7, 0, 2, 1, BatchMode::normal, 1.0, 0.5},
 };
 
 struct GemmParam {
@@ -68,7 +68,7 @@ TEST_P(CudaGemm, MatchesCpuFloat64) {
   const DType dt = GetParam().dtype;
   Backends be;
   auto rng = rng_for_test();
-  const bool ta = c.ta == Trans::yes, tb = c.tb == Trans::yes;
+  const bool ta = c.ta == Trans::Yes, tb = c.tb == Trans::Yes;
   const i64 a_rows = ta ? c.k : c.m, a_cols = ta ? c.m : c.k;
   const i64 b_rows = tb ? c.n : c.k, b_cols = tb ? c.k : c.n;
   GemmArgs g{.trans_a = c.ta, .trans_b = c.tb, .m = c.m, .n = c.n, .k = c.k, .batch = c.batch, .alpha = c.alpha,
@@ -111,7 +111,7 @@ TEST_P(CudaGemm, MatchesCpuFloat64) {
   gg.dtype = dt, gg.a = a.gpu(), gg.b = b.gpu(), gg.c = out.gpu();
   be.gpu->gemm(gg);
   GemmArgs gc = g;
-  gc.dtype = DType::f64, gc.a = a.cpu(), gc.b = b.cpu(), gc.c = ref.data();
+  gc.dtype = DType::F64, gc.a = a.cpu(), gc.b = b.cpu(), gc.c = ref.data();
   if (c.k > 0) {
     be.cpu->gemm(gc);
   } else {
@@ -126,11 +126,11 @@ INSTANTIATE_TEST_SUITE_P(Ops, CudaGemm, ::testing::ValuesIn(gemm_params()), gemm
 TEST(CudaGemmChecks, RejectsFloat64AndBadLeadingDimension) {
   LAGA_REQUIRE_GPU();
   Backends be;
-  Tensor t(be.gpu->allocator(), DType::f32, {64}, "t", MemoryKind::external);
-  GemmArgs g{.dtype = DType::f64, .m = 4, .n = 4, .k = 4, .a = t.data(), .lda = 4, .b = t.data(), .ldb = 4,
+  Tensor t(be.gpu->allocator(), DType::F32, {64}, "t", MemoryKind::External);
+  GemmArgs g{.dtype = DType::F64, .m = 4, .n = 4, .k = 4, .a = t.data(), .lda = 4, .b = t.data(), .ldb = 4,
              .c = t.data(), .ldc = 4};
   EXPECT_THROW(be.gpu->gemm(g), InvalidArgument);
-  g.dtype = DType::f32;
+  g.dtype = DType::F32;
   g.lda = 3;
   EXPECT_THROW(be.gpu->gemm(g), InvalidArgument);
 }
@@ -149,18 +149,18 @@ struct CopyCase {
 void PrintTo(const CopyCase& c, std::ostream* os) { *os << c.name; }
 
 const CopyCase kCopyCases[] = {
-    {"assign_batched", 3, 17, 13, false, false, CopyMode::assign},
-    {"assign_broadcast_src", 4, 9, 24, true, false, CopyMode::assign},
-    {"accumulate_batched", 3, 11, 19, false, false, CopyMode::accumulate},
-    {"accumulate_reduce_over_batch", 6, 21, 16, false, true, CopyMode::accumulate},
-    {"assign_long_row", 1, 1, 10000, false, false, CopyMode::assign},
-    {"assign_batched_aligned", 5, 37, 192, false, false, CopyMode::assign, true},
-    {"assign_broadcast_src_aligned", 3, 19, 64, true, false, CopyMode::assign, true},
-    {"assign_long_row_aligned", 1, 1, 40000, false, false, CopyMode::assign, true},
-    {"accumulate_batched_aligned", 3, 11, 128, false, false, CopyMode::accumulate, true},
+    {"assign_batched", 3, 17, 13, false, false, CopyMode::Assign},
+    {"assign_broadcast_src", 4, 9, 24, true, false, CopyMode::Assign},
+    {"accumulate_batched", 3, 11, 19, false, false, CopyMode::Accumulate},
+    {"accumulate_reduce_over_batch", 6, 21, 16, false, true, CopyMode::Accumulate},
+    {"assign_long_row", 1, 1, 10000, false, false, CopyMode::Assign},
+    {"assign_batched_aligned", 5, 37, 192, false, false, CopyMode::Assign, true},
+    {"assign_broadcast_src_aligned", 3, 19, 64, true, false, CopyMode::Assign, true},
+    {"assign_long_row_aligned", 1, 1, 40000, false, false, CopyMode::Assign, true},
+    {"accumulate_batched_aligned", 3, 11, 128, false, false, CopyMode::Accumulate, true},
     // More batch entries than one launch's grid.y (65535) takes, on either path.
-    {"assign_many_batches_aligned", 70000, 1, 8, false, false, CopyMode::assign, true},
-    {"accumulate_many_batches", 70000, 2, 3, false, false, CopyMode::accumulate},
+    {"assign_many_batches_aligned", 70000, 1, 8, false, false, CopyMode::Assign, true},
+    {"accumulate_many_batches", 70000, 2, 3, false, false, CopyMode::Accumulate},
 };
 
 struct CopyParam {
@@ -171,7 +171,7 @@ void PrintTo(const CopyParam& p, std::ostream* os) { *os << p.c.name << "_" << d
 std::vector<CopyParam> copy_params() {
   std::vector<CopyParam> out;
   for (const auto& c : kCopyCases)
-    for (DType t : {DType::f32, DType::bf16, DType::f64}) out.push_back({c, t});
+    for (DType t : {DType::F32, DType::BF16, DType::F64}) out.push_back({c, t});
   return out;
 }
 
@@ -197,7 +197,7 @@ TEST_P(CudaCopy, MatchesCpuFloat64) {
     for (i64 r = 0; r < c.rows; ++r)
       for (i64 j = 0; j < c.cols; ++j) view[b * a.dst_batch_stride + r * a.dst_ld + j] = 1;
   Mirror dst = poisoned_mirror(*be.gpu, dt, dst_size, "dst");
-  if (c.mode == CopyMode::accumulate) {  // accumulate onto random values inside the view
+  if (c.mode == CopyMode::Accumulate) {  // accumulate onto random values inside the view
     std::vector<double> init(dst.host.size(), kNaN);
     const auto r = random_values(rng, dst_size);
     for (std::size_t i = 0; i < init.size(); ++i) init[i] = view[i] ? r[i] : kNaN;
@@ -206,11 +206,11 @@ TEST_P(CudaCopy, MatchesCpuFloat64) {
   std::vector<double> ref = dst.host;
   CopyArgs ag = a, ac = a;
   ag.dtype = dt, ag.src = src.gpu(), ag.dst = dst.gpu();
-  ac.dtype = DType::f64, ac.src = src.cpu(), ac.dst = ref.data();
+  ac.dtype = DType::F64, ac.src = src.cpu(), ac.dst = ref.data();
   be.gpu->copy(ag);
   be.cpu->copy(ac);
   // A reduction over the batch in bf16 rounds once on the GPU (fp32 sum) and never on the CPU.
-  expect_output("dst", dt, dst.download(*be.gpu), ref, view, dt == DType::f64 ? 0.0 : op_tolerance(dt));
+  expect_output("dst", dt, dst.download(*be.gpu), ref, view, dt == DType::F64 ? 0.0 : op_tolerance(dt));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, CudaCopy, ::testing::ValuesIn(copy_params()),
@@ -225,9 +225,9 @@ TEST(CudaCopyHost, AssignBetweenHostAndDeviceBuffers) {
   auto rng = rng_for_test();
   const std::vector<double> values = random_values(rng, 1000);
   std::vector<double> back(values.size(), kNaN), host_to_host(values.size(), kNaN);
-  Tensor dev(be.gpu->allocator(), DType::f64, {1000}, "dev", MemoryKind::external);
+  Tensor dev(be.gpu->allocator(), DType::F64, {1000}, "dev", MemoryKind::External);
   auto copy = [&](const void* src, void* dst) {
-    be.gpu->copy(CopyArgs{.dtype = DType::f64, .rows = 1, .cols = 1000, .src = src, .src_ld = 1000, .dst = dst,
+    be.gpu->copy(CopyArgs{.dtype = DType::F64, .rows = 1, .cols = 1000, .src = src, .src_ld = 1000, .dst = dst,
                           .dst_ld = 1000});
   };
   copy(values.data(), dev.data());
@@ -236,8 +236,8 @@ TEST(CudaCopyHost, AssignBetweenHostAndDeviceBuffers) {
   EXPECT_EQ(back, values);
   EXPECT_EQ(host_to_host, values);
   std::vector<double> acc(1000, 0.0);
-  EXPECT_THROW(be.gpu->copy(CopyArgs{.dtype = DType::f64, .rows = 1, .cols = 1000, .src = values.data(),
-                                     .src_ld = 1000, .dst = acc.data(), .dst_ld = 1000, .mode = CopyMode::accumulate}),
+  EXPECT_THROW(be.gpu->copy(CopyArgs{.dtype = DType::F64, .rows = 1, .cols = 1000, .src = values.data(),
+                                     .src_ld = 1000, .dst = acc.data(), .dst_ld = 1000, .mode = CopyMode::Accumulate}),
                InvalidArgument);
 }
 
@@ -246,8 +246,8 @@ TEST(CudaCopyHost, AssignBetweenHostAndDeviceBuffers) {
 TEST(CudaFill, EveryDtypeWritesEveryElement) {
   LAGA_REQUIRE_GPU();
   Backends be;
-  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
-    Tensor t(be.gpu->allocator(), dt, {3, 1001}, "t", MemoryKind::external);
+  for (DType dt : {DType::F32, DType::BF16, DType::F64}) {
+    Tensor t(be.gpu->allocator(), dt, {3, 1001}, "t", MemoryKind::External);
     be.gpu->fill(t, kNaN);
     be.gpu->fill(t, 0.375);  // exact in bf16
     for (double v : to_host(*be.gpu, t)) ASSERT_EQ(v, 0.375) << dtype_tag(dt);
@@ -258,12 +258,12 @@ TEST(CudaAllocator, CountsActivationBytesAndFrees) {
   LAGA_REQUIRE_GPU();
   Backends be;
   Allocator& alloc = be.gpu->allocator();
-  EXPECT_EQ(alloc.device(), Device::cuda);
+  EXPECT_EQ(alloc.device(), Device::Cuda);
   const std::size_t live0 = alloc.live_bytes();
   {
-    Tensor a(alloc, DType::bf16, {1000, 3}, "a");
-    Tensor b(alloc, DType::f32, {7}, "b", MemoryKind::external);
-    EXPECT_EQ(a.device(), Device::cuda);
+    Tensor a(alloc, DType::BF16, {1000, 3}, "a");
+    Tensor b(alloc, DType::F32, {7}, "b", MemoryKind::External);
+    EXPECT_EQ(a.device(), Device::Cuda);
     EXPECT_EQ(alloc.live_bytes(), live0 + 6000);
     EXPECT_GE(alloc.peak_bytes(), live0 + 6000);
   }
@@ -274,15 +274,15 @@ TEST(CudaTransfers, RoundTripIsExact) {
   LAGA_REQUIRE_GPU();
   Backends be;
   auto rng = rng_for_test();
-  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
-    Tensor t(be.gpu->allocator(), dt, {4097}, "t", MemoryKind::external);
+  for (DType dt : {DType::F32, DType::BF16, DType::F64}) {
+    Tensor t(be.gpu->allocator(), dt, {4097}, "t", MemoryKind::External);
     const auto v = random_values(rng, 4097);
     from_host(*be.gpu, t, v);
     const auto once = to_host(*be.gpu, t);
     for (std::size_t i = 0; i < v.size(); ++i) {
-      const double expected = dt == DType::f64 ? v[i] : dt == DType::f32 ? double(float(v[i])) : once[i];
+      const double expected = dt == DType::F64 ? v[i] : dt == DType::F32 ? double(float(v[i])) : once[i];
       ASSERT_EQ(once[i], expected) << dtype_tag(dt) << " element " << i;
-      if (dt == DType::bf16) ASSERT_LE(std::abs(once[i] - v[i]), std::abs(v[i]) * 0x1p-8) << "bf16 element " << i;
+      if (dt == DType::BF16) ASSERT_LE(std::abs(once[i] - v[i]), std::abs(v[i]) * 0x1p-8) << "bf16 element " << i;
     }
     from_host(*be.gpu, t, once);
     EXPECT_EQ(to_host(*be.gpu, t), once) << dtype_tag(dt);
@@ -293,11 +293,11 @@ TEST(CudaBackend, NameDeviceAndMissingDevice) {
   LAGA_REQUIRE_GPU();
   Backends be;
   EXPECT_STREQ(be.gpu->name(), "cuda");
-  EXPECT_EQ(be.gpu->device(), Device::cuda);
+  EXPECT_EQ(be.gpu->device(), Device::Cuda);
   EXPECT_GE(cuda_device_count(), 1);
   EXPECT_THROW(make_cuda_backend(cuda_device_count()), InvalidArgument);
   // The refusal touches no device: the next op on a good backend must not see a stale CUDA error.
-  Tensor t(be.gpu->allocator(), DType::f32, {4}, "t", MemoryKind::external);
+  Tensor t(be.gpu->allocator(), DType::F32, {4}, "t", MemoryKind::External);
   be.gpu->fill(t, 1.0);
   EXPECT_EQ(to_host(*be.gpu, t), (std::vector<double>{1, 1, 1, 1}));
 }
@@ -343,16 +343,16 @@ TEST_P(CudaRmsNorm, ForwardAndBackwardMatchCpuFloat64) {
 
   // forward
   Mirror y = poisoned_mirror(*be.gpu, dt, c.rows * y_ld, "y");
-  Mirror rstd = poisoned_mirror(*be.gpu, DType::f32, c.rows, "rstd");
+  Mirror rstd = poisoned_mirror(*be.gpu, DType::F32, c.rows, "rstd");
   std::vector<double> y_ref(y.host.size(), kNaN), rstd_ref(static_cast<std::size_t>(c.rows), kNaN);
   RmsNormArgs a{.rows = c.rows, .cols = c.cols, .eps = 1e-6, .x_ld = x_ld, .y_ld = y_ld};
   RmsNormArgs ag = a, ac = a;
   ag.dtype = dt, ag.x = x.gpu(), ag.gamma = gamma.gpu(), ag.y = y.gpu(), ag.rstd = rstd.gpu();
-  ac.dtype = DType::f64, ac.x = x.cpu(), ac.gamma = gamma.cpu(), ac.y = y_ref.data(), ac.rstd = rstd_ref.data();
+  ac.dtype = DType::F64, ac.x = x.cpu(), ac.gamma = gamma.cpu(), ac.y = y_ref.data(), ac.rstd = rstd_ref.data();
   be.gpu->rmsnorm_forward(ag);
   be.cpu->rmsnorm_forward(ac);
   expect_output("y", dt, y.download(*be.gpu), y_ref, y_view, op_tolerance(dt));
-  expect_output("rstd", DType::f32, rstd.download(*be.gpu), rstd_ref, r_view, 1e-5);
+  expect_output("rstd", DType::F32, rstd.download(*be.gpu), rstd_ref, r_view, 1e-5);
 
   // backward: fresh dy; dx overwritten (poisoned), dgamma accumulated onto random values
   const i64 dy_ld = c.cols + 2, dx_ld = c.cols + 1;
@@ -433,7 +433,7 @@ TEST_P(CudaRope, ForwardAndBackwardMatchCpuFloat64) {
   std::vector<double> y_ref(y.host.size(), kNaN);
   RopeArgs ag = a, ac = a;
   ag.dtype = dt, ag.x = x.gpu(), ag.y = y.gpu();
-  ac.dtype = DType::f64, ac.x = x.cpu(), ac.y = y_ref.data();
+  ac.dtype = DType::F64, ac.x = x.cpu(), ac.y = y_ref.data();
   be.gpu->rope_forward(ag);
   be.cpu->rope_forward(ac);
   expect_output("y", dt, y.download(*be.gpu), y_ref, y_view, op_tolerance(dt));
@@ -469,7 +469,7 @@ TEST_P(CudaRope, InPlaceMatchesCpuFloat64) {
                 .x_token_stride = xt, .x_batch_stride = xb, .x_head_stride = xh, .y = x.gpu(), .y_token_stride = xt,
                 .y_batch_stride = xb, .y_head_stride = xh};
     RopeArgs ac = ag;
-    ac.dtype = DType::f64, ac.x = ref.data(), ac.y = ref.data();
+    ac.dtype = DType::F64, ac.x = ref.data(), ac.y = ref.data();
     if (backward) {
       be.gpu->rope_backward(ag);
       be.cpu->rope_backward(ac);
@@ -491,10 +491,10 @@ TEST(CudaRopeCache, NewFrequenciesAreUploaded) {
   LAGA_REQUIRE_GPU();
   Backends be;
   std::vector<double> f1{1.0, 0.5}, f2{0.25, 2.0};
-  Tensor x(be.gpu->allocator(), DType::f32, {4}, "x", MemoryKind::external);
-  Tensor y(be.gpu->allocator(), DType::f32, {4}, "y", MemoryKind::external);
+  Tensor x(be.gpu->allocator(), DType::F32, {4}, "x", MemoryKind::External);
+  Tensor y(be.gpu->allocator(), DType::F32, {4}, "y", MemoryKind::External);
   from_host(*be.gpu, x, {1.0, 0.0, 1.0, 0.0});
-  RopeArgs a{.dtype = DType::f32, .tokens = 1, .batch = 1, .heads = 1, .dim = 4, .pos_offset = 1, .inv_freq = f1.data(),
+  RopeArgs a{.dtype = DType::F32, .tokens = 1, .batch = 1, .heads = 1, .dim = 4, .pos_offset = 1, .inv_freq = f1.data(),
              .x = x.data(), .x_token_stride = 4, .x_batch_stride = 4, .x_head_stride = 4, .y = y.data(),
              .y_token_stride = 4, .y_batch_stride = 4, .y_head_stride = 4};
   be.gpu->rope_forward(a);
@@ -519,12 +519,12 @@ TEST_P(CudaAttentionMerge, MatchesCpuFloat64) {
   Backends be;
   auto rng = rng_for_test();
   const i64 B = 2, Q = 5, H = 3, D = 40, rows = Q * B * H;
-  Mirror o = random_mirror(*be.gpu, DType::f32, rows * D, rng, "o");
+  Mirror o = random_mirror(*be.gpu, DType::F32, rows * D, rng, "o");
   Mirror part = random_mirror(*be.gpu, part_dt, rows * D, rng, "o_part");
   std::vector<double> lse_v = random_values(rng, rows, -3, 3), part_v = random_values(rng, rows, -3, 3);
   lse_v[1] = -INFINITY;  // (batch 0, head 0, query 1): no key seen yet
   part_v[7] = -INFINITY;  // a partial with no visible key
-  Mirror lse(*be.gpu, DType::f32, rows, "lse"), lse_part(*be.gpu, DType::f32, rows, "lse_part");
+  Mirror lse(*be.gpu, DType::F32, rows, "lse"), lse_part(*be.gpu, DType::F32, rows, "lse_part");
   lse.upload(*be.gpu, lse_v);
   lse_part.upload(*be.gpu, part_v);
   AttentionMergeArgs a{.batch = B, .q_len = Q, .heads = H, .d_v = D, .o_token_stride = B * H * D,
@@ -532,17 +532,17 @@ TEST_P(CudaAttentionMerge, MatchesCpuFloat64) {
                        .part_batch_stride = H * D, .part_head_stride = D};
   AttentionMergeArgs ag = a, ac = a;
   ag.dtype = part_dt, ag.o = o.gpu(), ag.lse = lse.gpu(), ag.o_part = part.gpu(), ag.lse_part = lse_part.gpu();
-  if (part_dt != DType::f32) ag.o_dtype = DType::f32;
+  if (part_dt != DType::F32) ag.o_dtype = DType::F32;
   std::vector<double> o_ref = o.host, lse_ref = lse.host;
-  ac.dtype = DType::f64, ac.o = o_ref.data(), ac.lse = lse_ref.data(), ac.o_part = part.cpu(), ac.lse_part = lse_part.cpu();
+  ac.dtype = DType::F64, ac.o = o_ref.data(), ac.lse = lse_ref.data(), ac.o_part = part.cpu(), ac.lse_part = lse_part.cpu();
   be.gpu->attention_merge(ag);
   be.cpu->attention_merge(ac);
   const std::vector<char> all_o(o_ref.size(), 1), all_lse(lse_ref.size(), 1);
-  expect_output("o", DType::f32, o.download(*be.gpu), o_ref, all_o, op_tolerance(DType::f32), false);
-  expect_output("lse", DType::f32, lse.download(*be.gpu), lse_ref, all_lse, op_tolerance(DType::f32), false);
+  expect_output("o", DType::F32, o.download(*be.gpu), o_ref, all_o, op_tolerance(DType::F32), false);
+  expect_output("lse", DType::F32, lse.download(*be.gpu), lse_ref, all_lse, op_tolerance(DType::F32), false);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, CudaAttentionMerge, ::testing::Values(DType::bf16, DType::f32),
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaAttentionMerge, ::testing::Values(DType::BF16, DType::F32),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_tag(i.param)); });
 
 }  // namespace

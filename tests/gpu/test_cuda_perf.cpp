@@ -36,7 +36,7 @@ void print(const char* name, double ms, double flops) {
 }
 
 Tensor random_tensor(Backend& be, DType dt, Shape shape, std::mt19937_64& rng) {
-  Tensor t(be.allocator(), dt, shape, "t", MemoryKind::external);
+  Tensor t(be.allocator(), dt, shape, "t", MemoryKind::External);
   from_host(be, t, random_values(rng, t.numel()));
   return t;
 }
@@ -46,12 +46,12 @@ TEST(CudaPerf, DISABLED_GemmBf16AndF32) {
   auto be = make_cuda_backend(0);
   auto rng = rng_for_test();
   const i64 n = 8192;
-  for (DType dt : {DType::bf16, DType::f32}) {
+  for (DType dt : {DType::BF16, DType::F32}) {
     Tensor a = random_tensor(*be, dt, {n, n}, rng), b = random_tensor(*be, dt, {n, n}, rng);
-    Tensor c(be->allocator(), dt, {n, n}, "c", MemoryKind::external);
+    Tensor c(be->allocator(), dt, {n, n}, "c", MemoryKind::External);
     GemmArgs g{.dtype = dt, .m = n, .n = n, .k = n, .a = a.data(), .lda = n, .b = b.data(), .ldb = n, .c = c.data(), .ldc = n};
     const double ms = median_ms(*be, [&] { be->gemm(g); }, 5);
-    print(dt == DType::bf16 ? "gemm_8192_bf16" : "gemm_8192_f32", ms, 2.0 * n * n * n);
+    print(dt == DType::BF16 ? "gemm_8192_bf16" : "gemm_8192_f32", ms, 2.0 * n * n * n);
   }
 }
 
@@ -69,7 +69,7 @@ struct AttnShape {
 Tensor tiled_random(Backend& be, DType dt, i64 rows, i64 cols, std::mt19937_64& rng) {
   const i64 block = std::min<i64>(rows, 256), full = rows / block, tail = rows - full * block;
   Tensor src = random_tensor(be, dt, {block, cols}, rng);
-  Tensor t(be.allocator(), dt, {rows, cols}, "t", MemoryKind::external);
+  Tensor t(be.allocator(), dt, {rows, cols}, "t", MemoryKind::External);
   be.copy(CopyArgs{.dtype = dt, .batch = full, .rows = block, .cols = cols, .src = src.data(), .src_ld = cols,
                    .src_batch_stride = 0, .dst = t.data(), .dst_ld = cols, .dst_batch_stride = block * cols});
   if (tail > 0)
@@ -79,21 +79,21 @@ Tensor tiled_random(Backend& be, DType dt, i64 rows, i64 cols, std::mt19937_64& 
 }
 
 void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int reps, std::mt19937_64& rng) {
-  const DType dt = DType::bf16;
+  const DType dt = DType::BF16;
   const i64 S = s.seq;
   Tensor q = tiled_random(be, dt, S, s.heads * s.dqk, rng);
   Tensor k = tiled_random(be, dt, S, s.kv_heads * s.dqk, rng);
   Tensor v;
   if (!s.v_in_k) v = tiled_random(be, dt, S, s.kv_heads * s.dv, rng);
   Tensor dout = tiled_random(be, dt, S, s.heads * s.dv, rng);
-  Tensor o(be.allocator(), dt, {S, s.heads * s.dv}, "o", MemoryKind::external);
-  Tensor dq(be.allocator(), dt, {S, s.heads * s.dqk}, "dq", MemoryKind::external);
-  Tensor dk(be.allocator(), dt, {S, s.kv_heads * s.dqk}, "dk", MemoryKind::external);
-  Tensor dv(be.allocator(), dt, {S, s.kv_heads * s.dv}, "dv", MemoryKind::external);
-  Tensor lse(be.allocator(), DType::f32, {s.heads, S}, "lse", MemoryKind::external);
+  Tensor o(be.allocator(), dt, {S, s.heads * s.dv}, "o", MemoryKind::External);
+  Tensor dq(be.allocator(), dt, {S, s.heads * s.dqk}, "dq", MemoryKind::External);
+  Tensor dk(be.allocator(), dt, {S, s.kv_heads * s.dqk}, "dk", MemoryKind::External);
+  Tensor dv(be.allocator(), dt, {S, s.kv_heads * s.dv}, "dv", MemoryKind::External);
+  Tensor lse(be.allocator(), DType::F32, {s.heads, S}, "lse", MemoryKind::External);
   Tensor probs;
-  if (kernel == AttentionKernel::eager)
-    probs = Tensor(be.allocator(), dt, {s.heads, S, S}, "probs", MemoryKind::external);
+  if (kernel == AttentionKernel::Eager)
+    probs = Tensor(be.allocator(), dt, {s.heads, S, S}, "probs", MemoryKind::External);
   AttentionBwdParams p;
   p.dtype = dt, p.kernel = kernel, p.batch = 1, p.q_len = S, p.kv_len = S, p.q_heads = s.heads;
   p.kv_heads = s.kv_heads, p.d_qk = s.dqk, p.d_v = s.dv, p.scale = 1.0 / std::sqrt(double(s.dqk));
@@ -121,14 +121,14 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
   const double bwd_flops = 2.0 * double(3 * s.dqk + 2 * s.dv) * pairs;
   const double fwd = median_ms(be, [&] { be.attention_forward(p); }, reps);
   const double bwd = median_ms(be, [&] { be.attention_backward(p); }, reps);
-  const char* tag = kernel == AttentionKernel::fused ? "fused" : "eager";
+  const char* tag = kernel == AttentionKernel::Fused ? "fused" : "eager";
   char name[128];
   std::snprintf(name, sizeof(name), "%s_%s_fwd", s.name, tag);
   print(name, fwd, fwd_flops);
   std::snprintf(name, sizeof(name), "%s_%s_bwd", s.name, tag);
   print(name, bwd, bwd_flops);
   // 192/128 tensor cores: the same backward with the separate dQ kernel, in the same process, for comparison.
-  if (kernel == AttentionKernel::fused && s.dqk == 192 && s.dv == 128 && cuda_flash_fused_dq(be)) {
+  if (kernel == AttentionKernel::Fused && s.dqk == 192 && s.dv == 128 && cuda_flash_fused_dq(be)) {
     cuda_set_flash_fused_dq(be, false);
     const double sep = median_ms(be, [&] { be.attention_backward(p); }, reps);
     cuda_set_flash_fused_dq(be, true);
@@ -144,7 +144,7 @@ TEST(CudaPerf, DISABLED_AttentionBf16) {
   auto rng = rng_for_test();
   for (const AttnShape s : {AttnShape{"mha_192_128_h16_s4096", 4096, 16, 16, 192, 128, false},
                             AttnShape{"mqa_576_512_h16_s4096", 4096, 16, 1, 576, 512, false}})
-    for (AttentionKernel kernel : {AttentionKernel::fused, AttentionKernel::eager})
+    for (AttentionKernel kernel : {AttentionKernel::Fused, AttentionKernel::Eager})
       time_attention(*be, s, kernel, 3, rng);
 }
 
@@ -159,8 +159,8 @@ void time_long_sequences(i64 dqk, i64 dv, bool mqa, const char* prefix) {
       char name[64];
       std::snprintf(name, sizeof(name), "%s_h%lld_s%lldk", prefix, (long long)heads, (long long)(seq / 1024));
       const AttnShape s{name, seq, heads, mqa ? 1 : heads, dqk, dv, /*v_in_k=*/mqa};
-      time_attention(*be, s, AttentionKernel::fused, 3, rng);
-      if (heads == 16 && seq == 8192) time_attention(*be, s, AttentionKernel::eager, 3, rng);
+      time_attention(*be, s, AttentionKernel::Fused, 3, rng);
+      if (heads == 16 && seq == 8192) time_attention(*be, s, AttentionKernel::Eager, 3, rng);
     }
 }
 

@@ -36,7 +36,7 @@ std::vector<GradParam> grad_params() {
 }
 
 BlockOptions bf16_options(const GradParam& p) {
-  return p.variant.options(p.layout, AttentionKernel::fused, DType::bf16);
+  return p.variant.options(p.layout, AttentionKernel::Fused, DType::BF16);
 }
 
 GlobalResult run_with(Backend& be, const MlaConfig& cfg, const BlockOptions& opts) {
@@ -54,7 +54,7 @@ TEST_P(GpuGradDtype, Bf16GradientsAreTheFloat32OnesRoundedOnce) {
   const MlaConfig cfg = mla_dims();
   BlockOptions opts = bf16_options(GetParam());
   const GlobalResult f32 = run_with(*be.gpu, cfg, opts);
-  opts.grad_dtype = DType::bf16;
+  opts.grad_dtype = DType::BF16;
   const GlobalResult bf = run_with(*be.gpu, cfg, opts);
   EXPECT_EQ(bf.y, f32.y);
   EXPECT_EQ(bf.dx, f32.dx);
@@ -73,7 +73,7 @@ TEST_P(GpuGradDtype, AccumulatesIntoWhatTheGradientsHold) {
   const MlaConfig cfg = mla_dims();
   const BlockOptions plain = bf16_options(GetParam());
   const GlobalResult ref = run_with(*be.gpu, cfg, plain);
-  for (DType gd : {DType::f32, DType::bf16}) {
+  for (DType gd : {DType::F32, DType::BF16}) {
     BlockOptions opts = plain;
     opts.grad_dtype = gd;
     opts.accumulate_grads = true;
@@ -82,8 +82,8 @@ TEST_P(GpuGradDtype, AccumulatesIntoWhatTheGradientsHold) {
     CountingCommunicator comm(*inner);
     MlaBlock block(cfg, opts, shape, *be.gpu, comm);
     const MlaWeights w = make_weights(cfg, opts.dtype, *be.gpu, kSeed);
-    const Tensor x = make_shard(cfg, shape, opts.dtype, *be.gpu, kSeed, DataStream::x, opts.layout);
-    const Tensor dy = make_shard(cfg, shape, opts.dtype, *be.gpu, kSeed, DataStream::dy, opts.layout);
+    const Tensor x = make_shard(cfg, shape, opts.dtype, *be.gpu, kSeed, DataStream::X, opts.layout);
+    const Tensor dy = make_shard(cfg, shape, opts.dtype, *be.gpu, kSeed, DataStream::Dy, opts.layout);
     MlaGrads g = allocate_grads(cfg, opts, be.gpu->allocator());
     for (auto& [n, t] : g.named()) be.gpu->fill(*t, 1.0);
     for (int step = 0; step < 2; ++step) {
@@ -96,7 +96,7 @@ TEST_P(GpuGradDtype, AccumulatesIntoWhatTheGradientsHold) {
       std::vector<double> want = ref.grads.at(i++).second;
       for (double& v : want) v = 1.0 + 2.0 * v;
       const double err = relative_error(to_host(*be.gpu, *t), want);
-      EXPECT_LE(err, gd == DType::bf16 ? 1e-2 : 1e-5) << "gradient of " << n << " in " << dtype_name(gd);
+      EXPECT_LE(err, gd == DType::BF16 ? 1e-2 : 1e-5) << "gradient of " << n << " in " << dtype_name(gd);
     }
   }
 }

@@ -24,7 +24,7 @@ class CountingHost final : public Allocator {
  protected:
   void* raw_allocate(std::size_t bytes) override {
     void* p = nullptr;
-    const std::uint64_t id = inner_.allocate(bytes, "host", MemoryKind::external, &p);
+    const std::uint64_t id = inner_.allocate(bytes, "host", MemoryKind::External, &p);
     held_[p] = {id, bytes};
     outstanding += bytes;
     return p;
@@ -47,7 +47,7 @@ TEST(CudaHostedScratch, ComesFromTheHostsAllocator) {
   CountingHost host(be.gpu->allocator());
   auto hosted = make_cuda_backend(0, host, nullptr);
   auto comm = make_single_rank_communicator(*hosted);
-  const BlockOptions opts{.kernel = AttentionKernel::fused, .dtype = DType::bf16};
+  const BlockOptions opts{.kernel = AttentionKernel::Fused, .dtype = DType::BF16};
   {
     const RankRun r = run_rank(mla_dims(), opts, BlockShape{.batch = 1, .seq = 128, .ranks = 1, .rank = 0}, *hosted,
                                *comm, 3);

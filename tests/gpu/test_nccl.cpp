@@ -66,11 +66,11 @@ TEST_P(GpuCommP1, EveryCollectiveReturnsTheRankData) {
   EXPECT_TRUE(c.comm->performs_traffic());
 
   const std::int64_t n = 3 * 1024 + 7;  // not a multiple of any vector width
-  Tensor src(gpu->allocator(), dt, {n}, "src", MemoryKind::external);
+  Tensor src(gpu->allocator(), dt, {n}, "src", MemoryKind::External);
   fill_deterministic(*gpu, src, 7, 1, 0, 1.0);
   const std::vector<std::uint8_t> want = raw_bytes(*gpu, src);
   auto fresh = [&](const char* name) {
-    Tensor t(gpu->allocator(), dt, {n}, name, MemoryKind::external);
+    Tensor t(gpu->allocator(), dt, {n}, name, MemoryKind::External);
     gpu->fill(t, -5.0);
     return t;
   };
@@ -107,10 +107,10 @@ TEST_P(GpuCommP1, EveryCollectiveReturnsTheRankData) {
 }
 
 INSTANTIATE_TEST_SUITE_P(P1, GpuCommP1,
-                         ::testing::Values(CollectiveParam{GpuCommKind::nccl, DType::bf16},
-                                           CollectiveParam{GpuCommKind::nccl, DType::f32},
-                                           CollectiveParam{GpuCommKind::host_staging, DType::bf16},
-                                           CollectiveParam{GpuCommKind::host_staging, DType::f32}),
+                         ::testing::Values(CollectiveParam{GpuCommKind::nccl, DType::BF16},
+                                           CollectiveParam{GpuCommKind::nccl, DType::F32},
+                                           CollectiveParam{GpuCommKind::host_staging, DType::BF16},
+                                           CollectiveParam{GpuCommKind::host_staging, DType::F32}),
                          param_name);
 
 // The whole block (forward and backward, every collective kind) through NCCL or host staging at P = 1
@@ -123,7 +123,7 @@ TEST_P(GpuCommP1, BlockBitIdenticalToSingleRank) {
   for (Form form : {Form::Explicit, Form::Laga})
     for (Layout layout : kAllLayouts) {
       SCOPED_TRACE(std::string(form_name(form)) + " " + layout_name(layout));
-      const BlockOptions opts{.form = form, .layout = layout, .kernel = AttentionKernel::fused, .dtype = GetParam().dtype};
+      const BlockOptions opts{.form = form, .layout = layout, .kernel = AttentionKernel::Fused, .dtype = GetParam().dtype};
       auto gpu_ref = make_cuda_backend(0);
       auto single = make_single_rank_communicator(*gpu_ref);
       const RankRun ref_run = run_rank(cfg, opts, shape, *gpu_ref, *single, 3);
@@ -172,7 +172,7 @@ TEST_P(LagaVsExplicitSameP, WithinOneInAThousandInBf16) {
         const std::string what = std::string(layout_name(layout)) + " " + kernel_name(kernel) +
                                  (fp32 ? " kv-grad-fp32" : "") + " P=" + std::to_string(P);
         SCOPED_TRACE(what);
-        BlockOptions opts{.form = Form::Explicit, .layout = layout, .kernel = kernel, .dtype = DType::bf16,
+        BlockOptions opts{.form = Form::Explicit, .layout = layout, .kernel = kernel, .dtype = DType::BF16,
                           .kv_grad_reduce_fp32 = fp32};
         const GlobalResult ex = run_staged(cfg, opts, P, B, S, 9);
         opts.form = Form::Laga;
@@ -224,7 +224,7 @@ TEST(CudaMemInfo, UsedBytesAndPeak) {
   cuda_reset_peak_used(*gpu);
   const std::size_t start = cuda_peak_used_bytes(*gpu);
   {
-    Tensor big(gpu->allocator(), DType::f32, {64 << 20}, "big");  // 256 MiB
+    Tensor big(gpu->allocator(), DType::F32, {64 << 20}, "big");  // 256 MiB
     EXPECT_GE(cuda_peak_used_bytes(*gpu), start + (200u << 20));
   }
   EXPECT_GE(cuda_peak_used_bytes(*gpu), start + (200u << 20)) << "the mark is a high-water mark";

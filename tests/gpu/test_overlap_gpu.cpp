@@ -35,11 +35,11 @@ TEST(CudaOverlap, NcclBitwiseTheBlockingOrder) {
   auto host = make_single_rank_communicator(*cpu);
   auto gpu = make_cuda_backend(0);
   auto nccl = make_nccl_communicator(*host, *gpu);
-  for (DType dt : {DType::bf16, DType::f32})
+  for (DType dt : {DType::BF16, DType::F32})
     for (Layout layout : kAllLayouts)
       for (const Variant& v : kAllVariants) {
         SCOPED_TRACE(std::string(layout_name(layout)) + " " + v.label() + " " + dtype_tag(dt));
-        BlockOptions opts = v.options(layout, AttentionKernel::fused, dt);
+        BlockOptions opts = v.options(layout, AttentionKernel::Fused, dt);
         const RankRun blocking = run_rank(cfg, opts, shape, *gpu, *nccl, 3);
         opts.overlap = true;
         const RankRun overlapped = run_rank(cfg, opts, shape, *gpu, *nccl, 3);
@@ -57,7 +57,7 @@ TEST(CudaOverlap, TimedPhantomBitwiseTheBlockingOrder) {
   for (Layout layout : kAllLayouts)
     for (const Variant& v : kAllVariants) {
       SCOPED_TRACE(std::string(layout_name(layout)) + " " + v.label());
-      BlockOptions opts = v.options(layout, AttentionKernel::fused, DType::bf16);
+      BlockOptions opts = v.options(layout, AttentionKernel::Fused, DType::BF16);
       const RankRun blocking = run_rank(cfg, opts, shape, *gpu, *comm, 3);
       opts.overlap = true;
       const RankRun overlapped = run_rank(cfg, opts, shape, *gpu, *comm, 3);

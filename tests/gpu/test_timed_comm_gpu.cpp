@@ -39,12 +39,12 @@ TEST(CudaTimedPhantom, BlockGivesThePhantomsBits) {
   auto timed = make_timed_phantom_communicator(*be, 3, 4, TimedLinks{default_time_model(), 4}, *clock);
   auto plain = make_phantom_communicator(*be, 3, 4);
   for (Layout layout : kAllLayouts) {
-    const BlockOptions opts = Variant{Form::Laga}.options(layout, AttentionKernel::fused, DType::bf16);
+    const BlockOptions opts = Variant{Form::Laga}.options(layout, AttentionKernel::Fused, DType::BF16);
     const RankRun a = run_rank(cfg, opts, shape, *be, *timed, 1);
     const RankRun b = run_rank(cfg, opts, shape, *be, *plain, 1);
     EXPECT_EQ(raw_bytes(*be, a.y), raw_bytes(*be, b.y));
     EXPECT_EQ(raw_bytes(*be, a.dx), raw_bytes(*be, b.dx));
-    const int c = int(OpPhase::communication);
+    const int c = int(OpPhase::Communication);
     EXPECT_GE(a.fwd.seconds[c] + a.bwd.seconds[c], 0.999 * communication_seconds(default_time_model(), a.traffic, 4, 4));
   }
 }

@@ -38,7 +38,7 @@ class MpiRanks final : public Ranks {
 
 // float32 against float64: rounding is 6e-8 per operation and the forms and P only reorder sums, ~1e-6
 // relative; float64 ~1e-15. A mis-routed chunk or a missing rank's gradient is O(1e-1..1).
-double cpu_tolerance(DType t) { return t == DType::f64 ? 1e-10 : 1e-5; }
+double cpu_tolerance(DType t) { return t == DType::F64 ? 1e-10 : 1e-5; }
 
 std::shared_ptr<const Suite> cpu_mpi() {
   static const auto suite = std::make_shared<const Suite>(Suite{
@@ -49,7 +49,7 @@ std::shared_ptr<const Suite> cpu_mpi() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Mpi, BlockConformance,
-                         testing::ValuesIn(every_layout(cpu_mpi(), {Case{.dtype = DType::f32}, Case{.dtype = DType::f64, .kernel = AttentionKernel::fused}})),
+                         testing::ValuesIn(every_layout(cpu_mpi(), {Case{.dtype = DType::F32}, Case{.dtype = DType::F64, .kernel = AttentionKernel::Fused}})),
                          param_name);
 
 INSTANTIATE_TEST_SUITE_P(Mpi, BlockRefusals, testing::Values(Param{cpu_mpi(), Case{}}), param_name);

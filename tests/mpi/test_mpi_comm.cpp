@@ -39,7 +39,7 @@ T value(int seed, int rank, std::size_t index) {
 
 template <typename T>
 constexpr DType dtype_of() {
-  return sizeof(T) == 4 ? DType::f32 : DType::f64;
+  return sizeof(T) == 4 ? DType::F32 : DType::F64;
 }
 
 // What the test communicator is: the plain one, or one that splits every call into pieces of 3.
@@ -186,21 +186,21 @@ TEST(MpiComm, Bf16IsRefusedWithAClearError) {
   std::vector<unsigned short> buf(2 * comm->size(), 0), out(2 * comm->size(), 0);
   // Refused before any MPI call, on every rank alike, so no rank is left in a collective.
   try {
-    comm->all_gather(buf.data(), out.data(), 2, DType::bf16);
+    comm->all_gather(buf.data(), out.data(), 2, DType::BF16);
     ADD_FAILURE() << "bf16 all_gather did not throw";
   } catch (const laga::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(comm->reduce_scatter(buf.data(), out.data(), 2, DType::bf16), laga::InvalidArgument);
-  EXPECT_THROW(comm->all_to_all(buf.data(), out.data(), 2, DType::bf16), laga::InvalidArgument);
-  EXPECT_THROW(comm->all_reduce(buf.data(), 2, DType::bf16), laga::InvalidArgument);
+  EXPECT_THROW(comm->reduce_scatter(buf.data(), out.data(), 2, DType::BF16), laga::InvalidArgument);
+  EXPECT_THROW(comm->all_to_all(buf.data(), out.data(), 2, DType::BF16), laga::InvalidArgument);
+  EXPECT_THROW(comm->all_reduce(buf.data(), 2, DType::BF16), laga::InvalidArgument);
   comm->barrier();
 }
 
 TEST(MpiComm, OverlappingReduceScatterIsRefused) {
   auto comm = laga::make_mpi_communicator();
   std::vector<float> buf(4 * comm->size(), 1.0f);
-  EXPECT_THROW(comm->reduce_scatter(buf.data(), buf.data() + 1, 4, DType::f32), laga::RuntimeError);
+  EXPECT_THROW(comm->reduce_scatter(buf.data(), buf.data() + 1, 4, DType::F32), laga::RuntimeError);
   comm->barrier();
 }
 
@@ -211,32 +211,32 @@ TEST(MpiComm, CountingBytesOnTopOfMpi) {
   const std::size_t others = static_cast<std::size_t>(P - 1);
   const std::size_t count = 64;
 
-  counting.label(laga::Phase::forward, "kv_latent");
+  counting.label(laga::Phase::Forward, "kv_latent");
   check_all_gather<float>(counting, count, 201, false);
   check_all_gather<float>(counting, count, 202, false);
-  counting.label(laga::Phase::forward, "q");
+  counting.label(laga::Phase::Forward, "q");
   check_all_to_all<double>(counting, count, 203, false);
-  counting.label(laga::Phase::backward, "kv_latent");
+  counting.label(laga::Phase::Backward, "kv_latent");
   check_reduce_scatter<float>(counting, count, 204);
-  counting.label(laga::Phase::backward, "grad");
+  counting.label(laga::Phase::Backward, "grad");
   check_all_reduce<double>(counting, count * P, 205);  // a buffer of P chunks
 
   const auto& r = counting.records();
   ASSERT_EQ(r.size(), 4u);
-  EXPECT_EQ(r[0].kind, laga::CollectiveKind::all_gather);
+  EXPECT_EQ(r[0].kind, laga::CollectiveKind::AllGather);
   EXPECT_EQ(r[0].tensor, "kv_latent");
   EXPECT_EQ(r[0].calls, 2);
   EXPECT_EQ(r[0].bytes_sent, 2 * others * count * 4);
-  EXPECT_EQ(r[1].kind, laga::CollectiveKind::all_to_all);
+  EXPECT_EQ(r[1].kind, laga::CollectiveKind::AllToAll);
   EXPECT_EQ(r[1].bytes_sent, others * count * 8);
   EXPECT_EQ(r[1].bytes_received, others * count * 8);
-  EXPECT_EQ(r[2].phase, laga::Phase::backward);
-  EXPECT_EQ(r[2].kind, laga::CollectiveKind::reduce_scatter);
+  EXPECT_EQ(r[2].phase, laga::Phase::Backward);
+  EXPECT_EQ(r[2].kind, laga::CollectiveKind::ReduceScatter);
   EXPECT_EQ(r[2].bytes_sent, others * count * 4);
-  EXPECT_EQ(r[3].kind, laga::CollectiveKind::all_reduce);
+  EXPECT_EQ(r[3].kind, laga::CollectiveKind::AllReduce);
   EXPECT_EQ(r[3].bytes_sent, 2 * others * count * 8);
-  EXPECT_EQ(counting.total_sent(laga::Phase::forward), 2 * others * count * 4 + others * count * 8);
-  EXPECT_EQ(counting.total_received(laga::Phase::backward), others * count * 4 + 2 * others * count * 8);
+  EXPECT_EQ(counting.total_sent(laga::Phase::Forward), 2 * others * count * 4 + others * count * 8);
+  EXPECT_EQ(counting.total_received(laga::Phase::Backward), others * count * 4 + 2 * others * count * 8);
 }
 
 TEST(MpiComm, AllOkIsTheSameOnEveryRank) {

@@ -26,7 +26,7 @@ namespace laga::block_test {
 // laga, laga_recompute_kv.
 inline std::vector<Variant> all_variants() { return {kAllVariants.begin(), kAllVariants.end()}; }
 
-inline const char* dtype_tag(DType t) { return t == DType::f64 ? "f64" : t == DType::f32 ? "f32" : "bf16"; }
+inline const char* dtype_tag(DType t) { return t == DType::F64 ? "f64" : t == DType::F32 ? "f32" : "bf16"; }
 
 // ---------------------------------------------------------------- configurations
 inline MlaConfig tiny() { return preset("tiny"); }
@@ -91,8 +91,8 @@ class SingleRank {
         be_(make_cpu_backend()), inner_(make_single_rank_communicator(*be_)), counted_(*inner_),
         block_(cfg_, opts_, shape_, *be_, counted_) {
     w_ = make_weights(cfg_, opts_.dtype, *be_, seed);
-    x_ = make_shard(cfg_, shape_, opts_.dtype, *be_, seed, DataStream::x, opts_.layout);
-    dy_ = make_shard(cfg_, shape_, opts_.dtype, *be_, seed, DataStream::dy, opts_.layout);
+    x_ = make_shard(cfg_, shape_, opts_.dtype, *be_, seed, DataStream::X, opts_.layout);
+    dy_ = make_shard(cfg_, shape_, opts_.dtype, *be_, seed, DataStream::Dy, opts_.layout);
   }
 
   Backend& backend() { return *be_; }

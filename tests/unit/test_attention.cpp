@@ -123,13 +123,13 @@ struct Problem {
     if (!c.v_aliases_k) fill(v);
     fill(dout);
 
-    if (kernel == AttentionKernel::fused || with_lse) lse.assign(c.batch * c.q_heads * c.q_len, T(kNaN));
-    if (kernel == AttentionKernel::eager) probs.assign(c.batch * c.q_heads * c.q_len * c.kv_len, T(kNaN));
+    if (kernel == AttentionKernel::Fused || with_lse) lse.assign(c.batch * c.q_heads * c.q_len, T(kNaN));
+    if (kernel == AttentionKernel::Eager) probs.assign(c.batch * c.q_heads * c.q_len * c.kv_len, T(kNaN));
   }
 
   AttentionBwdParams params() const {
     AttentionBwdParams p;
-    p.dtype = std::is_same_v<T, float> ? DType::f32 : DType::f64;
+    p.dtype = std::is_same_v<T, float> ? DType::F32 : DType::F64;
     p.kernel = kernel;
     p.batch = c.batch;
     p.q_len = c.q_len;
@@ -266,7 +266,7 @@ bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
-const char* kernel_name(AttentionKernel k) { return k == AttentionKernel::eager ? "eager" : "fused"; }
+const char* kernel_name(AttentionKernel k) { return k == AttentionKernel::Eager ? "eager" : "fused"; }
 
 // ---------------------------------------------------------------------------------------------------
 // Each kernel and dtype against the reference.
@@ -278,22 +278,22 @@ struct KernelParam {
 };
 
 std::string param_name(const KernelParam& p) {
-  return std::string(p.c.name) + "_" + (p.dtype == DType::f64 ? "f64" : "f32") + "_" + kernel_name(p.kernel);
+  return std::string(p.c.name) + "_" + (p.dtype == DType::F64 ? "f64" : "f32") + "_" + kernel_name(p.kernel);
 }
 void PrintTo(const KernelParam& p, std::ostream* os) { *os << param_name(p); }
 
 std::vector<KernelParam> kernel_params() {
   std::vector<KernelParam> out;
   for (const Case& c : kCases)
-    for (DType d : {DType::f32, DType::f64})
-      for (AttentionKernel k : {AttentionKernel::eager, AttentionKernel::fused}) out.push_back({c, d, k});
+    for (DType d : {DType::F32, DType::F64})
+      for (AttentionKernel k : {AttentionKernel::Eager, AttentionKernel::Fused}) out.push_back({c, d, k});
   return out;
 }
 
 class AttentionVsReference : public ::testing::TestWithParam<KernelParam> {
  protected:
   const Case& cs() const { return GetParam().c; }
-  bool f64() const { return GetParam().dtype == DType::f64; }
+  bool f64() const { return GetParam().dtype == DType::F64; }
   AttentionKernel kernel() const { return GetParam().kernel; }
 
   template <typename T>
@@ -303,7 +303,7 @@ class AttentionVsReference : public ::testing::TestWithParam<KernelParam> {
     const Expected e = reference(pr);
     EXPECT_LE(rel_error(pr.o, e.o), tolerance<T>()) << "o";
     EXPECT_LE(rel_error(pr.lse, e.lse), tolerance<T>()) << "lse";
-    if (kernel() == AttentionKernel::eager) {
+    if (kernel() == AttentionKernel::Eager) {
       EXPECT_LE(rel_error(pr.probs, e.probs), tolerance<T>()) << "probs";
     }
     EXPECT_EQ(written_outside(pr.o), 0) << "o written outside its view";
@@ -354,7 +354,7 @@ INSTANTIATE_TEST_SUITE_P(Cpu, AttentionVsReference, ::testing::ValuesIn(kernel_p
 class AttentionKernels : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AttentionKernels, EagerMatchesFusedF64) {
-  Problem<double> eager(GetParam(), AttentionKernel::eager), fused(GetParam(), AttentionKernel::fused);
+  Problem<double> eager(GetParam(), AttentionKernel::Eager), fused(GetParam(), AttentionKernel::Fused);
   for (auto* pr : {&eager, &fused}) {
     pr->forward();
     pr->backward();
@@ -374,7 +374,7 @@ TEST_P(AttentionKernels, EagerMatchesFusedF64) {
 
 template <typename T>
 void check_probs(const Case& c) {
-  Problem<T> pr(c, AttentionKernel::eager, /*with_lse=*/false);  // eager may run without lse
+  Problem<T> pr(c, AttentionKernel::Eager, /*with_lse=*/false);  // eager may run without lse
   pr.forward();
   i64 masked_nonzero = 0, visible_nonpositive = 0;
   double worst_row = 0;
@@ -410,23 +410,23 @@ INSTANTIATE_TEST_SUITE_P(Cpu, AttentionKernels, ::testing::ValuesIn(kCases),
 // Input checks.
 
 TEST(AttentionChecks, RejectsUnsupportedDtype) {
-  Problem<float> pr(kCases[0], AttentionKernel::fused);
+  Problem<float> pr(kCases[0], AttentionKernel::Fused);
   AttentionBwdParams p = pr.params();
-  p.dtype = DType::bf16;
+  p.dtype = DType::BF16;
   EXPECT_THROW(cpu::attention_forward(p), RuntimeError);
   EXPECT_THROW(cpu::attention_backward(p), RuntimeError);
 }
 
 TEST(AttentionChecks, RejectsKvHeadsNotDividingQHeads) {
   Case c = kCases[1];  // 3 query heads
-  Problem<double> pr(c, AttentionKernel::fused);
+  Problem<double> pr(c, AttentionKernel::Fused);
   AttentionBwdParams p = pr.params();
   p.kv_heads = 2;
   EXPECT_THROW(cpu::attention_forward(p), RuntimeError);
 }
 
 TEST(AttentionChecks, RejectsMissingSavedTensors) {
-  Problem<double> eager(kCases[0], AttentionKernel::eager), fused(kCases[0], AttentionKernel::fused);
+  Problem<double> eager(kCases[0], AttentionKernel::Eager), fused(kCases[0], AttentionKernel::Fused);
   AttentionBwdParams pe = eager.params(), pf = fused.params();
   pe.probs = nullptr;
   pf.lse = nullptr;

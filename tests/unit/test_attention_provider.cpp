@@ -25,12 +25,12 @@ const char* kTable = R"({
   ]})";
 
 AttentionShape mha(std::int64_t heads, std::int64_t q_len, std::int64_t kv_len) {
-  return AttentionShape{.dtype = DType::bf16, .d_qk = 192, .d_v = 128, .q_heads = heads, .kv_heads = heads,
+  return AttentionShape{.dtype = DType::BF16, .d_qk = 192, .d_v = 128, .q_heads = heads, .kv_heads = heads,
                         .q_len = q_len, .kv_len = kv_len};
 }
 
 TEST(AttentionProvider, NamesRoundTripAndBadNamesAreRefused) {
-  for (auto p : {AttentionProvider::automatic, AttentionProvider::laga, AttentionProvider::cudnn})
+  for (auto p : {AttentionProvider::Automatic, AttentionProvider::Laga, AttentionProvider::Cudnn})
     EXPECT_EQ(parse_attention_provider(attention_provider_name(p)), p);
   try {
     parse_attention_provider("flash");
@@ -46,41 +46,41 @@ TEST(AttentionProvider, AutoTakesTheNearestPointsFasterProvider) {
   const auto t = AttentionProviderTable::from_json(kTable);
   ASSERT_EQ(t.points.size(), 3u);
   // At a measured point, and near it (S 6000 is nearer 4k than 32k in log terms).
-  EXPECT_EQ(t.choose(mha(16, 4096, 4096)), AttentionProvider::cudnn);
-  EXPECT_EQ(t.choose(mha(16, 6000, 6000)), AttentionProvider::cudnn);
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096)), AttentionProvider::Cudnn);
+  EXPECT_EQ(t.choose(mha(16, 6000, 6000)), AttentionProvider::Cudnn);
   // all_gather-like shape: laga's total 3.0 ms < cuDNN's 3.5 ms.
-  EXPECT_EQ(t.choose(mha(128, 2048, 16384)), AttentionProvider::laga);
+  EXPECT_EQ(t.choose(mha(128, 2048, 16384)), AttentionProvider::Laga);
   // cuDNN did not run the nearest point: laga.
-  EXPECT_EQ(t.choose(mha(16, 32768, 32768)), AttentionProvider::laga);
+  EXPECT_EQ(t.choose(mha(16, 32768, 32768)), AttentionProvider::Laga);
   // Head dims, dtype or MQA the table does not cover: laga.
   AttentionShape other = mha(16, 4096, 4096);
   other.d_qk = 576, other.d_v = 512;
   EXPECT_EQ(t.nearest(other), nullptr);
-  EXPECT_EQ(t.choose(other), AttentionProvider::laga);
+  EXPECT_EQ(t.choose(other), AttentionProvider::Laga);
   AttentionShape f32 = mha(16, 4096, 4096);
-  f32.dtype = DType::f32;
-  EXPECT_EQ(t.choose(f32), AttentionProvider::laga);
+  f32.dtype = DType::F32;
+  EXPECT_EQ(t.choose(f32), AttentionProvider::Laga);
   AttentionShape mqa = mha(16, 4096, 4096);
   mqa.kv_heads = 1;
-  EXPECT_EQ(t.choose(mqa), AttentionProvider::laga);
+  EXPECT_EQ(t.choose(mqa), AttentionProvider::Laga);
   // cuDNN's workspace scales with heads x q_len x kv_len; auto keeps it under the cap it is given.
   EXPECT_EQ(t.cudnn_workspace(mha(16, 4096, 4096)), 536870912);
   EXPECT_EQ(t.cudnn_workspace(mha(16, 8192, 8192)), 4 * 536870912LL);
-  EXPECT_EQ(t.choose(mha(16, 4096, 4096), 536870912), AttentionProvider::cudnn);
-  EXPECT_EQ(t.choose(mha(16, 4096, 4096), 536870911), AttentionProvider::laga);
-  EXPECT_EQ(t.choose(mha(16, 6000, 6000), 1LL << 30), AttentionProvider::laga);  // 1.07 GiB > 1 GiB
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096), 536870912), AttentionProvider::Cudnn);
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096), 536870911), AttentionProvider::Laga);
+  EXPECT_EQ(t.choose(mha(16, 6000, 6000), 1LL << 30), AttentionProvider::Laga);  // 1.07 GiB > 1 GiB
   // Non-deterministic: cuDNN's non-deterministic backward where the point has it (1.5 + 1.0 < 3.0), its
   // workspace scaled by heads x q_len only; the deterministic choice and workspace stay as they were.
-  EXPECT_EQ(t.choose(mha(128, 2048, 16384), INT64_MAX, false), AttentionProvider::cudnn);
+  EXPECT_EQ(t.choose(mha(128, 2048, 16384), INT64_MAX, false), AttentionProvider::Cudnn);
   EXPECT_EQ(t.cudnn_workspace(mha(128, 2048, 16384), false), 201326592);
   EXPECT_EQ(t.cudnn_workspace(mha(128, 2048, 32768), false), 201326592);
   EXPECT_EQ(t.cudnn_workspace(mha(128, 4096, 32768), false), 2 * 201326592LL);
   EXPECT_EQ(t.cudnn_workspace(mha(128, 4096, 32768)), 4 * 8589934592LL);
-  EXPECT_EQ(t.choose(mha(128, 2048, 16384), 201326591, false), AttentionProvider::laga);
+  EXPECT_EQ(t.choose(mha(128, 2048, 16384), 201326591, false), AttentionProvider::Laga);
   EXPECT_EQ(t.cudnn_workspace(mha(16, 4096, 4096), false), 0) << "not measured at that point";
-  EXPECT_EQ(t.choose(mha(16, 4096, 4096), INT64_MAX, false), AttentionProvider::cudnn) << "deterministic times";
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096), INT64_MAX, false), AttentionProvider::Cudnn) << "deterministic times";
   // An empty table: laga everywhere.
-  EXPECT_EQ(AttentionProviderTable{}.choose(mha(16, 4096, 4096)), AttentionProvider::laga);
+  EXPECT_EQ(AttentionProviderTable{}.choose(mha(16, 4096, 4096)), AttentionProvider::Laga);
 }
 
 TEST(AttentionProvider, MalformedTablesNameTheField) {

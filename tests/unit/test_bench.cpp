@@ -92,40 +92,40 @@ TimeModel round_model() {
 TEST(BenchTimeModel, OneNodeRingAndPairwise) {
   const TimeModel m = round_model();
   // P = 4, chunk 1 MB: all-gather sends 3 MB in 3 steps: 3 us + 3e6 / 1e11 s = 3 us + 30 us.
-  EXPECT_NEAR(collective_seconds(m, CollectiveKind::all_gather, 3e6, 1, 4, 4), 33e-6, 1e-15);
-  EXPECT_NEAR(collective_seconds(m, CollectiveKind::reduce_scatter, 3e6, 1, 4, 4), 33e-6, 1e-15);
-  EXPECT_NEAR(collective_seconds(m, CollectiveKind::all_to_all, 3e6, 1, 4, 4), 33e-6, 1e-15);
+  EXPECT_NEAR(collective_seconds(m, CollectiveKind::AllGather, 3e6, 1, 4, 4), 33e-6, 1e-15);
+  EXPECT_NEAR(collective_seconds(m, CollectiveKind::ReduceScatter, 3e6, 1, 4, 4), 33e-6, 1e-15);
+  EXPECT_NEAR(collective_seconds(m, CollectiveKind::AllToAll, 3e6, 1, 4, 4), 33e-6, 1e-15);
   // Two calls merged in one record: the latency twice, the bytes once (they are the sum of both calls).
-  EXPECT_NEAR(collective_seconds(m, CollectiveKind::all_gather, 6e6, 2, 4, 4), 6e-6 + 60e-6, 1e-15);
+  EXPECT_NEAR(collective_seconds(m, CollectiveKind::AllGather, 6e6, 2, 4, 4), 6e-6 + 60e-6, 1e-15);
   // All-reduce of 4 MB: counted as 2 * 3/4 * 4 MB = 6 MB in 2 * 3 steps.
-  EXPECT_NEAR(collective_seconds(m, CollectiveKind::all_reduce, 6e6, 1, 4, 4), 6e-6 + 60e-6, 1e-15);
+  EXPECT_NEAR(collective_seconds(m, CollectiveKind::AllReduce, 6e6, 1, 4, 4), 6e-6 + 60e-6, 1e-15);
   // P = 2 on one node: one step.
-  EXPECT_NEAR(collective_seconds(m, CollectiveKind::all_gather, 1e6, 1, 2, 2), 1e-6 + 10e-6, 1e-15);
+  EXPECT_NEAR(collective_seconds(m, CollectiveKind::AllGather, 1e6, 1, 2, 2), 1e-6 + 10e-6, 1e-15);
 }
 
 TEST(BenchTimeModel, AcrossNodes) {
   const TimeModel m = round_model();
   // P = 8 on two nodes of 4, all-gather of 7 MB (chunk 1 MB): the ring goes at the inter-node link's pace:
   // 7 x 10 us + 7e6 / 1e10 s = 70 us + 700 us.
-  EXPECT_NEAR(collective_seconds(m, CollectiveKind::all_gather, 7e6, 1, 8, 4), 770e-6, 1e-12);
+  EXPECT_NEAR(collective_seconds(m, CollectiveKind::AllGather, 7e6, 1, 8, 4), 770e-6, 1e-12);
   // All-to-all of 7 MB: 3 MB to the 3 peers in the node (3 us + 30 us), 4 MB to the 4 beyond (40 us + 400 us),
   // concurrently: latencies add, bandwidth terms overlap: 3 + 40 + max(30, 400) = 443 us.
-  EXPECT_NEAR(collective_seconds(m, CollectiveKind::all_to_all, 7e6, 1, 8, 4), 443e-6, 1e-12);
+  EXPECT_NEAR(collective_seconds(m, CollectiveKind::AllToAll, 7e6, 1, 8, 4), 443e-6, 1e-12);
   // One rank a node: everything on the inter-node link: 7 x 10 us + 700 us, for both kinds.
-  EXPECT_NEAR(collective_seconds(m, CollectiveKind::all_to_all, 7e6, 1, 8, 1), 770e-6, 1e-12);
-  EXPECT_NEAR(collective_seconds(m, CollectiveKind::reduce_scatter, 7e6, 1, 8, 1), 770e-6, 1e-12);
+  EXPECT_NEAR(collective_seconds(m, CollectiveKind::AllToAll, 7e6, 1, 8, 1), 770e-6, 1e-12);
+  EXPECT_NEAR(collective_seconds(m, CollectiveKind::ReduceScatter, 7e6, 1, 8, 1), 770e-6, 1e-12);
   // P = 2 a node apart.
-  EXPECT_NEAR(collective_seconds(m, CollectiveKind::all_gather, 1e6, 1, 2, 1), 10e-6 + 100e-6, 1e-12);
+  EXPECT_NEAR(collective_seconds(m, CollectiveKind::AllGather, 1e6, 1, 2, 1), 10e-6 + 100e-6, 1e-12);
 }
 
 TEST(BenchTimeModel, OneRankCostsNothingAndBadInputIsRefused) {
   const TimeModel m = round_model();
-  EXPECT_EQ(collective_seconds(m, CollectiveKind::all_to_all, 0, 1, 1, 1), 0.0);
-  EXPECT_EQ(collective_seconds(m, CollectiveKind::all_gather, 1e6, 0, 4, 4), 0.0);
-  EXPECT_THROW(collective_seconds(m, CollectiveKind::all_gather, 1e6, 1, 0, 1), InvalidArgument);
-  EXPECT_THROW(collective_seconds(m, CollectiveKind::all_gather, 1e6, 1, 8, 5), InvalidArgument);  // > node_size
-  EXPECT_THROW(collective_seconds(m, CollectiveKind::all_gather, 1e6, 1, 2, 3), InvalidArgument);  // > ranks
-  EXPECT_THROW(collective_seconds(m, CollectiveKind::all_gather, -1.0, 1, 2, 2), InvalidArgument);
+  EXPECT_EQ(collective_seconds(m, CollectiveKind::AllToAll, 0, 1, 1, 1), 0.0);
+  EXPECT_EQ(collective_seconds(m, CollectiveKind::AllGather, 1e6, 0, 4, 4), 0.0);
+  EXPECT_THROW(collective_seconds(m, CollectiveKind::AllGather, 1e6, 1, 0, 1), InvalidArgument);
+  EXPECT_THROW(collective_seconds(m, CollectiveKind::AllGather, 1e6, 1, 8, 5), InvalidArgument);  // > node_size
+  EXPECT_THROW(collective_seconds(m, CollectiveKind::AllGather, 1e6, 1, 2, 3), InvalidArgument);  // > ranks
+  EXPECT_THROW(collective_seconds(m, CollectiveKind::AllGather, -1.0, 1, 2, 2), InvalidArgument);
   TimeModel bad = m;
   bad.inter.bandwidth = 0;
   EXPECT_THROW(validate(bad), InvalidArgument);
@@ -159,7 +159,7 @@ TEST(BenchTimeModel, PricesAPlansCollectives) {
   const MlaConfig cfg = resolve_model("deepseek-v3");
   const TimeModel m = default_time_model();
   for (Form form : kAllForms) {
-    const BlockOptions opts{.form = form, .layout = Layout::A2A, .kernel = AttentionKernel::fused, .dtype = DType::bf16};
+    const BlockOptions opts{.form = form, .layout = Layout::A2A, .kernel = AttentionKernel::Fused, .dtype = DType::BF16};
     const RankPlan plan = plan_rank(cfg, opts, BlockShape{.batch = 1, .seq = 16384, .ranks = 8, .rank = 7});
     double by_hand = 0, steps = 0;
     for (const auto& r : plan.traffic) {
@@ -175,7 +175,7 @@ TEST(BenchTimeModel, PricesAPlansCollectives) {
   }
   // LAGA moves fewer bytes than explicit in a2a, so the model prices it cheaper in both placements.
   auto priced = [&](Form f, int k) {
-    const BlockOptions opts{.form = f, .layout = Layout::A2A, .kernel = AttentionKernel::fused, .dtype = DType::bf16};
+    const BlockOptions opts{.form = f, .layout = Layout::A2A, .kernel = AttentionKernel::Fused, .dtype = DType::BF16};
     return communication_seconds(m, plan_rank(cfg, opts, BlockShape{.batch = 1, .seq = 16384, .ranks = 8, .rank = 7}).traffic,
                                  8, k);
   };

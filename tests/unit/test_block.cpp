@@ -61,10 +61,10 @@ class BlockGradFd : public ::testing::TestWithParam<FdParam> {};
 TEST_P(BlockGradFd, DirectionalDerivativesMatchCentralDifferences) {
   const FdParam& p = GetParam();
   const MlaConfig cfg = config_by_name(p.config);
-  SingleRank rank(cfg, p.variant.options(p.layout, p.kernel, DType::f64), kBatch, kSeq);
+  SingleRank rank(cfg, p.variant.options(p.layout, p.kernel, DType::F64), kBatch, kSeq);
   const SingleResult base = rank.run();
   // At P = 1 no byte crosses between ranks.
-  EXPECT_EQ(rank.comm().total_sent(Phase::forward) + rank.comm().total_sent(Phase::backward), 0u);
+  EXPECT_EQ(rank.comm().total_sent(Phase::Forward) + rank.comm().total_sent(Phase::Backward), 0u);
 
   const std::vector<std::string> names = rank.input_names();
   // The weights of this configuration, and nothing else: q_lora_rank null has q_proj for q_a_proj,
@@ -120,7 +120,7 @@ TEST_P(BlockGradFd, DirectionalDerivativesMatchCentralDifferences) {
                          << ", backward " << an;
   }
   // The perturbations were undone: the loss is the one of the unperturbed inputs.
-  SingleRank fresh(cfg, p.variant.options(p.layout, p.kernel, DType::f64), kBatch, kSeq);
+  SingleRank fresh(cfg, p.variant.options(p.layout, p.kernel, DType::F64), kBatch, kSeq);
   EXPECT_EQ(rank.loss(), fresh.loss());
 }
 
@@ -163,8 +163,8 @@ TEST_P(AbsorbedVsExplicit, OutputAndAllGradientsMatchInFloat64) {
   const FormParam& p = GetParam();
   for (const char* cfg_name : {"tiny", "tiny_no_q_lora"}) {
     const MlaConfig cfg = config_by_name(cfg_name);
-    SingleRank absorbed(cfg, p.variant.options(p.layout, p.kernel, DType::f64), kBatch, kSeq);
-    SingleRank expl(cfg, Variant{}.options(p.layout, p.kernel, DType::f64), kBatch, kSeq);
+    SingleRank absorbed(cfg, p.variant.options(p.layout, p.kernel, DType::F64), kBatch, kSeq);
+    SingleRank expl(cfg, Variant{}.options(p.layout, p.kernel, DType::F64), kBatch, kSeq);
     const SingleResult a = absorbed.run(), e = expl.run();
     expect_close(a.values, e.values, 1e-10, form_param_name(p) + " (" + cfg_name + ") vs explicit");
     // Not trivially equal: the absorbed form really ran another computation.
@@ -185,8 +185,8 @@ TEST_P(EagerVsFused, OutputAndAllGradientsMatchInFloat64) {
   for (const char* cfg_name : {"tiny", "tiny_no_q_lora"})
     for (std::int64_t seq : {kSeq, std::int64_t(130)}) {
       const MlaConfig cfg = config_by_name(cfg_name);
-      SingleRank eager(cfg, p.variant.options(p.layout, AttentionKernel::eager, DType::f64), kBatch, seq);
-      SingleRank fused(cfg, p.variant.options(p.layout, AttentionKernel::fused, DType::f64), kBatch, seq);
+      SingleRank eager(cfg, p.variant.options(p.layout, AttentionKernel::Eager, DType::F64), kBatch, seq);
+      SingleRank fused(cfg, p.variant.options(p.layout, AttentionKernel::Fused, DType::F64), kBatch, seq);
       const SingleResult e = eager.run(), f = fused.run();
       expect_close(f.values, e.values, 1e-10,
                    p.variant.name() + "_" + layout_tag(p.layout) + " (" + cfg_name + ", S = " + std::to_string(seq) +
@@ -208,7 +208,7 @@ class BlockInputsUntouched : public ::testing::TestWithParam<FormParam> {};
 TEST_P(BlockInputsUntouched, GradientsOverwrittenInputsUnchanged) {
   const FormParam& p = GetParam();
   const MlaConfig cfg = tiny();
-  const BlockOptions opts = p.variant.options(p.layout, p.kernel, DType::f64);
+  const BlockOptions opts = p.variant.options(p.layout, p.kernel, DType::F64);
   SingleRank rank(cfg, opts, kBatch, kSeq);
   const SingleResult clean = rank.run();
   Backend& be = rank.backend();
@@ -244,7 +244,7 @@ class BlockAccumulatesGradients : public ::testing::TestWithParam<FormParam> {};
 TEST_P(BlockAccumulatesGradients, IntoWhatTheGradientsHold) {
   const FormParam& p = GetParam();
   const MlaConfig cfg = tiny();
-  BlockOptions opts = p.variant.options(p.layout, p.kernel, DType::f64);
+  BlockOptions opts = p.variant.options(p.layout, p.kernel, DType::F64);
   const SingleResult clean = SingleRank(cfg, opts, kBatch, kSeq).run();
   opts.accumulate_grads = true;
   SingleRank rank(cfg, opts, kBatch, kSeq);
@@ -286,19 +286,19 @@ std::string error_of(F&& f) {
 TEST(BlockGradDtype, OnlyTheWeightsOrTheAccumulationDtype) {
   const MlaConfig cfg = tiny();
   const BlockShape shape{.batch = 1, .seq = 8, .ranks = 1, .rank = 0};
-  BlockOptions o{.dtype = DType::f64};
-  o.grad_dtype = DType::bf16;
+  BlockOptions o{.dtype = DType::F64};
+  o.grad_dtype = DType::BF16;
   EXPECT_THROW_MSG(validate(cfg, o, shape), "grad dtype = bfloat16 with dtype = float64");
-  o.dtype = DType::bf16;
+  o.dtype = DType::BF16;
   EXPECT_NO_THROW(validate(cfg, o, shape));
-  o.grad_dtype = DType::f32;
+  o.grad_dtype = DType::F32;
   EXPECT_NO_THROW(validate(cfg, o, shape));
-  EXPECT_EQ(grad_dtype(BlockOptions{.dtype = DType::bf16}), DType::f32);
+  EXPECT_EQ(grad_dtype(BlockOptions{.dtype = DType::BF16}), DType::F32);
   // Gradients handed to backward in another dtype than the block's or its accumulation dtype are refused.
-  const BlockOptions f64{.dtype = DType::f64};
+  const BlockOptions f64{.dtype = DType::F64};
   SingleRank rank(cfg, f64, 1, 8);
   Backend& be = rank.backend();
-  MlaGrads g = allocate_grads(cfg, DType::f32, be.allocator());
+  MlaGrads g = allocate_grads(cfg, DType::F32, be.allocator());
   SavedContext ctx;
   rank.block().forward(ctx, rank.x(), rank.weights());
   EXPECT_THROW_MSG(rank.block().backward(g, ctx, rank.dy(), rank.x(), rank.weights()),
@@ -327,10 +327,10 @@ TEST(BlockEdgeShapes, EveryVariantMatchesExplicit) {
   for (auto [batch, seq] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 1}, {1, 2}, {1, 130}})
     for (Layout l : kAllLayouts)
       for (AttentionKernel k : kAllKernels) {
-        SingleRank expl(tiny(), Variant{}.options(l, k, DType::f64), batch, seq);
+        SingleRank expl(tiny(), Variant{}.options(l, k, DType::F64), batch, seq);
         const SingleResult e = expl.run();
         for (const Variant& v : all_variants()) {
-          SingleRank r(tiny(), v.options(l, k, DType::f64), batch, seq);
+          SingleRank r(tiny(), v.options(l, k, DType::F64), batch, seq);
           const SingleResult got = r.run();
           const std::string what = v.name() + "_" + layout_name(l) + "_" + kernel_name(k) + " batch " +
                                    std::to_string(batch) + " seq " + std::to_string(seq);
@@ -357,7 +357,7 @@ TEST(BlockEdgeShapes, EveryVariantMatchesExplicit) {
 // (another seed) changes the bits.
 TEST(LagaBitIdenticalSanity, DifferentInputsGiveDifferentBits) {
   const MlaConfig cfg = tiny();
-  const BlockOptions opts = Variant{.form = Form::Laga}.options(Layout::A2A, AttentionKernel::fused, DType::f32);
+  const BlockOptions opts = Variant{.form = Form::Laga}.options(Layout::A2A, AttentionKernel::Fused, DType::F32);
   SingleRank a(cfg, opts, kBatch, kSeq, 7), b(cfg, opts, kBatch, kSeq, 8);
   const SingleResult ra = a.run(), rb = b.run();
   EXPECT_NE(ra.y_raw, rb.y_raw);
@@ -382,7 +382,7 @@ std::vector<SavedParam> saved_params() {
   for (const Variant& v : all_variants())
     for (Layout l : kAllLayouts)
       for (AttentionKernel k : kAllKernels)
-        for (DType dt : {DType::f32, DType::f64}) out.push_back({v, l, k, dt});
+        for (DType dt : {DType::F32, DType::F64}) out.push_back({v, l, k, dt});
   return out;
 }
 
@@ -418,7 +418,7 @@ TEST_P(SavedBytes, AccountingIsConsistentAndBackwardReleasesEverything) {
     for (const auto& r : snap.list) {
       list_sum += r.bytes;
       EXPECT_TRUE(r.saved);
-      EXPECT_EQ(r.kind, MemoryKind::activation) << r.name;
+      EXPECT_EQ(r.kind, MemoryKind::Activation) << r.name;
       EXPECT_GT(r.bytes, 0u) << r.name;
     }
     EXPECT_EQ(list_sum, snap.bytes);
@@ -497,7 +497,7 @@ TEST(SavedContextStorage, SharedBuffersCountOnceUnderJoinedNames) {
   for (const Variant& v : all_variants())
     for (Layout l : kAllLayouts)
       for (AttentionKernel k : kAllKernels) {
-        SingleRank rank(tiny(), v.options(l, k, DType::f32), kBatch, kSeq);
+        SingleRank rank(tiny(), v.options(l, k, DType::F32), kBatch, kSeq);
         SavedContext ctx;
         Tensor y = rank.block().forward(ctx, rank.x(), rank.weights());
         const std::string what = v.name() + "_" + layout_name(l) + "_" + kernel_name(k);
@@ -539,11 +539,11 @@ class AbsorbedMemoryTrap : public ::testing::TestWithParam<AttentionKernel> {};
 TEST_P(AbsorbedMemoryTrap, AbsorbedSavesMoreThanExplicitA2aP1Small) {
   const AttentionKernel kernel = GetParam();
   const MlaConfig cfg = preset("small");
-  SingleRank expl(cfg, Variant{}.options(Layout::A2A, kernel, DType::f32), 1, 64);
+  SingleRank expl(cfg, Variant{}.options(Layout::A2A, kernel, DType::F32), 1, 64);
   const SingleResult e = expl.run();
   for (const Variant& v : all_variants()) {
     if (v.form != Form::Absorbed) continue;
-    SingleRank absorbed(cfg, v.options(Layout::A2A, kernel, DType::f32), 1, 64);
+    SingleRank absorbed(cfg, v.options(Layout::A2A, kernel, DType::F32), 1, 64);
     const SingleResult a = absorbed.run();
     EXPECT_GT(a.saved_bytes, e.saved_bytes)
         << v.name() << ": " << records_string(a.saved) << " vs explicit " << records_string(e.saved);
@@ -579,7 +579,7 @@ TEST(BlockValidate, AcceptsEveryVariantLayoutAndKernelOnValidShapes) {
     for (Layout l : kAllLayouts)
       for (AttentionKernel k : kAllKernels)
         for (int P : {1, 2, 4})
-          EXPECT_NO_THROW(validate(tiny(), v.options(l, k, DType::f32), shape_of(64, P)))
+          EXPECT_NO_THROW(validate(tiny(), v.options(l, k, DType::F32), shape_of(64, P)))
               << v.name() << " " << layout_name(l) << " " << kernel_name(k) << " P=" << P;
 }
 
@@ -602,9 +602,9 @@ TEST(BlockValidate, HeadsNotDivisibleBySpForA2aOnly) {
   expect_invalid([&] { validate(tiny(), BlockOptions{.layout = Layout::A2A}, shape_of(63, 3)); },
                  {"num_attention_heads = 4", "sp = 3"});
   for (const Variant& v : all_variants()) {
-    EXPECT_NO_THROW(validate(tiny(), v.options(Layout::AllGather, AttentionKernel::fused, DType::f32), shape_of(64, 8)))
+    EXPECT_NO_THROW(validate(tiny(), v.options(Layout::AllGather, AttentionKernel::Fused, DType::F32), shape_of(64, 8)))
         << v.name();
-    EXPECT_NO_THROW(validate(tiny(), v.options(Layout::AllGather, AttentionKernel::fused, DType::f32), shape_of(63, 3)))
+    EXPECT_NO_THROW(validate(tiny(), v.options(Layout::AllGather, AttentionKernel::Fused, DType::F32), shape_of(63, 3)))
         << v.name();
   }
   EXPECT_NO_THROW(validate(tiny_8_heads(), BlockOptions{.layout = Layout::A2A}, shape_of(64, 8)));

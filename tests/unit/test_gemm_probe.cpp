@@ -22,7 +22,7 @@ constexpr std::int64_t kSeq = 16;
 MlaConfig tiny() { return preset("tiny"); }
 
 // GEMM FLOPs of a pass as the block counts them: everything but attention's kernel (which is not a GEMM call).
-double gemm_flops(const PassStats& s) { return s.total_flops() - s.flops[int(OpPhase::attention)]; }
+double gemm_flops(const PassStats& s) { return s.total_flops() - s.flops[int(OpPhase::Attention)]; }
 
 struct PassSums {
   double flops = 0, seconds = 0;
@@ -47,7 +47,7 @@ TEST(GemmProbe, RecordsExactlyTheGemmsTheBlockCounts) {
         for (int ranks : {1, 2}) {
           SCOPED_TRACE(std::string(v.label()) + " " + layout_name(layout) + " " + kernel_name(kernel) + " P=" +
                        std::to_string(ranks));
-          ProbedRun r(v.options(layout, kernel, DType::f32), ranks, ranks - 1);
+          ProbedRun r(v.options(layout, kernel, DType::F32), ranks, ranks - 1);
           const std::vector<GemmRecord>& recs = r.probe.records();
           ASSERT_FALSE(recs.empty());
           std::array<PassSums, 2> sums{};
@@ -73,7 +73,7 @@ TEST(GemmProbe, RecordsExactlyTheGemmsTheBlockCounts) {
 TEST(GemmProbe, ExplicitForwardIssuesSixGemmsByHand) {
   // src/mla/block.cpp forward, explicit at P = 1: x W_DQ, c_q W_UQ, x W_DKV, the K and V up-projections (a
   // batched GEMM over the heads each: kv_b_proj interleaves the heads' K and V rows), o W_O.
-  ProbedRun r(Variant{Form::Explicit}.options(Layout::A2A, AttentionKernel::fused, DType::f32), 1, 0);
+  ProbedRun r(Variant{Form::Explicit}.options(Layout::A2A, AttentionKernel::Fused, DType::F32), 1, 0);
   const MlaConfig c = tiny();
   const std::int64_t T = kSeq, nh = c.num_attention_heads, dqk = c.qk_head_dim(), dl = c.latent_dim();
   std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>> want = {
@@ -93,7 +93,7 @@ TEST(GemmProbe, ForwardingLeavesResultsBitIdentical) {
   for (const Variant& v : kAllVariants)
     for (Layout layout : kAllLayouts) {
       SCOPED_TRACE(std::string(v.label()) + " " + layout_name(layout));
-      const BlockOptions opts = v.options(layout, AttentionKernel::fused, DType::f32);
+      const BlockOptions opts = v.options(layout, AttentionKernel::Fused, DType::F32);
       auto plain_be = make_cpu_backend();
       auto single = make_single_rank_communicator(*plain_be);
       const RankRun plain = run_rank(tiny(), opts, BlockShape{.batch = 1, .seq = kSeq}, *plain_be, *single, 3);
@@ -117,7 +117,7 @@ TEST(GemmProbe, ForwardingLeavesResultsBitIdentical) {
 // until reset_marks() (as CUDA's reused events), and reading a forgotten one throws.
 class ClockBackend final : public Backend {
  public:
-  Device device() const override { return Device::meta; }
+  Device device() const override { return Device::Meta; }
   const char* name() const override { return "clock"; }
   Allocator& allocator() override { return alloc_; }
   void gemm(const GemmArgs& g) override { now_ += double(g.m); }
@@ -180,13 +180,13 @@ TEST(GemmProbe, OwnMarksAndTheBlocksTimerMarksBothSurviveReset) {
 
 TEST(GemmProbe, OperandElementsFollowLeadingDimensionsAndStrides) {
   // A [m, k] = [4, 5] in rows of 7: 3 * 7 + 5; B^T stored [n, k] = [3, 5] in rows of 5; C [4, 3] in rows of 9.
-  GemmKey g{.trans_b = Trans::yes, .m = 4, .n = 3, .k = 5, .lda = 7, .ldb = 5, .ldc = 9};
+  GemmKey g{.trans_b = Trans::Yes, .m = 4, .n = 3, .k = 5, .lda = 7, .ldb = 5, .ldc = 9};
   GemmOperandElements e = gemm_operand_elements(g);
   EXPECT_EQ(e.a, 26);
   EXPECT_EQ(e.b, 15);
   EXPECT_EQ(e.c, 30);
   // Batch of 3 interleaved heads (stride 2 < a matrix), A transposed [k, m] = [5, 4] in rows of 6, B shared.
-  g = GemmKey{.trans_a = Trans::yes, .m = 4, .n = 3, .k = 5, .batch = 3, .lda = 6, .stride_a = 2, .ldb = 3,
+  g = GemmKey{.trans_a = Trans::Yes, .m = 4, .n = 3, .k = 5, .batch = 3, .lda = 6, .stride_a = 2, .ldb = 3,
               .stride_b = 0, .ldc = 3, .stride_c = 12};
   e = gemm_operand_elements(g);
   EXPECT_EQ(e.a, 2 * 2 + 4 * 6 + 4);
@@ -202,7 +202,7 @@ KeyTuple as_tuple(const GemmKey& g) {
 }
 
 TEST(GemmProbe, TimesEachDistinctGemmAloneWithTheRecordedArguments) {
-  const BlockOptions opts = Variant{Form::Laga}.options(Layout::A2A, AttentionKernel::fused, DType::f32);
+  const BlockOptions opts = Variant{Form::Laga}.options(Layout::A2A, AttentionKernel::Fused, DType::F32);
   auto cpu = make_cpu_backend();
   GemmProbeBackend probe(*cpu);
   auto single = make_single_rank_communicator(*cpu);

@@ -19,59 +19,59 @@ TEST(MeasureNames, VariantIdsRoundTrip) {
   EXPECT_EQ(parse_variant_ids({"all"}).size(), kAllVariants.size());
   EXPECT_THROW(parse_variant_ids({"mla"}), InvalidArgument);
   EXPECT_EQ(parse_layouts({"all"}).size(), 2u);
-  EXPECT_EQ(parse_kernels({"fused"}), std::vector<AttentionKernel>{AttentionKernel::fused});
+  EXPECT_EQ(parse_kernels({"fused"}), std::vector<AttentionKernel>{AttentionKernel::Fused});
   EXPECT_THROW(parse_layouts({"ring"}), InvalidArgument);
   EXPECT_THROW(parse_device("gpu"), InvalidArgument);
-  EXPECT_THROW(require_dtype_runs_on(DType::bf16, Device::cpu), InvalidArgument);
-  EXPECT_THROW(require_dtype_runs_on(DType::f64, Device::cuda), InvalidArgument);
-  EXPECT_NO_THROW(require_dtype_runs_on(DType::f32, Device::cuda));
+  EXPECT_THROW(require_dtype_runs_on(DType::BF16, Device::Cpu), InvalidArgument);
+  EXPECT_THROW(require_dtype_runs_on(DType::F64, Device::Cuda), InvalidArgument);
+  EXPECT_NO_THROW(require_dtype_runs_on(DType::F32, Device::Cuda));
 }
 
 TEST(CheckPolicy, Bf16AtPAboveOneHoldsLagaToExplicitAtTheSameP) {
-  BlockOptions laga{.form = Form::Laga, .dtype = DType::bf16};
-  const CheckPolicy p = check_policy(laga, 4, Device::cuda, 0);
+  BlockOptions laga{.form = Form::Laga, .dtype = DType::BF16};
+  const CheckPolicy p = check_policy(laga, 4, Device::Cuda, 0);
   EXPECT_TRUE(p.same_p);
   EXPECT_EQ(p.same_p_tolerance, 1e-3);
   EXPECT_EQ(p.single_rank, 3e-2);  // bf16's own precision against the single-rank result
   EXPECT_TRUE(p.cpu_float64);
   EXPECT_EQ(p.cpu_float64_tolerance, 3e-2);
   // Explicit is its own same-P reference; at P = 1 there is none; absorbed rounds elsewhere.
-  EXPECT_FALSE(check_policy(BlockOptions{.form = Form::Explicit, .dtype = DType::bf16}, 4, Device::cuda, 0).same_p);
-  EXPECT_FALSE(check_policy(laga, 1, Device::cuda, 0).same_p);
-  EXPECT_EQ(check_policy(laga, 1, Device::cuda, 0).single_rank, 1e-3);
+  EXPECT_FALSE(check_policy(BlockOptions{.form = Form::Explicit, .dtype = DType::BF16}, 4, Device::Cuda, 0).same_p);
+  EXPECT_FALSE(check_policy(laga, 1, Device::Cuda, 0).same_p);
+  EXPECT_EQ(check_policy(laga, 1, Device::Cuda, 0).single_rank, 1e-3);
   // The ring sums key-chunk gradients of two attention calls in bf16 even at P = 1: held as P > 1 is.
-  const BlockOptions ring{.form = Form::Laga, .layout = Layout::P2P, .dtype = DType::bf16};
-  EXPECT_TRUE(check_policy(ring, 1, Device::cuda, 0).same_p);
-  EXPECT_EQ(check_policy(ring, 1, Device::cuda, 0).single_rank, 3e-2);
-  EXPECT_EQ(check_policy(BlockOptions{.form = Form::Absorbed, .dtype = DType::bf16}, 2, Device::cuda, 0).same_p_tolerance,
+  const BlockOptions ring{.form = Form::Laga, .layout = Layout::P2P, .dtype = DType::BF16};
+  EXPECT_TRUE(check_policy(ring, 1, Device::Cuda, 0).same_p);
+  EXPECT_EQ(check_policy(ring, 1, Device::Cuda, 0).single_rank, 3e-2);
+  EXPECT_EQ(check_policy(BlockOptions{.form = Form::Absorbed, .dtype = DType::BF16}, 2, Device::Cuda, 0).same_p_tolerance,
             3e-2);
   // float32 and float64 on the cpu: one reference, the dtype's tolerance; --tolerance replaces it.
-  const CheckPolicy f64 = check_policy(BlockOptions{.form = Form::Laga, .dtype = DType::f64}, 4, Device::cpu, 0);
+  const CheckPolicy f64 = check_policy(BlockOptions{.form = Form::Laga, .dtype = DType::F64}, 4, Device::Cpu, 0);
   EXPECT_EQ(f64.single_rank, 1e-10);
   EXPECT_FALSE(f64.same_p || f64.cpu_float64);
-  EXPECT_EQ(check_policy(laga, 4, Device::cuda, 5e-2).single_rank, 5e-2);
+  EXPECT_EQ(check_policy(laga, 4, Device::Cuda, 5e-2).single_rank, 5e-2);
 }
 
 TEST(CheckAgainst, NanAndLargeErrorsFail) {
   GlobalResult ref{.y = {1, 2}, .dx = {3, 4}, .grads = {{"w_o", {1, 1}}}};
   GlobalResult got = ref;
-  EXPECT_TRUE(check_against(CheckReference::single_rank, got, ref, 1e-12).ok());
+  EXPECT_TRUE(check_against(CheckReference::SingleRank, got, ref, 1e-12).ok());
   got.dx[1] = std::nan("");
-  const CheckResult nan = check_against(CheckReference::single_rank, got, ref, 1e-12);
+  const CheckResult nan = check_against(CheckReference::SingleRank, got, ref, 1e-12);
   EXPECT_FALSE(nan.ok());
   EXPECT_FALSE(nan.tensors[1].ok);
   got = ref;
   got.grads[0].second[0] = 1.1;
-  EXPECT_FALSE(check_against(CheckReference::same_p, got, ref, 1e-3).ok());
-  EXPECT_TRUE(check_against(CheckReference::same_p, got, ref, 1e-1).ok());
-  const nlohmann::json j = check_report({check_against(CheckReference::cpu_float64, got, ref, 1e-1)});
+  EXPECT_FALSE(check_against(CheckReference::SameP, got, ref, 1e-3).ok());
+  EXPECT_TRUE(check_against(CheckReference::SameP, got, ref, 1e-1).ok());
+  const nlohmann::json j = check_report({check_against(CheckReference::CpuFloat64, got, ref, 1e-1)});
   EXPECT_EQ(j[0]["reference"], "CPU float64");
   EXPECT_EQ(j[0]["tensors"].size(), 3u);
 }
 
 TEST(RankReport, ThreadRanksMeasureAndGatherOneSchema) {
   const MlaConfig cfg = preset("tiny");
-  const BlockOptions opts{.form = Form::Laga, .dtype = DType::f32};
+  const BlockOptions opts{.form = Form::Laga, .dtype = DType::F32};
   const int P = 2;
   std::vector<std::unique_ptr<Backend>> backends;
   for (int r = 0; r < P; ++r) backends.push_back(make_cpu_backend());

@@ -95,13 +95,13 @@ TEST_P(NpyRoundTrip, ThreeDimensional) {
     d[i] = 0.1 * i - 1.0 / (i + 1);
     f[i] = static_cast<float>(d[i]);
   }
-  const void* src = dt == DType::f32 ? static_cast<const void*>(f.data()) : static_cast<const void*>(d.data());
-  const std::size_t item = dt == DType::f32 ? 4 : 8;
+  const void* src = dt == DType::F32 ? static_cast<const void*>(f.data()) : static_cast<const void*>(d.data());
+  const std::size_t item = dt == DType::F32 ? 4 : 8;
   const std::string p = path("a.npy");
   write_npy(p, shape, dt, src);
 
   const NpyArray a = read_npy(p);
-  EXPECT_EQ(a.descr, dt == DType::f32 ? "<f4" : "<f8");
+  EXPECT_EQ(a.descr, dt == DType::F32 ? "<f4" : "<f8");
   EXPECT_EQ(a.dtype(), dt);
   EXPECT_EQ(a.shape, shape);
   EXPECT_EQ(a.numel(), 24);
@@ -115,7 +115,7 @@ TEST_P(NpyRoundTrip, ThreeDimensional) {
   EXPECT_EQ((10 + hlen) % 64, 0u);
   EXPECT_EQ(bytes.size(), 10 + hlen + 24 * item);
   const std::string header = bytes.substr(10, hlen);
-  EXPECT_EQ(header.rfind(std::string("{'descr': '") + (dt == DType::f32 ? "<f4" : "<f8") +
+  EXPECT_EQ(header.rfind(std::string("{'descr': '") + (dt == DType::F32 ? "<f4" : "<f8") +
                              "', 'fortran_order': False, 'shape': (2, 3, 4), }",
                          0),
             0u)
@@ -125,13 +125,13 @@ TEST_P(NpyRoundTrip, ThreeDimensional) {
   // Conversions see the same values.
   const std::vector<double> back = read_npy_doubles(p);
   ASSERT_EQ(back.size(), 24u);
-  for (int i = 0; i < 24; ++i) EXPECT_EQ(back[i], dt == DType::f32 ? static_cast<double>(f[i]) : d[i]) << i;
+  for (int i = 0; i < 24; ++i) EXPECT_EQ(back[i], dt == DType::F32 ? static_cast<double>(f[i]) : d[i]) << i;
   const std::vector<float> backf = a.to_floats();
   for (int i = 0; i < 24; ++i) EXPECT_EQ(backf[i], f[i]) << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, NpyRoundTrip, ::testing::Values(DType::f32, DType::f64),
-                         [](const auto& info) { return info.param == DType::f32 ? "f32" : "f64"; });
+INSTANTIATE_TEST_SUITE_P(Dtypes, NpyRoundTrip, ::testing::Values(DType::F32, DType::F64),
+                         [](const auto& info) { return info.param == DType::F32 ? "f32" : "f64"; });
 
 TEST_F(NpyTest, OneDimensionalAndScalarShapes) {
   const std::string p1 = path("v.npy");
@@ -152,7 +152,7 @@ TEST_F(NpyTest, OneDimensionalAndScalarShapes) {
 
 TEST_F(NpyTest, EmptyArray) {
   const std::string p = path("e.npy");
-  write_npy(p, {3, 0}, DType::f32, nullptr);
+  write_npy(p, {3, 0}, DType::F32, nullptr);
   const NpyArray a = read_npy(p);
   EXPECT_EQ(a.shape, (std::vector<std::int64_t>{3, 0}));
   EXPECT_TRUE(a.data.empty());
@@ -262,14 +262,14 @@ TEST_F(NpyTest, MalformedHeader) {
 
 TEST_F(NpyTest, WriteErrors) {
   const std::string p = path("w.npy");
-  std::string msg = error_of([&] { write_npy(p, {2}, DType::bf16, "\0\0\0\0"); });
+  std::string msg = error_of([&] { write_npy(p, {2}, DType::BF16, "\0\0\0\0"); });
   EXPECT_NE(msg.find(p), std::string::npos) << msg;
   EXPECT_NE(msg.find("bf16"), std::string::npos) << msg;
 
   msg = error_of([&] { write_npy(p, {2, 3}, std::vector<double>(5, 0.0)); });
   EXPECT_NE(msg.find("(2, 3) holds 6 elements but 5 were given"), std::string::npos) << msg;
 
-  msg = error_of([&] { write_npy(p, {2, -1}, DType::f32, "\0\0\0\0"); });
+  msg = error_of([&] { write_npy(p, {2, -1}, DType::F32, "\0\0\0\0"); });
   EXPECT_NE(msg.find("negative dimension -1"), std::string::npos) << msg;
 
   const std::string bad = (dir_ / "no_such_dir" / "w.npy").string();

@@ -28,7 +28,7 @@ TEST(OpProfile, SeesEveryOpAndChangesNoBit) {
     for (Layout layout : kAllLayouts)
     for (int ranks : {1, 2}) {
       SCOPED_TRACE(std::string(v.label()) + " " + layout_name(layout) + " P=" + std::to_string(ranks));
-      BlockOptions opts = v.options(layout, AttentionKernel::fused, DType::f32);
+      BlockOptions opts = v.options(layout, AttentionKernel::Fused, DType::F32);
       try {
         validate(preset("tiny"), opts, BlockShape{.batch = 1, .seq = kSeq, .ranks = ranks, .rank = ranks - 1});
       } catch (const InvalidArgument&) {
@@ -68,7 +68,7 @@ TEST(OpProfile, SeesEveryOpAndChangesNoBit) {
 TEST(OpProfile, SummaryIsTheMedianPerOpOfAPass) {
   auto cpu = make_cpu_backend();
   OpProfileBackend profile(*cpu);
-  const BlockOptions opts = Variant{Form::Laga}.options(Layout::A2A, AttentionKernel::fused, DType::f32);
+  const BlockOptions opts = Variant{Form::Laga}.options(Layout::A2A, AttentionKernel::Fused, DType::F32);
   for (int i = 0; i < 3; ++i) run_on(profile, opts, 2);
   const std::vector<OpRecord>& recs = profile.records();
   const std::vector<OpProfileRow> rows = summarize_ops(recs, 3);

@@ -46,7 +46,7 @@ TEST_P(PlanEqualsMeasurement, SavedPeaksTrafficAndFlops) {
   for (const Variant& v : kAllVariants) {
     if (c.layout == Layout::P2P && (v.form == Form::Absorbed || v.recompute != Recompute::None)) continue;
     SCOPED_TRACE(v.name());
-    const BlockOptions opts = v.options(c.layout, c.kernel, DType::f32);
+    const BlockOptions opts = v.options(c.layout, c.kernel, DType::F32);
     GroupRun measured = run_thread_group(cfg, opts, c.batch, seq, c.ranks, 7);
     for (int r = 0; r < c.ranks; ++r) {
       SCOPED_TRACE("rank " + std::to_string(r));
@@ -73,22 +73,22 @@ TEST_P(PlanEqualsMeasurement, SavedPeaksTrafficAndFlops) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, PlanEqualsMeasurement,
-                         testing::Values(GridCase{1, Layout::A2A, AttentionKernel::fused, 1},
-                                         GridCase{1, Layout::A2A, AttentionKernel::eager, 2},
-                                         GridCase{2, Layout::A2A, AttentionKernel::fused, 2},
-                                         GridCase{2, Layout::AllGather, AttentionKernel::eager, 1},
-                                         GridCase{4, Layout::A2A, AttentionKernel::eager, 1},
-                                         GridCase{4, Layout::AllGather, AttentionKernel::fused, 2},
-                                         GridCase{1, Layout::P2P, AttentionKernel::fused, 1},
-                                         GridCase{2, Layout::P2P, AttentionKernel::fused, 2},
-                                         GridCase{4, Layout::P2P, AttentionKernel::fused, 1}),
+                         testing::Values(GridCase{1, Layout::A2A, AttentionKernel::Fused, 1},
+                                         GridCase{1, Layout::A2A, AttentionKernel::Eager, 2},
+                                         GridCase{2, Layout::A2A, AttentionKernel::Fused, 2},
+                                         GridCase{2, Layout::AllGather, AttentionKernel::Eager, 1},
+                                         GridCase{4, Layout::A2A, AttentionKernel::Eager, 1},
+                                         GridCase{4, Layout::AllGather, AttentionKernel::Fused, 2},
+                                         GridCase{1, Layout::P2P, AttentionKernel::Fused, 1},
+                                         GridCase{2, Layout::P2P, AttentionKernel::Fused, 2},
+                                         GridCase{4, Layout::P2P, AttentionKernel::Fused, 1}),
                          case_name);
 
 // The arithmetic for one tiny configuration, by hand: preset tiny (d=32, n_h=4, r_q=16, r_kv=16, d_n=8,
 // d_r=8, d_v=8; so d_qk=16 and the latent is 24 wide), S=8, batch 1, P=1, float32 (4 bytes), fused.
 TEST(PlanByHand, TinyExplicitFused) {
-  const BlockOptions opts{.form = Form::Explicit, .layout = Layout::A2A, .kernel = AttentionKernel::fused,
-                          .dtype = DType::f32};
+  const BlockOptions opts{.form = Form::Explicit, .layout = Layout::A2A, .kernel = AttentionKernel::Fused,
+                          .dtype = DType::F32};
   const RankPlan p = plan_rank(preset("tiny"), opts, BlockShape{.batch = 1, .seq = 8, .ranks = 1, .rank = 0});
   std::map<std::string, std::size_t> saved;
   for (const auto& t : p.saved) saved[t.name] = t.bytes;
@@ -121,8 +121,8 @@ TEST(PlanByHand, TrafficAtDeepSeekV3Size) {
   const std::size_t s = 1024;
   auto sent = [&](Form f, Layout l) {
     std::size_t b = 0;
-    for (const auto& r : expected_traffic(cfg, BlockOptions{.form = f, .layout = l, .dtype = DType::bf16}, sh))
-      if (r.phase == Phase::forward) b += r.bytes_sent;
+    for (const auto& r : expected_traffic(cfg, BlockOptions{.form = f, .layout = l, .dtype = DType::BF16}, sh))
+      if (r.phase == Phase::Forward) b += r.bytes_sent;
     return b;
   };
   EXPECT_EQ(sent(Form::Explicit, Layout::A2A), s * 2 * (24576 + 24576 + 16384 + 16384) * 7 / 8);
@@ -133,8 +133,8 @@ TEST(PlanByHand, TrafficAtDeepSeekV3Size) {
   // Backward: explicit mirrors its forward; the latent gradient is reduce-scattered in float32 (4 bytes).
   auto sent_backward = [&](Form f, Layout l) {
     std::size_t b = 0;
-    for (const auto& r : expected_traffic(cfg, BlockOptions{.form = f, .layout = l, .dtype = DType::bf16}, sh))
-      if (r.phase == Phase::backward) b += r.bytes_sent;
+    for (const auto& r : expected_traffic(cfg, BlockOptions{.form = f, .layout = l, .dtype = DType::BF16}, sh))
+      if (r.phase == Phase::Backward) b += r.bytes_sent;
     return b;
   };
   EXPECT_EQ(sent_backward(Form::Explicit, Layout::A2A), sent(Form::Explicit, Layout::A2A));
@@ -149,7 +149,7 @@ TEST(PlanInput, BadValuesAreRefused) {
   EXPECT_DOUBLE_EQ(parse_bytes("141GB"), 141e9);
   EXPECT_DOUBLE_EQ(parse_bytes("80GiB"), 80.0 * (1ull << 30));
   const MlaConfig cfg = preset("deepseek-v3");
-  const BlockOptions opts{.dtype = DType::bf16};
+  const BlockOptions opts{.dtype = DType::BF16};
   try {
     plan_rank(cfg, opts, BlockShape{.batch = 1, .seq = 1000, .ranks = 3, .rank = 0});
     FAIL() << "seq not divisible by sp was accepted";
@@ -169,8 +169,8 @@ namespace {
 // 512*n_h*128 + 512*n_h*128 + n_h*128*d parameters; bf16 weights (2 bytes) with float32 gradients (4 bytes).
 TEST(PlanByHand, DeviceFitCountsBf16WeightsAndFloat32Gradients) {
   const MlaConfig cfg = preset("deepseek-v3");
-  const BlockOptions opts{.form = Form::Laga, .layout = Layout::A2A, .kernel = AttentionKernel::fused,
-                          .dtype = DType::bf16};
+  const BlockOptions opts{.form = Form::Laga, .layout = Layout::A2A, .kernel = AttentionKernel::Fused,
+                          .dtype = DType::BF16};
   const RankPlan p = plan_rank(cfg, opts, BlockShape{.batch = 1, .seq = 4096, .ranks = 8, .rank = 7});
   const std::size_t params = 7168ull * 1536 + 1536 + 1536ull * 128 * 192 + 7168ull * 576 + 512 +
                              512ull * 128 * 128 * 2 + 128ull * 128 * 7168;
@@ -194,22 +194,22 @@ TEST(PlanByHand, KvGradientsReducedInFloat32) {
       if (r.phase == ph && (tensor.empty() || r.tensor == tensor)) b += r.bytes_sent;
     return b;
   };
-  const auto off = traffic(Form::Explicit, Layout::AllGather, 4, DType::bf16, false);
-  const auto on = traffic(Form::Explicit, Layout::AllGather, 4, DType::bf16, true);
-  EXPECT_EQ(bytes(on, Phase::backward, "k"), 2 * bytes(off, Phase::backward, "k"));
-  EXPECT_EQ(bytes(on, Phase::backward, "v"), 2 * bytes(off, Phase::backward, "v"));
-  EXPECT_EQ(bytes(on, Phase::forward, ""), bytes(off, Phase::forward, ""));
-  EXPECT_EQ(bytes(traffic(Form::Explicit, Layout::A2A, 4, DType::bf16, true), Phase::backward, ""),
-            bytes(traffic(Form::Explicit, Layout::A2A, 4, DType::bf16, false), Phase::backward, ""));
-  EXPECT_EQ(bytes(traffic(Form::Laga, Layout::AllGather, 4, DType::bf16, true), Phase::backward, ""),
-            bytes(traffic(Form::Laga, Layout::AllGather, 4, DType::bf16, false), Phase::backward, ""));
-  EXPECT_EQ(bytes(traffic(Form::Explicit, Layout::AllGather, 4, DType::f32, true), Phase::backward, ""),
-            bytes(traffic(Form::Explicit, Layout::AllGather, 4, DType::f32, false), Phase::backward, ""));
+  const auto off = traffic(Form::Explicit, Layout::AllGather, 4, DType::BF16, false);
+  const auto on = traffic(Form::Explicit, Layout::AllGather, 4, DType::BF16, true);
+  EXPECT_EQ(bytes(on, Phase::Backward, "k"), 2 * bytes(off, Phase::Backward, "k"));
+  EXPECT_EQ(bytes(on, Phase::Backward, "v"), 2 * bytes(off, Phase::Backward, "v"));
+  EXPECT_EQ(bytes(on, Phase::Forward, ""), bytes(off, Phase::Forward, ""));
+  EXPECT_EQ(bytes(traffic(Form::Explicit, Layout::A2A, 4, DType::BF16, true), Phase::Backward, ""),
+            bytes(traffic(Form::Explicit, Layout::A2A, 4, DType::BF16, false), Phase::Backward, ""));
+  EXPECT_EQ(bytes(traffic(Form::Laga, Layout::AllGather, 4, DType::BF16, true), Phase::Backward, ""),
+            bytes(traffic(Form::Laga, Layout::AllGather, 4, DType::BF16, false), Phase::Backward, ""));
+  EXPECT_EQ(bytes(traffic(Form::Explicit, Layout::AllGather, 4, DType::F32, true), Phase::Backward, ""),
+            bytes(traffic(Form::Explicit, Layout::AllGather, 4, DType::F32, false), Phase::Backward, ""));
   // The block itself (meta backend) sends what the closed form says, at a size where P = 4 splits evenly.
   const MlaConfig tiny = preset("tiny");
   for (int P : {1, 4}) {
     SCOPED_TRACE("P = " + std::to_string(P));
-    const BlockOptions o{.form = Form::Explicit, .layout = Layout::AllGather, .dtype = DType::bf16,
+    const BlockOptions o{.form = Form::Explicit, .layout = Layout::AllGather, .dtype = DType::BF16,
                          .kv_grad_reduce_fp32 = true};
     const BlockShape sh{.batch = 2, .seq = 16, .ranks = P, .rank = P - 1};
     const RankPlan plan = plan_rank(tiny, o, sh);

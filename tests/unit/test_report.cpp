@@ -8,7 +8,7 @@ namespace laga {
 namespace {
 
 TEST(PlanDocument, EveryPointAndVariantAsPlanned) {
-  PlanQuery q{.cfg = preset("tiny"), .base = {.layout = Layout::AllGather, .dtype = DType::f32}, .batch = 2,
+  PlanQuery q{.cfg = preset("tiny"), .base = {.layout = Layout::AllGather, .dtype = DType::F32}, .batch = 2,
               .seqs = {64, 128}, .sps = {1, 2}, .layers = 3, .gpu_mem_bytes = 1e9};
   const nlohmann::json doc = plan_document(q);
   EXPECT_EQ(doc["layout"], "all_gather");

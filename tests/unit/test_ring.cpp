@@ -30,11 +30,11 @@ void check_thread_ring(int P, std::size_t count) {
       const int prev = (r - 1 + P) % P;
       std::vector<double> a(count), b(count), ra(count, -1), rb(count, -1);
       for (std::size_t i = 0; i < count; ++i) a[i] = value(1, r, i), b[i] = value(2, r, i);
-      c.ring_shift(a.data(), ra.data(), count, DType::f64);
+      c.ring_shift(a.data(), ra.data(), count, DType::F64);
       for (std::size_t i = 0; i < count; ++i) wrong[r] += ra[i] != value(1, prev, i);
       std::fill(ra.begin(), ra.end(), -1.0);
-      CollectiveRequest qa = c.start_ring_shift(a.data(), ra.data(), count, DType::f64);
-      CollectiveRequest qb = c.start_ring_shift(b.data(), rb.data(), count, DType::f64);
+      CollectiveRequest qa = c.start_ring_shift(a.data(), ra.data(), count, DType::F64);
+      CollectiveRequest qb = c.start_ring_shift(b.data(), rb.data(), count, DType::F64);
       qb.wait();
       qa.wait();
       for (std::size_t i = 0; i < count; ++i) wrong[r] += (ra[i] != value(1, prev, i)) + (rb[i] != value(2, prev, i));
@@ -54,11 +54,11 @@ TEST(RingShift, SingleRankAndPhantomCopy) {
   auto cpu = make_cpu_backend();
   std::vector<float> send = {1, 2, 3, 4}, recv(4, 0);
   auto single = make_single_rank_communicator(*cpu);
-  single->ring_shift(send.data(), recv.data(), 4, DType::f32);
+  single->ring_shift(send.data(), recv.data(), 4, DType::F32);
   EXPECT_EQ(recv, send);
   std::fill(recv.begin(), recv.end(), 0.0f);
   auto phantom = make_phantom_communicator(*cpu, 2, 4);
-  phantom->start_ring_shift(send.data(), recv.data(), 4, DType::f32).wait();
+  phantom->start_ring_shift(send.data(), recv.data(), 4, DType::F32).wait();
   EXPECT_EQ(recv, send);
 }
 
@@ -68,32 +68,32 @@ TEST(RingShift, CountedAsOneChunkPerCall) {
   for (int P : {1, 2, 8}) {
     auto phantom = make_phantom_communicator(*cpu, 0, P);
     CountingCommunicator counting(*phantom);
-    counting.label(Phase::forward, "kv_latent");
-    counting.ring_shift(send.data(), recv.data(), 10, DType::f64);
-    counting.start_ring_shift(send.data(), recv.data(), 10, DType::f64).wait();
+    counting.label(Phase::Forward, "kv_latent");
+    counting.ring_shift(send.data(), recv.data(), 10, DType::F64);
+    counting.start_ring_shift(send.data(), recv.data(), 10, DType::F64).wait();
     ASSERT_EQ(counting.records().size(), 1u);
     const CollectiveRecord& r = counting.records()[0];
-    EXPECT_EQ(r.kind, CollectiveKind::ring_shift);
+    EXPECT_EQ(r.kind, CollectiveKind::RingShift);
     EXPECT_EQ(r.calls, 2);
     EXPECT_EQ(r.bytes_sent, P > 1 ? 2 * 80u : 0u) << "P = " << P;
     EXPECT_EQ(r.bytes_received, r.bytes_sent);
   }
-  EXPECT_STREQ(collective_name(CollectiveKind::ring_shift), "ring_shift");
+  EXPECT_STREQ(collective_name(CollectiveKind::RingShift), "ring_shift");
 }
 
 TEST(RingShift, PricedAsOneStep) {
   const TimeModel m = default_time_model();
   const double bytes = 3e6;
   // One node: one NVLink step; across nodes, InfiniBand's pace; P = 1 costs nothing.
-  EXPECT_DOUBLE_EQ(collective_seconds(m, CollectiveKind::ring_shift, bytes, 2, 8, 8),
+  EXPECT_DOUBLE_EQ(collective_seconds(m, CollectiveKind::RingShift, bytes, 2, 8, 8),
                    2 * m.intra.latency + bytes / m.intra.bandwidth);
-  EXPECT_DOUBLE_EQ(collective_seconds(m, CollectiveKind::ring_shift, bytes, 1, 16, 8),
+  EXPECT_DOUBLE_EQ(collective_seconds(m, CollectiveKind::RingShift, bytes, 1, 16, 8),
                    m.inter.latency + bytes / m.inter.bandwidth);
-  EXPECT_EQ(collective_seconds(m, CollectiveKind::ring_shift, bytes, 1, 1, 1), 0.0);
+  EXPECT_EQ(collective_seconds(m, CollectiveKind::RingShift, bytes, 1, 1, 1), 0.0);
   TimedLinks links;
   links.ranks_per_node = 8;
-  EXPECT_DOUBLE_EQ(timed_collective_seconds(links, CollectiveKind::ring_shift, 1 << 20, 8),
-                   collective_seconds(m, CollectiveKind::ring_shift, double(1 << 20), 1, 8, 8));
+  EXPECT_DOUBLE_EQ(timed_collective_seconds(links, CollectiveKind::RingShift, 1 << 20, 8),
+                   collective_seconds(m, CollectiveKind::RingShift, double(1 << 20), 1, 8, 8));
 }
 
 TEST(RingShift, TimedPhantomHoldsAndCopies) {
@@ -103,7 +103,7 @@ TEST(RingShift, TimedPhantomHoldsAndCopies) {
   links.ranks_per_node = 2;
   auto timed = make_timed_phantom_communicator(*cpu, 1, 2, links, *clock);
   std::vector<float> send = {5, 6}, recv(2, 0);
-  timed->start_ring_shift(send.data(), recv.data(), 2, DType::f32).wait();
+  timed->start_ring_shift(send.data(), recv.data(), 2, DType::F32).wait();
   EXPECT_EQ(recv, send);
 }
 
@@ -147,7 +147,7 @@ TEST(AttentionMerge, CpuMergesHalvesIntoTheWhole) {
   }
   lse[2] = -std::numeric_limits<double>::infinity();  // a row with no key yet takes the partial's values
   for (int c = 0; c < dv; ++c) o[2 * dv + c] = 0;
-  AttentionMergeArgs a{.dtype = DType::f64, .batch = 1, .q_len = rows, .heads = 1, .d_v = dv, .o = o.data(),
+  AttentionMergeArgs a{.dtype = DType::F64, .batch = 1, .q_len = rows, .heads = 1, .d_v = dv, .o = o.data(),
                        .o_token_stride = dv, .o_batch_stride = dv, .o_head_stride = dv, .lse = lse.data(),
                        .o_part = o2.data(), .part_token_stride = dv, .part_batch_stride = dv, .part_head_stride = dv,
                        .lse_part = lse2.data()};

@@ -50,7 +50,7 @@ TEST(RingBlock, SavedTensorsAreNamed) {
   const BlockShape sh{.batch = 1, .seq = 16, .ranks = 4, .rank = 1};
   auto names = [&](Form f) {
     std::map<std::string, std::size_t> out;
-    for (const auto& t : plan_rank(cfg, BlockOptions{.form = f, .layout = Layout::P2P, .dtype = DType::f32}, sh).saved)
+    for (const auto& t : plan_rank(cfg, BlockOptions{.form = f, .layout = Layout::P2P, .dtype = DType::F32}, sh).saved)
       out[t.name] = t.bytes;
     return out;
   };
@@ -70,7 +70,7 @@ TEST(RingBlock, PlanMemoryAgainstAllGatherAndExplicitRing) {
   const MlaConfig cfg = preset("deepseek-v3");
   const BlockShape sh{.batch = 1, .seq = 16384, .ranks = 8, .rank = 7};
   auto plan = [&](Form f, Layout l) {
-    return plan_rank(cfg, BlockOptions{.form = f, .layout = l, .dtype = DType::bf16}, sh);
+    return plan_rank(cfg, BlockOptions{.form = f, .layout = l, .dtype = DType::BF16}, sh);
   };
   const RankPlan laga_p2p = plan(Form::Laga, Layout::P2P), laga_ag = plan(Form::Laga, Layout::AllGather),
                  ex_p2p = plan(Form::Explicit, Layout::P2P);
@@ -83,7 +83,7 @@ TEST(RingBlock, PlanMemoryAgainstAllGatherAndExplicitRing) {
 TEST(RingBlock, RefusesWhatTheRingCannotRun) {
   const MlaConfig cfg = preset("tiny");
   const BlockShape sh{.batch = 1, .seq = 20, .ranks = 4, .rank = 0};  // 20 tokens: not 8 chunks
-  const BlockOptions ok{.form = Form::Laga, .layout = Layout::P2P, .kernel = AttentionKernel::fused};
+  const BlockOptions ok{.form = Form::Laga, .layout = Layout::P2P, .kernel = AttentionKernel::Fused};
   auto message = [&](BlockOptions o, BlockShape s) {
     try {
       validate(cfg, o, s);
@@ -97,7 +97,7 @@ TEST(RingBlock, RefusesWhatTheRingCannotRun) {
   good.seq = 32;
   EXPECT_EQ(message(ok, good), "");
   BlockOptions o = ok;
-  o.kernel = AttentionKernel::eager;
+  o.kernel = AttentionKernel::Eager;
   EXPECT_NE(message(o, good).find("kernel = eager with layout = p2p"), std::string::npos) << message(o, good);
   o = ok;
   o.form = Form::Absorbed;

@@ -71,14 +71,14 @@ TEST(Sizes, HugeQueryRankIsRefused) {
 
 TEST(Sizes, HugeBatchOrSequenceIsRefusedNamingIt) {
   const MlaConfig c = preset("deepseek-v3");
-  const BlockOptions o{.dtype = DType::bf16};
+  const BlockOptions o{.dtype = DType::BF16};
   std::string m = refusal([&] { validate(c, o, BlockShape{.batch = k2p62, .seq = 16384, .ranks = 8}); });
   EXPECT_NE(m.find("batch"), std::string::npos) << m;
   m = refusal([&] { validate(c, o, BlockShape{.batch = 4, .seq = k2p62, .ranks = 8}); });
   EXPECT_NE(m.find("seq = 4611686018427387904"), std::string::npos) << m;
   // The eager kernel's probabilities are S x S per head: refused where the fused kernel's tensors fit.
   BlockOptions eager = o;
-  eager.kernel = AttentionKernel::eager;
+  eager.kernel = AttentionKernel::Eager;
   const BlockShape s3g{.batch = 1, .seq = 3000000000, .ranks = 1};
   EXPECT_NO_THROW(validate(c, o, s3g));
   m = refusal([&] { validate(c, eager, s3g); });
@@ -98,14 +98,14 @@ TEST(Sizes, PlanFlopsAreThoseOfThePerTokenSum) {
         double pairs = 0;
         for (std::int64_t i = 0; i < Sq; ++i) pairs += double(std::min<std::int64_t>(S, i + q_offset + 1));
         pairs *= double(sh.batch) * double(H);
-        EXPECT_EQ(p.fwd.flops[int(OpPhase::attention)], 2.0 * double(c.qk_head_dim() + c.v_head_dim) * pairs)
+        EXPECT_EQ(p.fwd.flops[int(OpPhase::Attention)], 2.0 * double(c.qk_head_dim() + c.v_head_dim) * pairs)
             << layout_name(layout) << " P=" << P << " rank " << rank;
       }
 }
 
 TEST(Sizes, PlanAnswersAHugeSequenceQuickly) {
   const auto t0 = std::chrono::steady_clock::now();
-  const RankPlan p = plan_rank(preset("deepseek-v3"), BlockOptions{.dtype = DType::bf16},
+  const RankPlan p = plan_rank(preset("deepseek-v3"), BlockOptions{.dtype = DType::BF16},
                                BlockShape{.batch = 1, .seq = 1000000000, .ranks = 8, .rank = 7});
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GT(p.saved_bytes, 0u);
@@ -113,7 +113,7 @@ TEST(Sizes, PlanAnswersAHugeSequenceQuickly) {
 }
 
 TEST(Sizes, DeviceFitRefusesLayersThatOverflow) {
-  const RankPlan p = plan_rank(preset("deepseek-v3"), BlockOptions{.dtype = DType::bf16},
+  const RankPlan p = plan_rank(preset("deepseek-v3"), BlockOptions{.dtype = DType::BF16},
                                BlockShape{.batch = 1, .seq = 1 << 30, .ranks = 1});
   EXPECT_THROW(device_fit(p, std::numeric_limits<int>::max()), InvalidArgument);
 }

@@ -43,7 +43,7 @@ TEST(TimedPhantom, HoldsFollowTheModelForEveryFormAndLayout) {
   for (Layout layout : kAllLayouts)
     for (const Variant& v : kAllVariants)
       for (int rpn : {8, 1}) {
-        const BlockOptions opts = v.options(layout, AttentionKernel::fused, DType::f64);
+        const BlockOptions opts = v.options(layout, AttentionKernel::Fused, DType::F64);
         SCOPED_TRACE(std::string(layout_name(layout)) + " " + v.label() + " ranks_per_node " + std::to_string(rpn));
         RecordingClock clock;
         const TimedLinks links{default_time_model(), rpn};
@@ -66,12 +66,12 @@ TEST(TimedPhantom, OneCallIsPricedByCollectiveSeconds) {
   TimedLinks links;
   links.ranks_per_node = 4;
   const std::size_t chunk = 3 << 20;
-  for (CollectiveKind k : {CollectiveKind::all_gather, CollectiveKind::reduce_scatter, CollectiveKind::all_to_all,
-                           CollectiveKind::all_reduce})
+  for (CollectiveKind k : {CollectiveKind::AllGather, CollectiveKind::ReduceScatter, CollectiveKind::AllToAll,
+                           CollectiveKind::AllReduce})
     EXPECT_DOUBLE_EQ(timed_collective_seconds(links, k, chunk, 8),
                      collective_seconds(links.model, k, double(collective_bytes_sent(k, chunk, 8)), 1, 8, 4));
   links.ranks_per_node = 1;
-  EXPECT_EQ(timed_collective_seconds(links, CollectiveKind::all_gather, chunk, 1), 0.0);
+  EXPECT_EQ(timed_collective_seconds(links, CollectiveKind::AllGather, chunk, 1), 0.0);
 }
 
 // A model with no latency and (practically) unbounded bandwidth: every hold is zero, and the host clock
@@ -85,8 +85,8 @@ TEST(TimedPhantom, ZeroCostModelIsInstant) {
   RecordingClock clock;
   auto comm = make_timed_phantom_communicator(*be, 7, 8, links, clock);
   std::vector<double> send(8 * 16, 1.0), recv(8 * 16);
-  comm->all_gather(send.data(), recv.data(), 16, DType::f64);
-  comm->all_to_all(send.data(), recv.data(), 16, DType::f64);
+  comm->all_gather(send.data(), recv.data(), 16, DType::F64);
+  comm->all_to_all(send.data(), recv.data(), 16, DType::F64);
   ASSERT_EQ(clock.holds.size(), 2u);
   EXPECT_LT(clock.holds[0], 1e-250);
   auto host = make_host_comm_clock();
@@ -114,9 +114,9 @@ TEST(TimedPhantom, BlockCommunicationTimeCoversTheModel) {
   const TimedLinks links{default_time_model(), 1};
   const BlockShape shape{.batch = 1, .seq = 64, .ranks = 4, .rank = 3};
   auto comm = make_timed_phantom_communicator(*be, 3, 4, links, *clock);
-  const RankRun run = run_rank(cfg, Variant{Form::Laga}.options(Layout::A2A, AttentionKernel::fused, DType::f32),
+  const RankRun run = run_rank(cfg, Variant{Form::Laga}.options(Layout::A2A, AttentionKernel::Fused, DType::F32),
                                shape, *be, *comm, 1);
-  const int c = int(OpPhase::communication);
+  const int c = int(OpPhase::Communication);
   EXPECT_GE(run.fwd.seconds[c] + run.bwd.seconds[c], communication_seconds(links.model, run.traffic, 4, 1));
 }
 

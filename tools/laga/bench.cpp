@@ -140,14 +140,14 @@ struct RankState {
 struct Bench {
   BenchOptions o;
   MlaConfig cfg;
-  DType dtype = DType::f32;
-  Device device = Device::cpu;
+  DType dtype = DType::F32;
+  Device device = Device::Cpu;
   TimeModel model;
   std::vector<RankState> ranks;  // threads: rank r; phantom or P = 1: element 0
   int default_blas_threads = 1;
 
   std::unique_ptr<Backend> new_backend() {
-    if (device != Device::cuda) return make_cpu_backend();
+    if (device != Device::Cuda) return make_cpu_backend();
     auto be = make_cuda_backend(o.gpu);
     cuda_set_attention_provider(*be, parse_attention_provider(o.attention_provider));
     cuda_set_attention_deterministic(*be, !o.nondeterministic);
@@ -171,8 +171,8 @@ struct Bench {
       return;
     s.x = Tensor();
     s.dy = Tensor();
-    s.x = make_shard(cfg, shape, dtype, *s.be, o.seed, DataStream::x, layout);
-    s.dy = make_shard(cfg, shape, dtype, *s.be, o.seed, DataStream::dy, layout);
+    s.x = make_shard(cfg, shape, dtype, *s.be, o.seed, DataStream::X, layout);
+    s.dy = make_shard(cfg, shape, dtype, *s.be, o.seed, DataStream::Dy, layout);
     s.shape = shape;
     s.layout = layout;
   }
@@ -201,7 +201,7 @@ struct Bench {
     RankState& s = state(0);
     const BlockShape shape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = p.sp - 1};
     prepare(s, shape, p.layout);
-    std::unique_ptr<CommClock> clock = device == Device::cuda ? make_cuda_comm_clock(*s.be) : make_host_comm_clock();
+    std::unique_ptr<CommClock> clock = device == Device::Cuda ? make_cuda_comm_clock(*s.be) : make_host_comm_clock();
     for (const Placement& pl : timed_placements(p.sp)) {
       auto comm = make_timed_phantom_communicator(*s.be, shape.rank, p.sp, TimedLinks{model, pl.ranks_per_node}, *clock);
       Measured::Timed t{pl, {}};
@@ -222,9 +222,9 @@ struct Bench {
     const BlockShape shape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = rank};
     prepare(s, shape, p.layout);
     auto comm = p.sp == 1 ? make_single_rank_communicator(*s.be) : make_phantom_communicator(*s.be, rank, p.sp);
-    if (device == Device::cpu) set_cpu_blas_threads(default_blas_threads);
+    if (device == Device::Cpu) set_cpu_blas_threads(default_blas_threads);
     m.repeats.assign(1, {});
-    if (device == Device::cuda) {
+    if (device == Device::Cuda) {
       cuda_reset_scratch_peak(*s.be, /*release=*/true);  // this point's kernel scratch
       cuda_reset_attention_provider_counts(*s.be);
     }
@@ -341,7 +341,7 @@ json pass_time_json(const std::vector<Repeat>& reps, bool forward) {
 
 double block_seconds(const Repeat& r) { return r.fwd.total_seconds() + r.bwd.total_seconds(); }
 double compute_seconds(const Repeat& r) {
-  const int c = int(OpPhase::communication);
+  const int c = int(OpPhase::Communication);
   return block_seconds(r) - r.fwd.seconds[c] - r.bwd.seconds[c];
 }
 
@@ -385,8 +385,8 @@ json gemms_json(const Bench& b, const Measured& m, std::string& line) {
       issued.push_back({{"pass", rec.pass % 2 == 0 ? "forward" : "backward"}, {"index", rec.index_in_pass}});
     }
     const GemmKey& g = r.key;
-    list.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}, {"trans_a", g.trans_a == Trans::yes},
-                    {"trans_b", g.trans_b == Trans::yes}, {"dtype", dtype_name(g.dtype)},
+    list.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}, {"trans_a", g.trans_a == Trans::Yes},
+                    {"trans_b", g.trans_b == Trans::Yes}, {"dtype", dtype_name(g.dtype)},
                     {"c_dtype", dtype_name(g.c_dtype)}, {"lda", g.lda}, {"ldb", g.ldb}, {"ldc", g.ldc},
                     {"stride_a", g.stride_a}, {"stride_b", g.stride_b}, {"stride_c", g.stride_c},
                     {"alpha", g.alpha}, {"beta", g.beta}, {"calls", calls}, {"issued", issued},
@@ -484,7 +484,7 @@ json memory_json(const Bench& b, const RankRun& run) {
     saved.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"bytes", t.bytes}});
   json memory = {{"saved_bytes", run.saved_bytes}, {"peak_forward_bytes", run.fwd.peak_bytes},
                  {"peak_backward_bytes", run.bwd.peak_bytes}, {"saved", saved}};
-  if (b.device == Device::cuda)  // outside the allocator's figures (cuda_scratch_info); cuda runs one rank, state 0
+  if (b.device == Device::Cuda)  // outside the allocator's figures (cuda_scratch_info); cuda runs one rank, state 0
     memory["backend_scratch_peak_bytes"] = cuda_scratch_peak_bytes(*b.ranks.at(0).be);
   return memory;
 }
@@ -640,7 +640,7 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
   if (b.o.gemm_check) doc["gemms"] = gemms_json(b, m, pr.gemms);
   if (b.o.op_profile) doc["ops"] = ops_json(b, m, pr.ops);
   if (!m.timed.empty()) doc["exposed_communication"] = exposed_json(b, p, m, reps, pr.exposed);
-  if (b.device == Device::cuda) doc["attention_calls"] = attention_calls_report(*b.ranks.at(0).be);
+  if (b.device == Device::Cuda) doc["attention_calls"] = attention_calls_report(*b.ranks.at(0).be);
   pr.doc = std::move(doc);
   pr.saved = double(run.saved_bytes);
   pr.peak_bwd = double(run.bwd.peak_bytes);
@@ -746,12 +746,12 @@ Grid parse_grid(const BenchOptions& o) {
 // (p2p: explicit and laga, fused); what was named explicitly is validated (and refused) as given.
 bool swept(const Grid& g, Layout l, AttentionKernel k, std::size_t v) {
   if (g.all_forms && !layout_supports(l, kAllVariants[v])) return false;
-  return !(g.all_kernels && l == Layout::P2P && k != AttentionKernel::fused);
+  return !(g.all_kernels && l == Layout::P2P && k != AttentionKernel::Fused);
 }
 
 // The ranks each sp asks for: on cuda, and for --op-profile, one rank alone (P = 1 or a phantom).
 void check_ranks(const BenchOptions& o, const Bench& b, const Grid& g) {
-  if (b.device == Device::cuda) {
+  if (b.device == Device::Cuda) {
     LAGA_REQUIRE(cuda_available(), "device = cuda: ", cuda_device_count() == 0 ? "no usable GPU (or laga was built without CUDA)" : "CUDA is not available");
     for (int P : g.sps)
       LAGA_REQUIRE(P == 1 || o.phantom, "sp = ", P, " on device cuda: bench runs P = 1 or one rank of P alone "
@@ -764,7 +764,7 @@ void check_ranks(const BenchOptions& o, const Bench& b, const Grid& g) {
 
 // Every point of the grid, validated before anything runs.
 std::vector<Point> grid_points(const BenchOptions& o, const Bench& b, const Grid& g) {
-  check_attention_provider(o.attention_provider, b.device == Device::cuda);
+  check_attention_provider(o.attention_provider, b.device == Device::Cuda);
   check_ranks(o, b, g);
   LAGA_REQUIRE(o.phantom_comm == "instant" || o.phantom_comm == "timed", "phantom-comm = '", o.phantom_comm,
                "': expected instant or timed");
@@ -806,7 +806,7 @@ json config_json(const BenchOptions& o, const Bench& b, const Grid& g, const std
                  {"seed", o.seed},
                  {"ranks", o.phantom ? "phantom: rank P-1 of P alone on this device (collectives counted, not performed)"
                                      : "P = 1 alone; P > 1 as threads of this process with in-process collectives"},
-                 {"cpu_threads_per_rank", b.device == Device::cpu ? json(b.default_blas_threads) : json(nullptr)},
+                 {"cpu_threads_per_rank", b.device == Device::Cpu ? json(b.default_blas_threads) : json(nullptr)},
                  {"check", o.check},
                  {"gemm_check", o.gemm_check},
                  {"op_profile", o.op_profile},
@@ -815,7 +815,7 @@ json config_json(const BenchOptions& o, const Bench& b, const Grid& g, const std
                  {"overlap", o.overlap},
                  {"phantom_comm", o.phantom_comm},
                  {"phantom_links", o.phantom_comm == "timed" ? json(o.phantom_link) : json::array()}};
-  if (b.device == Device::cuda) {
+  if (b.device == Device::Cuda) {
     config["gpu"] = o.gpu;
     config["attention_provider"] = o.attention_provider;
     config["deterministic"] = !o.nondeterministic;
@@ -831,7 +831,7 @@ json bench_document(const Bench& b, json config) {
   return {{"schema", kSchema},
           {"generated", utc_now()},
           {"complete", false},
-          {"machine", b.device == Device::cuda ? [] {
+          {"machine", b.device == Device::Cuda ? [] {
              json m = machine_inventory();
              m["cudnn"] = cudnn_report();
              return m;

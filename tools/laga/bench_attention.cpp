@@ -57,15 +57,15 @@ Tensor random_rows(Backend& be, i64 rows, i64 cols, std::mt19937_64& rng) {
     std::memcpy(&bits, &f, 4);
     h = std::uint16_t(bits >> 16);
   }
-  Tensor src(be.allocator(), DType::bf16, {block, cols}, "rows", MemoryKind::external);
+  Tensor src(be.allocator(), DType::BF16, {block, cols}, "rows", MemoryKind::External);
   be.copy_from_host(src, host.data());
-  Tensor t(be.allocator(), DType::bf16, {rows, cols}, "t", MemoryKind::external);
+  Tensor t(be.allocator(), DType::BF16, {rows, cols}, "t", MemoryKind::External);
   const i64 full = rows / block, tail = rows - full * block;
-  be.copy(CopyArgs{.dtype = DType::bf16, .batch = full, .rows = block, .cols = cols, .src = src.data(),
+  be.copy(CopyArgs{.dtype = DType::BF16, .batch = full, .rows = block, .cols = cols, .src = src.data(),
                    .src_ld = cols, .src_batch_stride = 0, .dst = t.data(), .dst_ld = cols,
                    .dst_batch_stride = block * cols});
   if (tail > 0)
-    be.copy(CopyArgs{.dtype = DType::bf16, .rows = tail, .cols = cols, .src = src.data(), .src_ld = cols,
+    be.copy(CopyArgs{.dtype = DType::BF16, .rows = tail, .cols = cols, .src = src.data(), .src_ld = cols,
                      .dst = static_cast<char*>(t.data()) + full * block * cols * 2, .dst_ld = cols});
   be.synchronize();
   return t;
@@ -114,12 +114,12 @@ struct ShapeBuffers {
   ShapeBuffers(Backend& be, const Shape& s, i64 d_qk, i64 d_v, std::mt19937_64& rng)
       : q(random_rows(be, s.q_len, s.heads * d_qk, rng)), k(random_rows(be, s.kv_len, s.heads * d_qk, rng)),
         v(random_rows(be, s.kv_len, s.heads * d_v, rng)), dout(random_rows(be, s.q_len, s.heads * d_v, rng)),
-        out(be.allocator(), DType::bf16, {s.q_len, s.heads * d_v}, "o", MemoryKind::external),
-        dq(be.allocator(), DType::bf16, {s.q_len, s.heads * d_qk}, "dq", MemoryKind::external),
-        dk(be.allocator(), DType::bf16, {s.kv_len, s.heads * d_qk}, "dk", MemoryKind::external),
-        dv(be.allocator(), DType::bf16, {s.kv_len, s.heads * d_v}, "dv", MemoryKind::external),
-        lse(be.allocator(), DType::f32, {s.heads, s.q_len}, "lse", MemoryKind::external) {
-    p.dtype = DType::bf16, p.kernel = AttentionKernel::fused, p.batch = 1, p.q_len = s.q_len, p.kv_len = s.kv_len;
+        out(be.allocator(), DType::BF16, {s.q_len, s.heads * d_v}, "o", MemoryKind::External),
+        dq(be.allocator(), DType::BF16, {s.q_len, s.heads * d_qk}, "dq", MemoryKind::External),
+        dk(be.allocator(), DType::BF16, {s.kv_len, s.heads * d_qk}, "dk", MemoryKind::External),
+        dv(be.allocator(), DType::BF16, {s.kv_len, s.heads * d_v}, "dv", MemoryKind::External),
+        lse(be.allocator(), DType::F32, {s.heads, s.q_len}, "lse", MemoryKind::External) {
+    p.dtype = DType::BF16, p.kernel = AttentionKernel::Fused, p.batch = 1, p.q_len = s.q_len, p.kv_len = s.kv_len;
     p.q_heads = p.kv_heads = s.heads, p.d_qk = d_qk, p.d_v = d_v, p.q_offset = s.q_offset;
     p.scale = 1.0 / std::sqrt(double(d_qk));
     auto view = [](const Tensor& t, i64 d, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
@@ -149,7 +149,7 @@ std::string time_cudnn(Backend& be, const CudnnInfo& cudnn, const AttentionBwdPa
                        const BenchAttentionOptions& o) {
   if (!cudnn.loaded) return cudnn.error;
   cuda_reset_scratch_peak(be, /*release=*/true);
-  cuda_set_attention_provider(be, AttentionProvider::cudnn);
+  cuda_set_attention_provider(be, AttentionProvider::Cudnn);
   try {
     t.cudnn_fwd_ms = median_ms(be, [&] { be.attention_forward(p); }, o.warmup, o.repeat);
     t.cudnn_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o.warmup, o.repeat);
@@ -184,7 +184,7 @@ json time_shape(Backend& be, const CudnnInfo& cudnn, const Shape& s, i64 d_qk, i
 
   AttentionTiming t{.dtype = "bfloat16", .d_qk = d_qk, .d_v = d_v, .heads = s.heads, .q_len = s.q_len,
                     .kv_len = s.kv_len};
-  cuda_set_attention_provider(be, AttentionProvider::laga);
+  cuda_set_attention_provider(be, AttentionProvider::Laga);
   t.laga_fwd_ms = median_ms(be, [&] { be.attention_forward(p); }, o.warmup, o.repeat);
   t.laga_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o.warmup, o.repeat);
   const std::string cudnn_error = time_cudnn(be, cudnn, p, t, o);

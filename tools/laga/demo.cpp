@@ -45,7 +45,7 @@ int run_demo(const DemoOptions& o) {
                  "sent/rank", "fwd ms", "bwd ms"},
                 2);
     for (AttentionKernel kernel : kAllKernels) {
-      if (layout == Layout::P2P && kernel != AttentionKernel::fused) continue;  // the ring: fused only
+      if (layout == Layout::P2P && kernel != AttentionKernel::Fused) continue;  // the ring: fused only
       auto ref_backend = make_cpu_backend();
       const GlobalResult ref = reference_result(cfg, dtype, kernel, o.batch, o.seq, *ref_backend, o.seed);
       double explicit_saved = 0;

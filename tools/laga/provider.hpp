@@ -14,7 +14,7 @@ namespace laga::cli {
 // InvalidArgument (exit 2) before anything runs.
 inline AttentionProvider check_attention_provider(const std::string& text, bool cuda) {
   const AttentionProvider p = parse_attention_provider(text);
-  if (p == AttentionProvider::cudnn) {
+  if (p == AttentionProvider::Cudnn) {
     LAGA_REQUIRE(cuda, "attention-provider = cudnn: cuDNN runs on the GPU (add --device cuda)");
     const CudnnInfo info = cuda_cudnn_info();
     LAGA_REQUIRE(info.loaded, "attention-provider = cudnn: cuDNN is not available (", info.error,

@@ -109,13 +109,13 @@ ProblemData load_problem(const RunOptions& o, const MlaConfig& cfg, const BlockS
   l.weights = allocate_weights(cfg, dt, be.allocator());
   for (auto& [name, t] : l.weights.named()) from_host(be, *t, load_array(o.load_dir, name, t->shape()));
   const Shape bsd{sh.batch, sh.seq, cfg.hidden_size};
-  l.x = Tensor(be.allocator(), dt, {sh.local_seq(), sh.batch, cfg.hidden_size}, "x", MemoryKind::external);
+  l.x = Tensor(be.allocator(), dt, {sh.local_seq(), sh.batch, cfg.hidden_size}, "x", MemoryKind::External);
   from_host(be, l.x, shard_of_bsd(load_array(o.load_dir, "x", bsd), sh, layout, cfg.hidden_size));
-  l.dy = Tensor(be.allocator(), dt, l.x.shape(), "dy", MemoryKind::external);
+  l.dy = Tensor(be.allocator(), dt, l.x.shape(), "dy", MemoryKind::External);
   if (std::filesystem::exists(o.load_dir + "/dy.npy"))
     from_host(be, l.dy, shard_of_bsd(load_array(o.load_dir, "dy", bsd), sh, layout, cfg.hidden_size));
   else
-    l.dy = make_shard(cfg, sh, dt, be, o.seed, DataStream::dy, layout);
+    l.dy = make_shard(cfg, sh, dt, be, o.seed, DataStream::Dy, layout);
   return l;
 }
 
@@ -124,7 +124,7 @@ void save_problem(const RunOptions& o, const MlaConfig& cfg, const BlockShape& s
                   Communicator& host, const MlaWeights& w, const Tensor& x, const Tensor& dy, const GlobalResult& res) {
   auto gather = [&](const Tensor& t) {
     std::vector<double> local = to_host(be, t), full(local.size() * host.size());
-    host.all_gather(local.data(), full.data(), local.size(), DType::f64);
+    host.all_gather(local.data(), full.data(), local.size(), DType::F64);
     return assemble_sequence(layout, full, sh.seq, host.size(), sh.batch * cfg.hidden_size);
   };
   std::vector<double> gx = gather(x), gdy = gather(dy);
@@ -185,7 +185,7 @@ struct Prepared {
   MlaConfig cfg;
   BlockOptions opts;
   BlockShape sh;
-  Device device = Device::cpu;
+  Device device = Device::Cpu;
   int gpu = -1;  // cuda: the device index
   std::unique_ptr<Backend> be;
   ProblemData loaded;
@@ -208,9 +208,9 @@ void check_options(const RunOptions& o, Prepared& p, int ranks, int rank) {
   p.sh = BlockShape{.batch = o.batch, .seq = o.seq, .ranks = ranks, .rank = rank};
   validate(p.cfg, p.opts, p.sh);
   require_dtype_runs_on(p.opts.dtype, p.device);
-  LAGA_REQUIRE(p.device == Device::cuda || o.comm == "auto", "comm = '", o.comm,
+  LAGA_REQUIRE(p.device == Device::Cuda || o.comm == "auto", "comm = '", o.comm,
                "': --comm chooses between GPU communicators (with --device cuda)");
-  check_attention_provider(o.attention_provider, p.device == Device::cuda);
+  check_attention_provider(o.attention_provider, p.device == Device::Cuda);
   LAGA_REQUIRE(o.tolerance >= 0, "tolerance = ", o.tolerance, ": must be >= 0 (0 picks the dtype's default)");
   LAGA_REQUIRE(o.warmup >= 0 && o.warmup <= 100, "warmup = ", o.warmup, ": must be in [0, 100]");
 }
@@ -236,7 +236,7 @@ void require_run_fits(const RunOptions& o, const Prepared& p, int copies) {
     ex.recompute = Recompute::None;
     reference = planned_run_bytes(plan_rank(p.cfg, ex, BlockShape{.batch = o.batch, .seq = o.seq}));
   }
-  if (p.device == Device::cuda)
+  if (p.device == Device::Cuda)
     require_fits(plan, copies, reference, cuda_mem_info(p.gpu).total_bytes, "GPU " + std::to_string(p.gpu) + " memory");
   else
     require_fits(plan, copies, reference, host_memory_bytes(), "host memory");
@@ -247,13 +247,13 @@ Prepared prepare(const RunOptions& o, int ranks, int rank, int gpu, int copies) 
   Prepared p;
   check_options(o, p, ranks, rank);
   if (rank == 0) check_outputs(o);
-  if (p.device == Device::cuda) {
+  if (p.device == Device::Cuda) {
     require_cuda_usable();
     p.gpu = gpu;
   }
   if (copies > 0) require_run_fits(o, p, copies);
-  p.be = p.device == Device::cuda ? make_cuda_backend(gpu) : make_cpu_backend();
-  if (p.device == Device::cuda) {
+  p.be = p.device == Device::Cuda ? make_cuda_backend(gpu) : make_cpu_backend();
+  if (p.device == Device::Cuda) {
     cuda_set_attention_provider(*p.be, parse_attention_provider(o.attention_provider));
     cuda_set_attention_deterministic(*p.be, !o.nondeterministic);
   }
@@ -287,13 +287,13 @@ std::vector<double> gather_figures(Communicator& host, const Measurement& m, int
                            run.fwd.total_flops() + run.bwd.total_flops(), double(mem.used_before),
                            double(mem.peak_used), double(gpu), double(mem.scratch_peak)};
   std::vector<double> all(mine.size() * host.size());
-  host.all_gather(mine.data(), all.data(), mine.size(), DType::f64);
+  host.all_gather(mine.data(), all.data(), mine.size(), DType::F64);
   return all;
 }
 
 void print_run_header(const RunOptions& o, const Prepared& p, const Communicator& comm) {
   const BlockOptions& opts = p.opts;
-  const bool cuda = p.device == Device::cuda;
+  const bool cuda = p.device == Device::Cuda;
   std::string extras;
   if (opts.recompute == Recompute::KV) extras += ", recompute kv";
   if (opts.form == Form::Absorbed) extras += std::string(", attention ") + absorbed_attention_name(opts.absorbed_attention);
@@ -357,14 +357,14 @@ void print_rank0_details(const RankRun& run) {
 // The title above each check's table.
 std::string check_title(const CheckResult& c, const Prepared& p, int P) {
   switch (c.reference) {
-    case CheckReference::single_rank:
+    case CheckReference::SingleRank:
       return detail::concat("\ncheck against the single-rank explicit result on the same device (",
-                            p.device == Device::cuda ? "cuda" : "cpu", ", ", dtype_name(p.opts.dtype),
+                            p.device == Device::Cuda ? "cuda" : "cpu", ", ", dtype_name(p.opts.dtype),
                             "; relative Frobenius error, tolerance ", fmt("%.0e", c.tolerance), "):\n");
-    case CheckReference::same_p:
+    case CheckReference::SameP:
       return detail::concat("\ncheck against explicit at the same P=", P,
                             " (same device, dtype and communicator; tolerance ", fmt("%.0e", c.tolerance), "):\n");
-    case CheckReference::cpu_float64:
+    case CheckReference::CpuFloat64:
       return detail::concat("\ncheck against the CPU float64 result (tolerance ", fmt("%.0e", c.tolerance), "):\n");
   }
   return "";
@@ -379,7 +379,7 @@ bool print_checks(const Prepared& p, int P, const std::vector<CheckResult>& chec
     for (const TensorCheck& tc : c.tensors) t.add({tc.tensor, fmt("%.3e", tc.rel_error), tc.ok ? "ok" : "FAIL"});
     t.print();
     ok = ok && c.ok();
-    if (c.reference == CheckReference::same_p && !c.ok() && p.opts.layout == Layout::AllGather &&
+    if (c.reference == CheckReference::SameP && !c.ok() && p.opts.layout == Layout::AllGather &&
         !p.opts.kv_grad_reduce_fp32)
       std::printf("note: in all_gather, explicit reduce-scatters its K/V gradients in bfloat16 (as "
                   "TransformerEngine does), rounding their sum once, and LAGA never forms that sum; "
@@ -410,10 +410,10 @@ bool check_run(const RunOptions& o, Prepared& p, Communicator& comm, Communicato
                                   parse_attention_provider(o.attention_provider));
     if (policy.same_p)
       checks.insert(checks.begin() + 1,
-                    check_against(CheckReference::same_p, global, same_p, policy.same_p_tolerance));
+                    check_against(CheckReference::SameP, global, same_p, policy.same_p_tolerance));
     failed = print_checks(p, P, checks) ? 0 : 1;
   }
-  host.all_reduce(&failed, 1, DType::f64);
+  host.all_reduce(&failed, 1, DType::F64);
   return failed == 0;
 }
 
@@ -423,8 +423,8 @@ void save_run(const RunOptions& o, Prepared& p, Communicator& host, const Global
   const Layout l = p.opts.layout;
   if (p.have) return save_problem(o, p.cfg, p.sh, l, be, host, p.loaded.weights, p.loaded.x, p.loaded.dy, global);
   save_problem(o, p.cfg, p.sh, l, be, host, make_weights(p.cfg, p.opts.dtype, be, o.seed),
-               make_shard(p.cfg, p.sh, p.opts.dtype, be, o.seed, DataStream::x, l),
-               make_shard(p.cfg, p.sh, p.opts.dtype, be, o.seed, DataStream::dy, l), global);
+               make_shard(p.cfg, p.sh, p.opts.dtype, be, o.seed, DataStream::X, l),
+               make_shard(p.cfg, p.sh, p.opts.dtype, be, o.seed, DataStream::Dy, l), global);
 }
 
 // Everything one rank does after prepare(): `comm` carries the block's collectives (device buffers),
@@ -439,7 +439,7 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm, Communicat
   const std::vector<double> figures = gather_figures(host, m, p.gpu);
   if (lead) {
     print_run_header(o, p, comm);
-    print_rank_table(figures, comm.size(), p.device == Device::cuda);
+    print_rank_table(figures, comm.size(), p.device == Device::Cuda);
     print_collectives(m.run, comm.performs_traffic());
     if (o.verbose) print_rank0_details(m.run);
     std::fflush(stdout);
@@ -461,7 +461,7 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm, Communicat
     json entry = options_report(p.opts);
     entry["ranks"] = reports;
     if (o.check) entry["check"] = check_report(checks);
-    if (p.device == Device::cuda) entry["attention_calls"] = attention_calls_report(*p.be);
+    if (p.device == Device::Cuda) entry["attention_calls"] = attention_calls_report(*p.be);
     doc["runs"].push_back(entry);
     write_json(o.json_path, doc);
   }
@@ -484,7 +484,7 @@ int exit_code_of(const std::exception& e) {
 // before every rank has printed). Returns the exit code of a refusal, or kExitOk to go on.
 int agree_on_input(Communicator& host, int code) {
   double verdict[2] = {code == kExitInvalidInput ? 1.0 : 0.0, code == kExitRuntimeError ? 1.0 : 0.0};
-  host.all_reduce(verdict, 2, DType::f64);
+  host.all_reduce(verdict, 2, DType::F64);
   if (verdict[0] == 0 && verdict[1] == 0) return kExitOk;
   if (code == kExitOk) {
     std::fprintf(stderr, "laga: error: the input was refused on another rank (its message is above)\n");
@@ -537,14 +537,14 @@ int run_mpi(const RunOptions& o, const MpiSession& mpi) {
   const bool every_rank_own_gpu = mpi_all_ok(gpus > 0 && node.local_size <= gpus);
   // 1. Refuse bad input on every rank before any collective of the run.
   Prepared p;
-  GpuComm gpu_comm = GpuComm::single;
+  GpuComm gpu_comm = GpuComm::Single;
   int code = kExitOk;
   try {
     LAGA_REQUIRE(o.sp == 0 || o.sp == world, "sp = ", o.sp, " but mpirun started ", world,
                  " processes: under mpirun the ranks are the processes (omit --sp or make it equal)");
     LAGA_REQUIRE(o.phantom_rank == -1, "phantom-rank = ", o.phantom_rank,
                  ": a phantom rank runs alone; launch it without mpirun");
-    if (parse_device(o.device) == Device::cuda) {
+    if (parse_device(o.device) == Device::Cuda) {
       require_cuda_usable();
       gpu_comm = choose_gpu_comm(o.comm, world, every_rank_own_gpu);
     }
@@ -565,7 +565,7 @@ int run_mpi(const RunOptions& o, const MpiSession& mpi) {
   //    not unwind through ~MpiSession, whose MPI_Finalize would wait for ranks stuck in a collective.
   try {
     std::unique_ptr<Communicator> device_comm;
-    if (p.device == Device::cuda) device_comm = make_gpu_communicator(gpu_comm, *host, *p.be);
+    if (p.device == Device::Cuda) device_comm = make_gpu_communicator(gpu_comm, *host, *p.be);
     return run_on_rank(o, p, device_comm ? *device_comm : *host, *host);
   } catch (const std::exception& e) {
     fail_all_ranks(e, rank, world);
@@ -591,7 +591,7 @@ std::vector<BlockOptions> phantom_variants(const RunOptions& o, DType dtype) {
     for (AttentionKernel k : parse_kernels({o.kernel}))
       for (BlockOptions f : forms) {
         if (o.form == "all" && !layout_supports(l, variant_of(f))) continue;  // p2p: explicit and laga
-        if (o.kernel == "all" && l == Layout::P2P && k != AttentionKernel::fused) continue;  // p2p: fused
+        if (o.kernel == "all" && l == Layout::P2P && k != AttentionKernel::Fused) continue;  // p2p: fused
         f.layout = l;
         f.kernel = k;
         f.dtype = dtype;
@@ -685,7 +685,7 @@ json phantom_entry(const BlockOptions& v, const Measurement& m, Backend& be, int
   else std::printf("done: %s\n", line.c_str());
   json entry = options_report(v);
   entry["ranks"] = json::array({rank_report(m.run, r, m.memory, gpu)});
-  if (be.device() == Device::cuda) {
+  if (be.device() == Device::Cuda) {
     entry["attention_calls"] = attention_calls_report(be);
     if (details) std::printf("attention calls: %s\n", entry["attention_calls"].dump().c_str());
   }
@@ -701,7 +701,7 @@ int run_phantom(const RunOptions& o) {
   const DType dtype = parse_dtype(dtype_text(o));
   const std::vector<BlockOptions> variants = phantom_variants(o, dtype);
   const BlockShape shape = check_phantom(o, variants, P, r);
-  const bool cuda = device == Device::cuda;
+  const bool cuda = device == Device::Cuda;
   if (cuda) require_cuda_usable();
   const int gpu = cuda ? 0 : -1;
   require_phantom_fits(o, cfg, shape, device, gpu, variants);
@@ -733,8 +733,8 @@ int run_phantom(const RunOptions& o) {
   // the tokens of one layout serve them all).
   const Layout data_layout = o.layout == "all" ? Layout::A2A : parse_layout(o.layout);
   ProblemData data{.weights = make_weights(cfg, dtype, *data_be, o.seed),
-                   .x = make_shard(cfg, shape, dtype, *data_be, o.seed, DataStream::x, data_layout),
-                   .dy = make_shard(cfg, shape, dtype, *data_be, o.seed, DataStream::dy, data_layout)};
+                   .x = make_shard(cfg, shape, dtype, *data_be, o.seed, DataStream::X, data_layout),
+                   .dy = make_shard(cfg, shape, dtype, *data_be, o.seed, DataStream::Dy, data_layout)};
   data_be->synchronize();
 
   json doc = document_json(o, cfg, P);
@@ -791,7 +791,7 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
   LAGA_REQUIRE(P >= 1, "sp = ", P, ": the number of sequence-parallel ranks must be >= 1");
   LAGA_REQUIRE(P <= kMaxThreadRanks, "sp = ", P, ": without mpirun the ranks are threads of this process, at most ",
                kMaxThreadRanks, "; launch mpirun -np ", P, " laga run ... for more");
-  if (parse_device(o.device) == Device::cuda) {
+  if (parse_device(o.device) == Device::Cuda) {
     LAGA_REQUIRE(P == 1, "sp = ", P, " with --device cuda: GPU ranks are processes, not threads; launch "
                  "mpirun -np ", P, " laga run --device cuda ... (ranks sharing one GPU exchange data over MPI)");
     return run_single_gpu(o);
