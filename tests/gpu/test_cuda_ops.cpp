@@ -402,6 +402,13 @@ std::vector<RopeParam> rope_params() {
   return out;
 }
 
+// RoPE's frequencies for a rotary dim at theta = 10000: 10000^(-2i/dim), i < dim/2.
+std::vector<double> rope_inv_freq(i64 dim) {
+  std::vector<double> f(static_cast<std::size_t>(dim / 2));
+  for (std::size_t i = 0; i < f.size(); ++i) f[i] = std::pow(10000.0, -2.0 * double(i) / double(dim));
+  return f;
+}
+
 class CudaRope : public ::testing::TestWithParam<RopeParam> {};
 
 TEST_P(CudaRope, ForwardAndBackwardMatchCpuFloat64) {
@@ -410,8 +417,7 @@ TEST_P(CudaRope, ForwardAndBackwardMatchCpuFloat64) {
   const DType dt = GetParam().dtype;
   Backends be;
   auto rng = rng_for_test();
-  std::vector<double> inv_freq(static_cast<std::size_t>(c.dim / 2));
-  for (std::size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0, -2.0 * double(i) / double(c.dim));
+  const std::vector<double> inv_freq = rope_inv_freq(c.dim);
   // x: [tokens, batch, heads, dim] inside wider rows; y: another layout (batch-major).
   const i64 xh = c.dim + 3, xb = c.heads * xh + 1, xt = c.batch * xb + 2;
   const i64 yh = c.dim + 1, yt = c.heads * yh, yb = c.tokens * yt + 4;
@@ -456,8 +462,7 @@ TEST_P(CudaRope, InPlaceMatchesCpuFloat64) {
   const DType dt = GetParam().dtype;
   Backends be;
   auto rng = rng_for_test();
-  std::vector<double> inv_freq(static_cast<std::size_t>(c.dim / 2));
-  for (std::size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0, -2.0 * double(i) / double(c.dim));
+  const std::vector<double> inv_freq = rope_inv_freq(c.dim);
   const i64 xh = c.dim + 8, xb = c.heads * xh, xt = c.batch * xb;
   const i64 size = c.tokens * xt;
   Mirror x = random_mirror(*be.gpu, dt, size, rng, "x");
