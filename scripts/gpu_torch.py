@@ -10,7 +10,9 @@
    (torch.cuda.max_memory_allocated above what was allocated before forward) of the module for every
    variant, of a pure-PyTorch MLA module using scaled_dot_product_attention, and laga's own block time for
    the same configuration from `laga run --device cuda --warmup N --grad-dtype bfloat16 --json` (the module's
-   overhead over it).
+   overhead over it);
+3. the module's step against the C++ block called straight through torch.ops.laga on the same tensors, in
+   alternating rounds of back-to-back steps in this process (the same clocks for both): the module's own cost.
 
     python3 scripts/gpu_torch.py --cli build/laga --out torch_gpu.json [--seqs 4096,16384] [--model deepseek-v3]
 """
@@ -186,6 +188,54 @@ def time_module(mod, seq, d, warmup, reps):
             "peak_bytes_above_start": peak}
 
 
+def time_interleaved(mod, seq, d, warmup, rounds, per_round):
+    """The module's step against the C++ block's own forward and backward called straight through
+    torch.ops.laga (no nn.Module, no autograd: the same kernels on the same tensors), in alternating rounds of
+    `per_round` back-to-back steps each, so that both see the same clocks: under sustained load the GPU
+    settles at its power limit within a few hundred steps' worth of milliseconds, and a figure taken in
+    another process or at another moment reads that drift, not the module's cost."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.rand((1, seq, d), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16).requires_grad_(True)
+    dy = (torch.rand((1, seq, d), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
+    x_sb, dy_sb = x.detach().transpose(0, 1).contiguous(), dy.transpose(0, 1).contiguous()
+    params = [p.detach() for p in mod._hf_params()]
+
+    def module_step():
+        mod.zero_grad(set_to_none=True)
+        x.grad = None
+        mod(x).backward(dy)
+
+    def block_step():
+        with torch.no_grad():
+            y, saved = torch.ops.laga.mla_forward(mod._block, x_sb, params)
+            torch.ops.laga.mla_backward(saved, dy_sb, x_sb, params, [], False)
+
+    def timed(step):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(per_round)]
+        for a, b in events:
+            a.record()
+            step()
+            b.record()
+        torch.cuda.synchronize()
+        return [a.elapsed_time(b) for a, b in events]
+
+    for _ in range(warmup):
+        module_step()
+        block_step()
+    torch.cuda.synchronize()
+    mod_ms, block_ms = [], []
+    for r in range(rounds):  # ABBA order, so neither always runs first
+        first, second = (module_step, block_step) if r % 2 == 0 else (block_step, module_step)
+        a, b = timed(first), timed(second)
+        mod_ms += a if first is module_step else b
+        block_ms += b if first is module_step else a
+    mod.zero_grad(set_to_none=True)
+    return {"module_ms_median": statistics.median(mod_ms), "block_ms_median": statistics.median(block_ms),
+            "module_ms": mod_ms, "block_ms": block_ms,
+            "overhead": statistics.median(mod_ms) / statistics.median(block_ms) - 1}
+
+
 def cli_block(args, form, recompute, absorbed, seq):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
@@ -208,6 +258,8 @@ def main():
     ap.add_argument("--check-seq", type=int, default=2048)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=8,
+                    help="rounds of 5 module steps and 5 steps of the C++ block through torch.ops, alternating")
     ap.add_argument("--variants", default=",".join(variant_name(*v) for v in VARIANTS),
                     help="the variants to time (default: every one)")
     ap.add_argument("--nondeterministic", action="store_true",
@@ -251,6 +303,8 @@ def main():
                 del mod
                 torch.cuda.empty_cache()
                 continue
+            t["interleaved"] = time_interleaved(mod, seq, cfg["hidden_size"], args.warmup, args.rounds, 5)
+            t["overhead_vs_block_interleaved"] = t["interleaved"]["overhead"]
             mod.timing = True  # one more step, timed by laga (op by op, waiting at the end of each pass)
             time_module(mod, seq, cfg["hidden_size"], 1, 1)
             step = mod.last_step
@@ -267,7 +321,8 @@ def main():
             del mod
             torch.cuda.empty_cache()
             print(f"S={seq} {name}: module {t['ms_median']:.2f} ms (its block {t['block_ms_fwd_bwd_span']:.2f} span, "
-                  f"{t['block_ms_fwd_bwd']:.2f} ops), laga run {t['cli']['ms_fwd_bwd_span']:.2f} span "
+                  f"{t['block_ms_fwd_bwd']:.2f} ops; interleaved: module {t['interleaved']['module_ms_median']:.2f} ms, block "
+                  f"{t['interleaved']['block_ms_median']:.2f} ms, {100 * t['overhead_vs_block_interleaved']:+.1f}%), laga run {t['cli']['ms_fwd_bwd_span']:.2f} span "
                   f"({t['cli']['ms_fwd_bwd']:.2f} ops), overhead {100 * t['overhead_vs_cli']:.1f}%, host "
                   f"{t['host_ms_median']:.2f} ms a step, peak "
                   f"{t['peak_bytes_above_start'] / 2**30:.2f} GiB", flush=True)
