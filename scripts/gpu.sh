@@ -19,6 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 SELF=$(pwd)/scripts/gpu.sh
 DEFAULT_DIST=build/dist-run
+MACHINE_LD_LIBRARY_PATH=${LD_LIBRARY_PATH-}  # before gpu_env: what PyTorch's own process runs with
 
 usage() {
   cat <<'EOF'
@@ -947,9 +948,15 @@ cmd_torch() {
   need_bin laga
   shift || true
   torch_python
+  torch_cudnn_first
   [ -d "$dist/py" ] && export PYTHONPATH="$dist/py${PYTHONPATH:+:$PYTHONPATH}"
-  PYTHONUNBUFFERED=1 "$python" scripts/gpu_torch.py --cli "$dist/laga" --out "$final/torch_gpu.json" "$@" 2>&1 |
-    tee "$final/torch_gpu.log"
+  # The CLI runs in the GPU environment (a wrapper); PyTorch's process keeps the machine's library path, with
+  # only the carried OpenBLAS beside it: the toolkit's CUDA libraries ahead of PyTorch's own slow its kernels.
+  local cli=$dist/laga_cli.sh
+  printf '#!/usr/bin/env bash\nexport LD_LIBRARY_PATH=%q\nexec %q "$@"\n' "$LD_LIBRARY_PATH" "$dist/laga" >"$cli"
+  chmod +x "$cli"
+  LD_LIBRARY_PATH="$dist/libs${MACHINE_LD_LIBRARY_PATH:+:$MACHINE_LD_LIBRARY_PATH}" PYTHONUNBUFFERED=1 \
+    "$python" scripts/gpu_torch.py --cli "$cli" --out "$final/torch_gpu.json" "$@" 2>&1 | tee "$final/torch_gpu.log"
 }
 
 # ---------------------------------------------------------------- dispatch
