@@ -8,8 +8,9 @@ Schema keywords understood (a subset of JSON Schema 2020-12, all the schema uses
 additionalProperties, items, enum, const, minimum, minItems, $ref to #/$defs/NAME. An unknown keyword is an
 error, so the schema cannot silently outgrow this checker.
 
-Consistency checks: the saved tensors add up to saved_bytes and the collectives to the traffic totals; every
-summary has min <= q1 <= median <= q3 <= max; a complete document holds one point per combination of the
+Consistency checks: in every rank's record the saved tensors add up to saved_bytes, and the collectives to the
+traffic totals; the records are in rank order and hold the point's
+rank; every summary of the repeats has min <= q1 <= median <= q3 <= max; a complete document holds one point per combination of the
 configuration's lists; each modeled block time is the measured compute plus the modeled collectives; with
 --gemm-check (`gemms`), every GEMM ratio, rate and summary agrees with the times, the calls cover each pass's
 GEMMs once, in order, and their FLOPs are the block's GEMM FLOPs.
@@ -96,6 +97,11 @@ def summaries(node, path):
             yield from summaries(v, f"{path}[{i}]")
 
 
+def measured_rank(p):
+    """The record of the rank a point describes in detail (its `rank`)."""
+    return next(r for r in p["ranks"] if r["rank"] == p["rank"])
+
+
 def close(a, b, rel=1e-9):
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-300)
 
@@ -128,7 +134,7 @@ def gemm_consistency(p, at):
         if sorted(idx) != list(range(len(idx))):
             errors.append(f"{at}.gemms: the {pas} GEMMs' positions are not 0..{len(idx) - 1}, each once")
         # The probe saw the GEMMs the block counted: every FLOP of the pass but attention's kernel.
-        want = sum(v for ph, v in p["flops"][pas].items() if ph != "attention")
+        want = sum(v for ph, v in measured_rank(p)[f"flops_{pas}"].items() if ph != "attention")
         if not close(flops[pas], want):
             errors.append(f"{at}.gemms: {pas} GEMM FLOPs {flops[pas]} != the block's non-attention FLOPs {want}")
     if errors:
@@ -156,23 +162,26 @@ def consistency(doc):
     cfg = doc["config"]
     for i, p in enumerate(doc["points"]):
         at = f"$.points[{i}]"
-        mem = p["memory"]
-        if sum(t["bytes"] for t in mem["saved"]) != mem["saved_bytes"]:
-            errors.append(f"{at}.memory: saved tensors do not add up to saved_bytes")
-        tr = p["traffic"]
-        for key in ("bytes_sent", "bytes_received"):
-            if sum(c[key] for c in tr["collectives"]) != tr[key]:
-                errors.append(f"{at}.traffic: collectives do not add up to {key}")
-            if sum(c[key] for c in tr["by_collective"].values()) != tr[key]:
-                errors.append(f"{at}.traffic.by_collective: does not add up to {key}")
-        if p["sp"] == 1 and tr["bytes_sent"] != 0:
-            errors.append(f"{at}.traffic: P = 1 sends bytes")
-        fl = p["flops"]
-        if not math.isclose(sum(fl["forward"].values()) + sum(fl["backward"].values()), fl["total"], rel_tol=1e-9):
-            errors.append(f"{at}.flops: phases do not add up to total")
         if p["rank"] != p["sp"] - 1:
             errors.append(f"{at}: rank {p['rank']} is not P-1")
-        for spath, s in summaries(p["time"], f"{at}.time"):
+        ranks = [r["rank"] for r in p["ranks"]]
+        if p["rank"] not in ranks or ranks != sorted(set(ranks)):
+            errors.append(f"{at}.ranks: not in rank order with rank {p['rank']} among them: {ranks}")
+        for j, r in enumerate(p["ranks"]):
+            rat = f"{at}.ranks[{j}]"
+            if sum(t["bytes"] for t in r["saved"]) != r["saved_bytes"]:
+                errors.append(f"{rat}: saved tensors do not add up to saved_bytes")
+            for key in ("bytes_sent", "bytes_received"):
+                if sum(c[key] for c in r["traffic"]) != r[key]:
+                    errors.append(f"{rat}.traffic: collectives do not add up to {key}")
+            if p["sp"] == 1 and r["bytes_sent"] != 0:
+                errors.append(f"{rat}: P = 1 sends bytes")
+        rep = p["repeats"]
+        if rep["rank"] != p["rank"]:
+            errors.append(f"{at}.repeats: rank {rep['rank']} is not the point's rank {p['rank']}")
+        if "block_by_rank" in rep and len(rep["block_by_rank"]) != len(p["ranks"]):
+            errors.append(f"{at}.repeats.block_by_rank: {len(rep['block_by_rank'])} ranks, {len(p['ranks'])} records")
+        for spath, s in summaries(rep, f"{at}.repeats"):
             tol = 1.5e-9  # values are rounded to the nanosecond
             if not (s["min"] <= s["q1"] + tol and s["q1"] <= s["median"] + tol and s["median"] <= s["q3"] + tol
                     and s["q3"] <= s["max"] + tol):

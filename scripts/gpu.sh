@@ -648,8 +648,8 @@ for i in range(0, len(marks), 2):
     form, t0, t1 = marks[i][0], float(marks[i][2]), float(marks[i + 1][2])
     inside = [r for r in rows if t0 <= r[0] <= t1]
     d = json.load(open(f"{out}/clock_{form}.json"))
-    att = d["points"][0]["time"]["forward"]["by_phase"]["attention"]["median"] * 1e3
-    attb = d["points"][0]["time"]["backward"]["by_phase"]["attention"]["median"] * 1e3
+    att = d["points"][0]["repeats"]["forward"]["by_phase"]["attention"]["median"] * 1e3
+    attb = d["points"][0]["repeats"]["backward"]["by_phase"]["attention"]["median"] * 1e3
     if inside:
         print(f"{form:9s} attention fwd {att:6.2f} ms bwd {attb:6.2f} ms | SM clock median {sorted(r[1] for r in inside)[len(inside)//2]:.0f} MHz,"
               f" min {min(r[1] for r in inside):.0f}; power max {max(r[2] for r in inside):.0f} W ({len(inside)} samples)")
@@ -744,7 +744,7 @@ cmd_overlap() {
   # bf16; every point measured with instant collectives and with timed ones (NVLink within a node, InfiniBand
   # across: the alpha-beta model of docs/bench.md), with and without --overlap; then the ring (p2p) beside
   # all_gather with the same timed collectives; then the GPU tests of the timed phantom and of the overlapped block.
-  # Writes exposed.json, exposed-overlap.json and exposed-ring.json (laga-bench/1 documents) and prints their tables.
+  # Writes exposed.json, exposed-overlap.json and exposed-ring.json (laga-bench/2 documents) and prints their tables.
   gpu_start "${1:-}" overlap
   need_bin laga
   local seq=${2:-16384} rc=0 mode flag name

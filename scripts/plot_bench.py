@@ -19,6 +19,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_bench import measured_rank as rank_of  # noqa: E402
+
 MiB = 1024.0 ** 2
 PHASES = ["projections", "up_projections", "attention", "communication", "other"]
 PHASE_COLORS = {"projections": "#4c72b0", "up_projections": "#55a868", "attention": "#c44e52",
@@ -97,9 +100,9 @@ def plot_memory(doc, plt, path, sl):
     layouts, kernels, vs = doc["config"]["layouts"], doc["config"]["kernels"], variants(doc)
     names, largest, total = {}, 0, 0
     for p in find(doc, seq=sl["seq"], sp=sl["sp"], batch=sl["batch"]):
-        for t in p["memory"]["saved"]:
+        for t in rank_of(p)["saved"]:
             names[t["name"]] = max(names.get(t["name"], 0), t["bytes"])
-        largest = max(largest, p["memory"]["saved_bytes"])
+        largest = max(largest, rank_of(p)["saved_bytes"])
     order = sorted(names, key=lambda n: (-names[n], n))  # the largest tensors at the bottom of every bar
     colors = tensor_colors(names)
     div, unit = byte_unit(largest)
@@ -113,7 +116,7 @@ def plot_memory(doc, plt, path, sl):
                 if not p:
                     continue
                 bottom = 0.0
-                for t in sorted(p["memory"]["saved"], key=lambda t: order.index(t["name"])):
+                for t in sorted(rank_of(p)["saved"], key=lambda t: order.index(t["name"])):
                     ax.bar(x, t["bytes"] / div, bottom=bottom, color=colors[t["name"]], edgecolor="white", linewidth=0.4)
                     bottom += t["bytes"] / div
                 ax.text(x, bottom, f"{bottom:.3g}", ha="center", va="bottom", fontsize=7)
@@ -143,10 +146,10 @@ def plot_time_phases(doc, plt, path, sl):
                     continue
                 bottom = 0.0
                 for ph in PHASES:
-                    ms = 1e3 * (p["time"]["forward"]["by_phase"][ph]["median"] + p["time"]["backward"]["by_phase"][ph]["median"])
+                    ms = 1e3 * (p["repeats"]["forward"]["by_phase"][ph]["median"] + p["repeats"]["backward"]["by_phase"][ph]["median"])
                     ax.bar(x, ms, bottom=bottom, color=PHASE_COLORS[ph], edgecolor="white", linewidth=0.4)
                     bottom += ms
-                blk = p["time"]["block"]
+                blk = p["repeats"]["block"]
                 ax.errorbar(x, 1e3 * blk["median"], yerr=[[1e3 * (blk["median"] - blk["min"])], [1e3 * (blk["max"] - blk["median"])]],
                             fmt="none", ecolor="black", capsize=2, linewidth=0.8)
             ax.set_xticks(range(len(seqs)))
@@ -168,8 +171,8 @@ def plot_traffic(doc, plt, path, sl):
     layouts, vs = doc["config"]["layouts"], variants(doc)
     keys, largest = set(), 0
     for p in find(doc, seq=sl["seq"], sp=sl["sp"], batch=sl["batch"], kernel=sl["kernel"]):
-        keys.update(f"{c['collective']} {c['tensor']}" for c in p["traffic"]["collectives"])
-        largest = max(largest, p["traffic"]["bytes_sent"])
+        keys.update(f"{c['collective']} {c['tensor']}" for c in rank_of(p)["traffic"])
+        largest = max(largest, rank_of(p)["bytes_sent"])
     colors = tensor_colors(keys)
     div, unit = byte_unit(largest)
     fig, axes = plt.subplots(1, len(layouts), figsize=(4.6 * len(layouts) + 2.4, 4.2), squeeze=False)
@@ -180,7 +183,7 @@ def plot_traffic(doc, plt, path, sl):
             if not p:
                 continue
             agg = {}
-            for c in p["traffic"]["collectives"]:
+            for c in rank_of(p)["traffic"]:
                 k = f"{c['collective']} {c['tensor']}"
                 agg[k] = agg.get(k, 0) + c["bytes_sent"]
             bottom = 0.0
@@ -215,9 +218,9 @@ def plot_ratios(doc, plt, path, sl):
     others = [v for v in ("laga", "absorbed (mqa)") if v in variants(doc)]
     if "explicit" not in variants(doc) or not others:
         others = []
-    panels = [("saved bytes (measured)", lambda p: p["memory"]["saved_bytes"]),
-              ("bytes sent (measured)", lambda p: p["traffic"]["bytes_sent"]),
-              ("block time fwd + bwd (measured)", lambda p: p["time"]["block"]["median"]),
+    panels = [("saved bytes (measured)", lambda p: rank_of(p)["saved_bytes"]),
+              ("bytes sent (measured)", lambda p: rank_of(p)["bytes_sent"]),
+              ("block time fwd + bwd (measured)", lambda p: p["repeats"]["block"]["median"]),
               ("block time, one node (MODELED)", lambda p: placement(p, "node")["block_s"]),
               ("block time, one rank a node (MODELED)", lambda p: placement(p, "cross-node")["block_s"])]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.9), squeeze=False)

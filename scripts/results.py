@@ -29,6 +29,12 @@ sys.path.insert(0, HERE)
 import check_bench  # noqa: E402
 import plan_table  # noqa: E402
 import plot_bench  # noqa: E402
+from check_bench import measured_rank as rank_of  # noqa: E402
+
+
+def flops_total(rank):
+    """A rank record's FLOPs, forward and backward."""
+    return sum(rank["flops_forward"].values()) + sum(rank["flops_backward"].values())
 
 GB = 1e9
 MiB = 1024.0 ** 2
@@ -160,7 +166,7 @@ def other_sources(results_dir):
             d = json.load(f)
         link = f"[{os.path.relpath(rel, 'bench/results')}](../{rel})"
         m = d.get("machine") if isinstance(d.get("machine"), dict) else {}
-        if d.get("schema") == "laga-bench/1":
+        if d.get("schema") == "laga-bench/2":
             rows.append((link, f"{describe(d)}, `{m['hostname']}`", d["build"]["commit"], d["build"]["dirty"],
                          f"`{d['config']['command']}`"))
         elif "collectives" in d and "speedups" in d:  # scripts/multi_gpu_table.py --json
@@ -280,14 +286,14 @@ def summary_table(doc, seq, sp, batch):
             vs = g.get((seq, sp, batch, layout, kernel), {})
             ex = vs.get("explicit")
             for v, p in vs.items():
-                t = p["time"]["block"]
-                sent = p["traffic"]["bytes_sent"]
+                t = p["repeats"]["block"]
+                sent = rank_of(p)["bytes_sent"]
                 lines.append(
-                    f"| {layout} | {kernel} | {v} | {human(p['memory']['saved_bytes'])} | "
-                    + (f"{pct(p['memory']['saved_bytes'], ex['memory']['saved_bytes']):+.2f}%" if ex else "-")
-                    + f" | {human(p['memory']['peak_backward_bytes'])} | {human(sent)} | "
-                    + (f"{ex['traffic']['bytes_sent'] / sent:.2f}x" if ex and sent else "-")
-                    + f" | {p['flops']['total'] / 1e9:.3f} | {1e3 * t['median']:.2f} [{1e3 * t['q1']:.2f}, {1e3 * t['q3']:.2f}]"
+                    f"| {layout} | {kernel} | {v} | {human(rank_of(p)['saved_bytes'])} | "
+                    + (f"{pct(rank_of(p)['saved_bytes'], rank_of(ex)['saved_bytes']):+.2f}%" if ex else "-")
+                    + f" | {human(rank_of(p)['peak_backward_bytes'])} | {human(sent)} | "
+                    + (f"{rank_of(ex)['bytes_sent'] / sent:.2f}x" if ex and sent else "-")
+                    + f" | {flops_total(rank_of(p)) / 1e9:.3f} | {1e3 * t['median']:.2f} [{1e3 * t['q1']:.2f}, {1e3 * t['q3']:.2f}]"
                     f" | {1e3 * placement(p, 'node')['block_s']:.2f} | {1e3 * placement(p, 'cross-node')['block_s']:.2f} |")
     return "\n".join(lines)
 
@@ -308,10 +314,10 @@ def grid_table(doc, layout, kernel, batch):
             parts = []
             for v in ("absorbed (mqa)", "absorbed (expanded)", "laga"):
                 if v in vs:
-                    parts.append(f"{pct(vs[v]['memory']['saved_bytes'], ex['memory']['saved_bytes']):+.1f}")
+                    parts.append(f"{pct(rank_of(vs[v])['saved_bytes'], rank_of(ex)['saved_bytes']):+.1f}")
             la = vs.get("laga")
-            parts.append(f"{ex['traffic']['bytes_sent'] / la['traffic']['bytes_sent']:.2f}x"
-                         if la and la["traffic"]["bytes_sent"] else "-")
+            parts.append(f"{rank_of(ex)['bytes_sent'] / rank_of(la)['bytes_sent']:.2f}x"
+                         if la and rank_of(la)["bytes_sent"] else "-")
             cells.append(" / ".join(parts))
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -329,7 +335,7 @@ def time_table(doc, sp, kernel, batch):
             row = []
             for v in vs:
                 p = g.get((s, sp, batch, layout, kernel), {}).get(v)
-                row.append("-" if not p else f"{1e3 * p['time']['block']['median']:.1f} "
+                row.append("-" if not p else f"{1e3 * p['repeats']['block']['median']:.1f} "
                            f"({1e3 * placement(p, 'node')['block_s']:.1f} / {1e3 * placement(p, 'cross-node')['block_s']:.1f})")
             lines.append(f"| {s} | " + " | ".join(row) + " |")
         lines.append("")
@@ -376,7 +382,7 @@ def grouped_text(g, f="{:+.1f}", unit="%"):
 
 
 def saved_pct(ex, o):
-    return pct(o["memory"]["saved_bytes"], ex["memory"]["saved_bytes"])
+    return pct(rank_of(o)["saved_bytes"], rank_of(ex)["saved_bytes"])
 
 
 # ---------------------------------------------------------------- the claims, one function each
@@ -424,7 +430,7 @@ def claim_absorbed_gap(c):
         """("measured", gap in bytes per layer) of a DeepSeek-V3 document at S=16384, P=8, bf16, or None."""
         for stem, doc, ex, ab in pairs(dsv3_docs, variant, layout="a2a", kernel=kernel, sp=8, batch=1, seq=16384):
             if doc["config"]["dtype"] == "bfloat16":
-                return "measured", ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]
+                return "measured", rank_of(ab)["saved_bytes"] - rank_of(ex)["saved_bytes"]
         return None
     g2 = dsv3_gap("eager", "absorbed (mqa)")
     eager = plan_point(plan_doc("deepseek-v3", "a2a", "bfloat16", [16384], [8], kernel="eager"), 16384, 8)
@@ -449,12 +455,12 @@ def claim_absorbed_gap(c):
     # 3. widens under a fused kernel
     wid = {"absorbed (mqa)": [], "absorbed (expanded)": []}
     for v in wid:
-        eager = {(ex["seq"], ex["sp"], ex["batch"], s): ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]
+        eager = {(ex["seq"], ex["sp"], ex["batch"], s): rank_of(ab)["saved_bytes"] - rank_of(ex)["saved_bytes"]
                  for s, _, ex, ab in pairs(small, v, layout="a2a", kernel="eager")}
         for s, _, ex, ab in pairs(small, v, layout="a2a", kernel="fused"):
             k = (ex["seq"], ex["sp"], ex["batch"], s)
             if k in eager and eager[k] > 0:
-                wid[v].append((ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]) / eager[k])
+                wid[v].append((rank_of(ab)["saved_bytes"] - rank_of(ex)["saved_bytes"]) / eager[k])
     mqa, exp_ = wid["absorbed (mqa)"], wid["absorbed (expanded)"]
     f_mqa, f_exp = dsv3_gap("fused", "absorbed (mqa)"), dsv3_gap("fused", "absorbed (expanded)")
     e_gap = g2[1] if g2 else None
@@ -488,7 +494,7 @@ def claim_linearity(c):
     groups = {}
     for stem, doc, ex, ab in pairs(small, "absorbed (mqa)", layout="a2a"):
         groups.setdefault((stem, ex["sp"], ex["kernel"], ex["batch"]), []).append(
-            (ex["seq"], ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]))
+            (ex["seq"], rank_of(ab)["saved_bytes"] - rank_of(ex)["saved_bytes"]))
     for (stem, P, kernel, B), pts in sorted(groups.items()):
         if len({s for s, _ in pts}) >= 3:
             a, b, r2 = linear_fit([s for s, _ in pts], [g for _, g in pts])
@@ -499,7 +505,7 @@ def claim_linearity(c):
         base = tuple(sorted((k, v) for k, v in m.items() if k not in ("name", "num_attention_heads")
                             and not isinstance(v, dict)))
         heads.setdefault((base, ex["seq"], ex["sp"], ex["kernel"]), {})[m["num_attention_heads"]] = \
-            ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]
+            rank_of(ab)["saved_bytes"] - rank_of(ex)["saved_bytes"]
     hfits = []
     for k, hv in heads.items():
         if len(hv) >= 3:
@@ -607,11 +613,11 @@ def claim_traffic(c):
         plans = bench_plans(doc)
         for p in doc["points"]:
             total += 1
-            exact += plans[key(p)][p["variant"]]["closed_form"]["bytes_sent"] == p["traffic"]["bytes_sent"]
+            exact += plans[key(p)][p["variant"]]["closed_form"]["bytes_sent"] == rank_of(p)["bytes_sent"]
     tr = {}
     for stem, doc, ex, la in pairs(docs, "laga", layout="a2a"):
         if ex["sp"] > 1:
-            tr.setdefault(ex["sp"], set()).add(round(ex["traffic"]["bytes_sent"] / la["traffic"]["bytes_sent"], 2))
+            tr.setdefault(ex["sp"], set()).add(round(rank_of(ex)["bytes_sent"] / rank_of(la)["bytes_sent"], 2))
     meas = "; ".join(f"P={P}: {', '.join(f'{x:.2f}x' for x in sorted(v))}" for P, v in sorted(tr.items()))
     S, P = 16384, 8  # the paper's point
     a2a = plan_point(plan_doc("deepseek-v3", "a2a", "bfloat16", [S], [P]), S, P)
@@ -659,8 +665,8 @@ def claim_throughput(c):
     attn_tflops = {}
     for stem, doc, ex, la in pairs([d for d in docs if d[1]["config"]["device"] == "cuda"], "laga", layout="a2a",
                                    ranks_run="phantom"):
-        t = ex["time"]["forward"]["by_phase"]["attention"]["median"] + ex["time"]["backward"]["by_phase"]["attention"]["median"]
-        f = ex["flops"]["forward"]["attention"] + ex["flops"]["backward"]["attention"]
+        t = ex["repeats"]["forward"]["by_phase"]["attention"]["median"] + ex["repeats"]["backward"]["by_phase"]["attention"]["median"]
+        f = rank_of(ex)["flops_forward"]["attention"] + rank_of(ex)["flops_backward"]["attention"]
         if t > 0:
             attn_tflops.setdefault(ex["kernel"], []).append(f / t / 1e12)
     tm = docs[0][1]["time_model"] if docs else None
@@ -805,7 +811,7 @@ def peer_section(results_dir, schema):
         return blocks.get(provider, {}).get((form, S))
 
     def gib(pt):
-        return (pt["memory"]["peak_backward_bytes"] + pt["memory"].get("backend_scratch_peak_bytes", 0)) / 2**30
+        return (rank_of(pt)["peak_backward_bytes"] + rank_of(pt).get("backend_scratch_peak_bytes", 0)) / 2**30
 
     head = ["S", "PyTorch explicit (eager / compiled)", "PyTorch LAGA (eager / compiled)",
             "laga LAGA (" + " / ".join(providers) + ")", "laga explicit (" + " / ".join(providers) + ")",
@@ -820,12 +826,12 @@ def peer_section(results_dir, schema):
 
         def cell(form):
             pts = [laga_pt(p, form, S) for p in providers]
-            return " / ".join(f"{pt['time']['block']['median'] * 1e3:.2f}" if pt else "-" for pt in pts)
+            return " / ".join(f"{pt['repeats']['block']['median'] * 1e3:.2f}" if pt else "-" for pt in pts)
         lagas = [laga_pt(p, "laga", S) for p in providers]
-        best = min(pt["time"]["block"]["median"] * 1e3 for pt in lagas if pt)
+        best = min(pt["repeats"]["block"]["median"] * 1e3 for pt in lagas if pt)
         ratio = best / best_peer
         verdicts.append(ratio)
-        best_det = min(laga_pt(p, "laga", S)["time"]["block"]["median"] * 1e3 for p in deterministic
+        best_det = min(laga_pt(p, "laga", S)["repeats"]["block"]["median"] * 1e3 for p in deterministic
                        if laga_pt(p, "laga", S))
         verdicts_det.append(best_det / best_peer)
         ratios = f"{best_det / best_peer:.2f}x / {ratio:.2f}x"
@@ -833,7 +839,7 @@ def peer_section(results_dir, schema):
         pe = ppts.get(("explicit", S, False))
         peaks = " / ".join(f"{gib(pt):.2f}" if pt else "-" for pt in lagas)
         md.append(f"| {S // 1024}k | {pe_text} | {pl_text} | {cell('laga')} | {cell('explicit')} | "
-                  f"{ab['time']['block']['median'] * 1e3:.2f} | {ratios} | "
+                  f"{ab['repeats']['block']['median'] * 1e3:.2f} | {ratios} | "
                   f"{pe['peak_bytes'] / 2**30:.2f} / {peaks} |" if ab else
                   f"| {S // 1024}k | {pe_text} | {pl_text} | {cell('laga')} | {cell('explicit')} | - | {ratios} | "
                   f"{(pe['peak_bytes'] / 2**30) if pe else 0:.2f} / {peaks} |")
@@ -968,10 +974,10 @@ def main():
         for stem, doc in axis:
             nh = doc["config"]["model"]["num_attention_heads"]
             for st, d, ex, ab in pairs([(stem, doc)], "absorbed (mqa)"):
-                gap = ab["memory"]["saved_bytes"] - ex["memory"]["saved_bytes"]
+                gap = rank_of(ab)["saved_bytes"] - rank_of(ex)["saved_bytes"]
                 md.append(f"| [{stem}](../bench/results/{stem}.json) | {doc['config']['model']['name']} | {nh} | "
-                          f"{ex['seq']} | {ex['sp']} | {ex['kernel']} | {human(ex['memory']['saved_bytes'])} | "
-                          f"{human(ab['memory']['saved_bytes'])} | {human(gap)} |")
+                          f"{ex['seq']} | {ex['sp']} | {ex['kernel']} | {human(rank_of(ex)['saved_bytes'])} | "
+                          f"{human(rank_of(ab)['saved_bytes'])} | {human(gap)} |")
         md.append("")
 
     for stem, doc in docs:
@@ -989,7 +995,7 @@ def main():
                                             f"1 per rank for threads" if c["cpu_threads_per_rank"] else ""),
                f"- {len(doc['points'])} points, {c['warmup']} warm-up + {c['repeat']} timed repeats each, "
                f"{doc.get('elapsed_s', 0):.0f} s", ""]
-        spread = [p["time"]["block"] for p in doc["points"]]
+        spread = [p["repeats"]["block"] for p in doc["points"]]
         noisy = sum(t["q3"] - t["q1"] > 0.10 * t["median"] for t in spread)
         md += [f"Timing spread: {noisy} of {len(spread)} points have an interquartile range above 10% of their median "
                f"block time" + (" (spreads this wide mean the cores were shared with other work; the memory, "

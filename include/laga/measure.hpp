@@ -14,6 +14,7 @@
 
 #include "laga/attention_provider.hpp"
 #include "laga/problem.hpp"
+#include "laga/report.hpp"
 
 namespace laga {
 
@@ -40,14 +41,6 @@ std::vector<AttentionKernel> parse_kernels(const std::vector<std::string>&);
 
 // ---------------------------------------------------------------- one rank measured
 
-// Device memory as cudaMemGetInfo sees it around one run (have = false on the cpu).
-struct DeviceMemory {
-  bool have = false;
-  std::size_t used_before = 0;   // before the run's weights and inputs (context, workspaces, other ranks)
-  std::size_t peak_used = 0;     // high-water mark over the run
-  std::size_t scratch_peak = 0;  // the backend's kernel scratch (outside the allocator), high-water mark
-};
-
 struct Measurement {
   RankRun run;
   DeviceMemory memory;
@@ -66,9 +59,17 @@ struct ProblemInputs {
 Measurement measure(const MlaConfig&, const BlockOptions&, const BlockShape&, Backend&, Communicator&,
                     std::uint64_t seed, int warmup, const ProblemInputs& = {});
 
-// Bytes this rank sent / received over all its collectives.
-std::size_t bytes_sent(const std::vector<CollectiveRecord>&);
-std::size_t bytes_received(const std::vector<CollectiveRecord>&);
+// Repeated: `warmup` untimed passes, then `repeat` timed ones (each after a barrier on `comm` when `barrier`,
+// so thread ranks start together). `last` holds the last repeat's run; on cuda its device memory is measured
+// around the warm-ups and the timed repeats (the pool's unused memory handed back and the peaks reset before
+// the warm-ups, so the timed repeats do not pay for it).
+struct RepeatedMeasurement {
+  Measurement last;
+  std::vector<TimedRepeat> repeats;
+};
+RepeatedMeasurement measure_repeated(const MlaConfig&, const BlockOptions&, const BlockShape&, Backend&,
+                                     Communicator&, std::uint64_t seed, int warmup, int repeat,
+                                     const ProblemInputs& = {}, bool barrier = false);
 
 // ---------------------------------------------------------------- the check policy (DESIGN.md section 5)
 
@@ -135,10 +136,7 @@ std::vector<CheckResult> check_single_process(const MlaConfig&, const BlockOptio
 
 // ---------------------------------------------------------------- the report of a rank's run (JSON)
 
-// One schema for a rank's run, written by `laga run --json` (every rank), the phantom sweep and the
-// Python package: rank, hostname, saved tensors, peaks, bytes, traffic (with seconds and bus bandwidth),
-// FLOPs and seconds by phase; on cuda the GPU and its memory around the run.
-nlohmann::json rank_report(const RankRun&, int rank, const DeviceMemory&, int gpu);
+// A rank's run: rank_report (laga/report.hpp).
 // The block options a run used, with the variant's label.
 nlohmann::json options_report(const BlockOptions&);
 nlohmann::json check_report(const std::vector<CheckResult>&);
@@ -152,7 +150,6 @@ nlohmann::json machine_report(Device, int gpu, const std::string& communicator);
 nlohmann::json cudnn_report();
 // Attention calls by provider on `be` (a CUDA backend) since its last reset, auto's fallbacks, cuDNN graphs.
 nlohmann::json attention_calls_report(Backend& be);
-std::string host_name();
 // This machine for a benchmark document: hostname, OS, CPU model and cores, memory, the GPUs nvidia-smi
 // lists, the CUDA devices visible.
 nlohmann::json machine_inventory();

@@ -4,10 +4,14 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "laga/bench.hpp"
+#include "laga/gemm_probe.hpp"
+#include "laga/op_profile.hpp"
 #include "laga/plan.hpp"
+#include "laga/problem.hpp"
 
 namespace laga {
 
@@ -57,5 +61,74 @@ nlohmann::json time_model_json(const TimeModel&);
 // The whole document: the model, the base options, the time model, and every point with every variant.
 nlohmann::json plan_document(const PlanQuery&, const std::vector<PlanPoint>&);
 inline nlohmann::json plan_document(const PlanQuery& q) { return plan_document(q, plan_points(q)); }
+
+// ---- a rank's run: one schema for `laga run --json` (each rank), `laga bench` (each point's ranks) and the
+// PyTorch module (last_step) ----
+
+// Device memory as cudaMemGetInfo sees it around one run (have = false on the cpu and in the PyTorch module).
+struct DeviceMemory {
+  bool have = false;
+  std::size_t used_before = 0;   // before the run's weights and inputs (context, workspaces, other ranks)
+  std::size_t peak_used = 0;     // high-water mark over the run
+  std::size_t scratch_peak = 0;  // the backend's kernel scratch (outside the allocator), high-water mark
+};
+
+// Bytes this rank sent / received over all its collectives.
+std::size_t bytes_sent(const std::vector<CollectiveRecord>&);
+std::size_t bytes_received(const std::vector<CollectiveRecord>&);
+std::string host_name();
+
+// The report of one rank's run (docs/bench.md, "a rank's record"): rank, hostname, saved tensors, peaks,
+// bytes, traffic (with seconds and bus bandwidth), FLOPs and seconds by phase; with device memory (cuda)
+// the GPU and its memory around the run.
+nlohmann::json rank_report(const RankRun&, int rank, const DeviceMemory&, int gpu);
+
+// ---- the statistics of repeated runs (`laga bench`) ----
+
+// One timed repeat of a rank: its forward and backward pass.
+struct TimedRepeat {
+  PassStats fwd, bwd;
+  double block_seconds() const { return fwd.total_seconds() + bwd.total_seconds(); }
+  double compute_seconds() const;  // the block less its communication phase
+};
+
+// median, q1, q3, min, max, mean (seconds rounded to the nanosecond, the clock's resolution) and n.
+nlohmann::ordered_json summary_report(const Summary&);
+
+// The statistics of a point's timed repeats (a bench point's "repeats"): each pass's total, span and phases,
+// the block, compute and communication of rank `rank`; with every rank measured (`by_rank` holds more than
+// one), each rank's block and the slowest rank's of each repeat.
+nlohmann::ordered_json repeats_report(const std::vector<std::vector<TimedRepeat>>& by_rank, int rank, int warmup);
+
+// The modeled block time ("modeled"): the median measured compute of `reps` + the collectives of `traffic`
+// priced by the alpha-beta model at each standard placement for `ranks` ranks.
+nlohmann::ordered_json modeled_report(const TimeModel&, int ranks, const std::vector<CollectiveRecord>& traffic,
+                                      const std::vector<TimedRepeat>& reps);
+
+// The same rank measured again with timed collectives at one placement.
+struct TimedPlacement {
+  Placement placement;
+  std::vector<TimedRepeat> repeats;
+};
+// Exposed communication: the median block with timed collectives against the instant ones, per placement.
+nlohmann::ordered_json exposed_report(const TimeModel&, int ranks, const std::vector<CollectiveRecord>& traffic,
+                                      const std::vector<TimedRepeat>& instant, const std::vector<TimedPlacement>&);
+
+// Within this of the rate alone, the block's GEMMs pass: time-weighted ratio <= 1.10.
+constexpr double kGemmTolerance = 0.10;
+// Each distinct GEMM of `repeats` instrumented repeats, its median time in the block against alone, and
+// the summary.
+nlohmann::ordered_json gemms_report(const std::vector<GemmProbeResult>&, const std::vector<GemmRecord>&, int repeats,
+                                    int warmup_alone);
+// Every op of a forward and a backward pass with its median over `repeats` instrumented repeats, and the
+// time per kind of op.
+nlohmann::ordered_json ops_report(const std::vector<OpRecord>&, int repeats);
+// The error of `got` against the single-rank explicit result `reference` (if any), and for a form other
+// than explicit at P = 1 whether it equals explicit's result `explicit_p1` (if any) bit for bit.
+nlohmann::ordered_json point_check_report(const GlobalResult& got, const GlobalResult* reference,
+                                          const GlobalResult* explicit_p1, bool compare_bits);
+
+// A bench document as text: indented, each point on one line (short, and a diff shows which points changed).
+std::string bench_document_text(const nlohmann::ordered_json&);
 
 }  // namespace laga

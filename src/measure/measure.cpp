@@ -28,15 +28,30 @@ Measurement measure(const MlaConfig& cfg, const BlockOptions& opts, const BlockS
   return m;
 }
 
-std::size_t bytes_sent(const std::vector<CollectiveRecord>& traffic) {
-  std::size_t b = 0;
-  for (const auto& c : traffic) b += c.bytes_sent;
-  return b;
-}
-std::size_t bytes_received(const std::vector<CollectiveRecord>& traffic) {
-  std::size_t b = 0;
-  for (const auto& c : traffic) b += c.bytes_received;
-  return b;
+RepeatedMeasurement measure_repeated(const MlaConfig& cfg, const BlockOptions& opts, const BlockShape& shape,
+                                     Backend& be, Communicator& comm, std::uint64_t seed, int warmup, int repeat,
+                                     const ProblemInputs& in, bool barrier) {
+  RepeatedMeasurement m;
+  const bool cuda = be.device() == Device::Cuda;
+  if (cuda) {
+    be.synchronize();
+    m.last.memory.have = true;
+    cuda_reset_scratch_peak(be, /*release=*/true);
+    cuda_reset_peak_used(be);
+    m.last.memory.used_before = cuda_mem_info(cuda_device_of(be)).used_bytes();
+  }
+  for (int it = 0; it < warmup + repeat; ++it) {
+    if (barrier) comm.barrier();
+    RankRun run = run_rank(cfg, opts, shape, be, comm, seed, in.weights, in.x, in.dy);
+    if (it >= warmup) m.repeats.push_back({run.fwd, run.bwd});
+    if (it + 1 == warmup + repeat) m.last.run = std::move(run);
+  }
+  if (cuda) {
+    be.synchronize();
+    m.last.memory.peak_used = std::max(cuda_peak_used_bytes(be), cuda_mem_info(cuda_device_of(be)).used_bytes());
+    m.last.memory.scratch_peak = cuda_scratch_peak_bytes(be);
+  }
+  return m;
 }
 
 // ---------------------------------------------------------------- the check policy

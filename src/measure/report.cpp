@@ -22,56 +22,6 @@ namespace laga {
 
 using nlohmann::json;
 
-namespace {
-json phases_json(const std::array<double, kOpPhaseCount>& v) {
-  json j = json::object();
-  for (int i = 0; i < kOpPhaseCount; ++i) j[op_phase_name(OpPhase(i))] = v[i];
-  return j;
-}
-}  // namespace
-
-std::string host_name() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
-  return buf;
-}
-
-json rank_report(const RankRun& run, int rank, const DeviceMemory& mem, int gpu) {
-  json saved = json::array();
-  for (const auto& t : run.saved)
-    saved.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"bytes", t.bytes}});
-  json traffic = json::array();
-  for (const auto& c : run.traffic)
-    traffic.push_back({{"phase", phase_name(c.phase)}, {"collective", collective_name(c.kind)}, {"tensor", c.tensor},
-                       {"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received},
-                       {"seconds", c.seconds},
-                       {"bus_bytes_per_s", c.seconds > 0 ? double(c.bytes_sent) / c.seconds : 0.0}});
-  json j = {{"rank", rank},
-            {"hostname", host_name()},
-            {"saved_bytes", run.saved_bytes},
-            {"saved", saved},
-            {"peak_forward_bytes", run.fwd.peak_bytes},
-            {"peak_backward_bytes", run.bwd.peak_bytes},
-            {"bytes_sent", bytes_sent(run.traffic)},
-            {"bytes_received", bytes_received(run.traffic)},
-            {"traffic", traffic},
-            {"flops_forward", phases_json(run.fwd.flops)},
-            {"flops_backward", phases_json(run.bwd.flops)},
-            {"seconds_forward", phases_json(run.fwd.seconds)},
-            {"seconds_backward", phases_json(run.bwd.seconds)},
-            {"seconds_forward_total", run.fwd.total_seconds()},
-            {"seconds_backward_total", run.bwd.total_seconds()},
-            {"seconds_forward_span", run.fwd.span_seconds},
-            {"seconds_backward_span", run.bwd.span_seconds}};
-  if (mem.have) {
-    j["gpu"] = gpu;
-    j["device_used_before_bytes"] = mem.used_before;
-    j["device_peak_used_bytes"] = mem.peak_used;
-    j["backend_scratch_peak_bytes"] = mem.scratch_peak;
-  }
-  return j;
-}
-
 json options_report(const BlockOptions& opts) {
   return {{"variant", variant_of(opts).label()},
           {"form", form_name(opts.form)},

@@ -25,7 +25,7 @@ python3 "$root/scripts/check_bench.py" "$tmp/bench.json" || fail "the document d
 python3 - "$tmp/bench.json" <<'PY' || fail "the document's content is wrong"
 import json, sys
 d = json.load(open(sys.argv[1]))
-assert d["complete"] is True and d["schema"] == "laga-bench/1"
+assert d["complete"] is True and d["schema"] == "laga-bench/2"
 assert d["machine"]["cpu_cores"] >= 1 and d["machine"]["hostname"]
 assert d["build"]["commit"]
 assert d["config"]["device"] == "cpu" and d["config"]["repeat"] == 3
@@ -33,9 +33,11 @@ pts = d["points"]
 assert len(pts) == 80, len(pts)
 def pick(**kw):
     return [p for p in pts if all(p[k] == v for k, v in kw.items())]
+def rank_of(p):
+    return next(r for r in p["ranks"] if r["rank"] == p["rank"])
 for p in pts:
     assert p["check"]["max_rel_error"] <= 1e-5, (p["variant"], p["check"])
-    assert p["time"]["block"]["n"] == 3
+    assert p["repeats"]["block"]["n"] == 3
     if p["form"] == "laga" and p["sp"] == 1:
         assert p["check"]["bit_identical_to_explicit"] is True, p["variant"]
     assert [pl["placement"] for pl in p["modeled"]["placements"]] == ["node", "cross-node"]
@@ -43,10 +45,12 @@ for p in pts:
 for layout in ("a2a", "all_gather"):
     ex = pick(seq=64, sp=2, layout=layout, kernel="fused", variant="explicit")[0]
     la = pick(seq=64, sp=2, layout=layout, kernel="fused", variant="laga")[0]
-    assert la["traffic"]["bytes_sent"] < ex["traffic"]["bytes_sent"], layout
+    assert rank_of(la)["bytes_sent"] < rank_of(ex)["bytes_sent"], layout
     assert ex["modeled"]["placements"][1]["collective_s"] > la["modeled"]["placements"][1]["collective_s"]
-# Threads measure every rank.
-assert len(pick(sp=2)[0]["per_rank"]) == 2 and "block_slowest_rank" in pick(sp=2)[0]["time"]
+# Threads measure every rank: a record each, in rank order, and each one's block.
+p2 = pick(sp=2)[0]
+assert [r["rank"] for r in p2["ranks"]] == [0, 1] and len(p2["repeats"]["block_by_rank"]) == 2
+assert "block_slowest_rank" in p2["repeats"]
 PY
 
 # The ring (p2p): its ring shifts in a document that validates.
@@ -64,15 +68,15 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert [p["variant"] for p in d["points"]] == ["explicit", "laga"]
 for p in d["points"]:
-    assert p["ranks_run"] == "phantom" and p["rank"] == 3 and p["sp"] == 4 and len(p["per_rank"]) == 1
-    assert p["traffic"]["bytes_sent"] > 0  # counted, though not performed
+    assert p["ranks_run"] == "phantom" and p["rank"] == 3 and p["sp"] == 4 and [r["rank"] for r in p["ranks"]] == [3]
+    assert p["ranks"][0]["bytes_sent"] > 0  # counted, though not performed
 PY
 
 # The schema checker itself refuses a broken document.
 python3 - "$tmp/bench.json" "$tmp/broken.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-d["points"][0]["memory"]["saved_bytes"] += 1
+d["points"][0]["ranks"][0]["saved_bytes"] += 1
 del d["machine"]["hostname"]
 json.dump(d, open(sys.argv[2], "w"))
 PY

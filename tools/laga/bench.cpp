@@ -34,7 +34,7 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-constexpr const char* kSchema = "laga-bench/1";
+constexpr const char* kSchema = "laga-bench/2";
 
 struct BenchOptions {
   std::string model = "small";
@@ -105,27 +105,20 @@ struct Point {
   std::size_t variant;  // into kAllVariants
 };
 
-// What each repeat of one rank measured.
-struct Repeat {
-  PassStats fwd, bwd;
-};
-
 struct Measured {
-  int rank = 0;                             // the rank described in detail (P-1)
-  RankRun run;                              // its last repeat
-  std::vector<std::vector<Repeat>> repeats; // [rank][repeat], warm-up excluded; only rank `rank` when phantom
-  std::vector<RankRun> others;              // the other ranks' last repeat (threads)
-  GlobalResult result;                      // with --check (rank order, gathered)
+  int rank = 0;                                   // the rank described in detail (P-1)
+  std::vector<RankRun> runs;                      // each measured rank's last repeat, rank order (one when alone)
+  DeviceMemory memory;                            // rank `rank`'s, on cuda
+  std::vector<std::vector<TimedRepeat>> repeats;  // [rank][repeat], warm-up excluded; only rank `rank` when alone
+  GlobalResult result;                            // with --check (rank order, gathered)
   bool have_result = false;
   std::vector<GemmRecord> gemm_records;     // with --gemm-check: rank `rank`'s GEMMs in the instrumented repeats
   std::vector<GemmProbeResult> gemms;       // ... and each distinct one alone
   std::vector<OpRecord> op_records;         // with --op-profile: every op of the instrumented repeats
-  // --phantom-comm timed: the same rank again with a timed phantom, per placement.
-  struct Timed {
-    Placement placement;
-    std::vector<Repeat> repeats;
-  };
-  std::vector<Timed> timed;
+  std::vector<TimedPlacement> timed;        // --phantom-comm timed: the same rank again with a timed phantom
+
+  const RankRun& run() const { return runs.size() == 1 ? runs[0] : runs.at(std::size_t(rank)); }
+  const std::vector<TimedRepeat>& reps() const { return repeats.size() == 1 ? repeats[0] : repeats.at(std::size_t(rank)); }
 };
 
 // Per-rank state kept across points: a backend, its weights (made once), and the current point's input.
@@ -135,6 +128,7 @@ struct RankState {
   Tensor x, dy;
   BlockShape shape{};
   Layout layout = Layout::A2A;  // whose tokens x and dy hold
+  ProblemInputs inputs() const { return {&w, &x, &dy}; }
 };
 
 struct Bench {
@@ -204,12 +198,8 @@ struct Bench {
     std::unique_ptr<CommClock> clock = device == Device::Cuda ? make_cuda_comm_clock(*s.be) : make_host_comm_clock();
     for (const Placement& pl : timed_placements(p.sp)) {
       auto comm = make_timed_phantom_communicator(*s.be, shape.rank, p.sp, TimedLinks{model, pl.ranks_per_node}, *clock);
-      Measured::Timed t{pl, {}};
-      for (int it = 0; it < o.warmup + o.repeat; ++it) {
-        RankRun run = run_rank(cfg, options(p), shape, *s.be, *comm, o.seed, &s.w, &s.x, &s.dy);
-        if (it >= o.warmup) t.repeats.push_back({run.fwd, run.bwd});
-      }
-      m.timed.push_back(std::move(t));
+      m.timed.push_back(
+          {pl, measure_repeated(cfg, options(p), shape, *s.be, *comm, o.seed, o.warmup, o.repeat, s.inputs()).repeats});
     }
   }
 
@@ -223,18 +213,13 @@ struct Bench {
     prepare(s, shape, p.layout);
     auto comm = p.sp == 1 ? make_single_rank_communicator(*s.be) : make_phantom_communicator(*s.be, rank, p.sp);
     if (device == Device::Cpu) set_cpu_blas_threads(default_blas_threads);
-    m.repeats.assign(1, {});
-    if (device == Device::Cuda) {
-      cuda_reset_scratch_peak(*s.be, /*release=*/true);  // this point's kernel scratch
-      cuda_reset_attention_provider_counts(*s.be);
-    }
-    for (int it = 0; it < o.warmup + o.repeat; ++it) {
-      RankRun run = run_rank(cfg, options(p), shape, *s.be, *comm, o.seed, &s.w, &s.x, &s.dy);
-      if (it >= o.warmup) m.repeats[0].push_back({run.fwd, run.bwd});
-      if (it + 1 == o.warmup + o.repeat) m.run = std::move(run);
-    }
+    if (device == Device::Cuda) cuda_reset_attention_provider_counts(*s.be);
+    RepeatedMeasurement rm = measure_repeated(cfg, options(p), shape, *s.be, *comm, o.seed, o.warmup, o.repeat, s.inputs());
+    m.runs.push_back(std::move(rm.last.run));
+    m.memory = rm.last.memory;
+    m.repeats.push_back(std::move(rm.repeats));
     if (o.check && p.sp == 1) {
-      m.result = gather_result(*s.be, *comm, m.run);
+      m.result = gather_result(*s.be, *comm, m.runs[0]);
       m.have_result = true;
     }
     if (o.gemm_check) {
@@ -260,16 +245,13 @@ struct Bench {
   // One rank of a thread group: the warm-ups and timed repeats (each after a barrier, so the ranks start
   // together), the gathered result with --check, and with --gemm-check the instrumented repeats (every
   // rank repeats, for the collectives; rank P-1 through the probe).
-  void thread_rank(const BlockOptions& opts, int r, Communicator& comm, Measured& m, RankRun& last,
-                   GlobalResult& result) {
+  void thread_rank(const BlockOptions& opts, int r, Communicator& comm, Measured& m, GlobalResult& result) {
     RankState& s = ranks[r];
-    for (int it = 0; it < o.warmup + o.repeat; ++it) {
-      comm.barrier();
-      RankRun run = run_rank(cfg, opts, s.shape, *s.be, comm, o.seed, &s.w, &s.x, &s.dy);
-      if (it >= o.warmup) m.repeats[r].push_back({run.fwd, run.bwd});
-      if (it + 1 == o.warmup + o.repeat) last = std::move(run);
-    }
-    if (o.check) result = gather_result(*s.be, comm, last);
+    RepeatedMeasurement rm =
+        measure_repeated(cfg, opts, s.shape, *s.be, comm, o.seed, o.warmup, o.repeat, s.inputs(), /*barrier=*/true);
+    m.repeats[r] = std::move(rm.repeats);
+    m.runs[r] = std::move(rm.last.run);
+    if (o.check) result = gather_result(*s.be, comm, m.runs[r]);
     if (!o.gemm_check) return;
     std::optional<GemmProbeBackend> probe;
     if (r == m.rank) probe.emplace(*s.be);
@@ -287,16 +269,13 @@ struct Bench {
     m.rank = p.sp - 1;
     for (int r = 0; r < p.sp; ++r) prepare(state(r), BlockShape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = r}, p.layout);
     m.repeats.assign(p.sp, {});
-    std::vector<RankRun> last(p.sp);
+    m.runs.assign(p.sp, {});
     std::vector<GlobalResult> results(p.sp);
     set_cpu_blas_threads(1);  // P ranks share the cores
     const BlockOptions opts = options(p);
-    run_thread_ranks(p.sp, [&](int r, Communicator& comm) { thread_rank(opts, r, comm, m, last[r], results[r]); });
+    run_thread_ranks(p.sp, [&](int r, Communicator& comm) { thread_rank(opts, r, comm, m, results[r]); });
     if (o.gemm_check) gemms_alone(m, *ranks[m.rank].be);  // with one BLAS thread, as the rank had in the block
     set_cpu_blas_threads(default_blas_threads);
-    m.run = std::move(last[m.rank]);
-    for (int r = 0; r < p.sp; ++r)
-      if (r != m.rank) m.others.push_back(std::move(last[r]));
     if (o.check) {
       m.result = std::move(results[0]);
       m.have_result = true;
@@ -314,163 +293,22 @@ struct Bench {
   }
 };
 
-// ---------------------------------------------------------------- JSON of one point
+// ---------------------------------------------------------------- one point: the document's and the table's
 
-// Seconds rounded to the nanosecond (the clock's resolution), so the document stays short.
-double ns(double seconds) { return std::round(seconds * 1e9) / 1e9; }
-
-json summary_json(const Summary& s) {
-  return {{"median", ns(s.median)}, {"q1", ns(s.q1)}, {"q3", ns(s.q3)}, {"min", ns(s.min)}, {"max", ns(s.max)},
-          {"mean", ns(s.mean)}, {"n", s.n}};
+// printf into a string.
+template <class... A>
+std::string text(const char* f, A... a) {
+  const int n = std::snprintf(nullptr, 0, f, a...);
+  std::string s(std::size_t(std::max(n, 0)), '\0');
+  std::snprintf(s.data(), s.size() + 1, f, a...);
+  return s;
 }
 
-json pass_time_json(const std::vector<Repeat>& reps, bool forward) {
-  auto pick = [&](const Repeat& r) -> const PassStats& { return forward ? r.fwd : r.bwd; };
-  std::vector<double> total, span;
-  for (const auto& r : reps) total.push_back(pick(r).total_seconds()), span.push_back(pick(r).span_seconds);
-  json by_phase = json::object();
-  for (int ph = 0; ph < kOpPhaseCount; ++ph) {
-    std::vector<double> v;
-    for (const auto& r : reps) v.push_back(pick(r).seconds[ph]);
-    by_phase[op_phase_name(OpPhase(ph))] = summary_json(summarize(v));
-  }
-  // span: the pass from its first op's start to its last op's end, the gaps between ops included (what events
-  // around the pass would see); total: the ops alone.
-  return {{"total", summary_json(summarize(total))}, {"span", summary_json(summarize(span))}, {"by_phase", by_phase}};
-}
-
-double block_seconds(const Repeat& r) { return r.fwd.total_seconds() + r.bwd.total_seconds(); }
-double compute_seconds(const Repeat& r) {
-  const int c = int(OpPhase::Communication);
-  return block_seconds(r) - r.fwd.seconds[c] - r.bwd.seconds[c];
-}
-
-json flops_json(const PassStats& s) {
-  json j = json::object();
-  for (int i = 0; i < kOpPhaseCount; ++i) j[op_phase_name(OpPhase(i))] = s.flops[i];
-  return j;
-}
-
-json traffic_json(const RankRun& r) {
-  json records = json::array();
-  json by_kind = json::object();
-  for (const auto& c : r.traffic) {
-    records.push_back({{"phase", phase_name(c.phase)}, {"collective", collective_name(c.kind)}, {"tensor", c.tensor},
-                       {"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}});
-    json& k = by_kind[collective_name(c.kind)];
-    if (k.is_null()) k = {{"calls", 0}, {"bytes_sent", 0}, {"bytes_received", 0}};
-    k["calls"] = k["calls"].get<int>() + c.calls;
-    k["bytes_sent"] = k["bytes_sent"].get<std::size_t>() + c.bytes_sent;
-    k["bytes_received"] = k["bytes_received"].get<std::size_t>() + c.bytes_received;
-  }
-  return {{"bytes_sent", bytes_sent(r.traffic)}, {"bytes_received", bytes_received(r.traffic)}, {"by_collective", by_kind},
-          {"collectives", records}};
-}
-
-// Within this of the rate alone, the block's GEMMs pass: time-weighted ratio <= 1.10.
-constexpr double kGemmTolerance = 0.10;
-
-// --gemm-check: each distinct GEMM of the instrumented repeats, its median time in the block against alone,
-// and the summary; `line` gets the table's line for it.
-json gemms_json(const Bench& b, const Measured& m, std::string& line) {
-  const int repeats = b.o.repeat;  // instrumented repeats (as many as timed ones)
-  json list = json::array();
-  for (const GemmProbeResult& r : m.gemms) {
-    LAGA_CHECK(r.occurrences.size() % std::size_t(repeats) == 0, "a GEMM occurs ", r.occurrences.size(),
-               " times in ", repeats, " repeats: every repeat must issue the same GEMMs");
-    const std::size_t calls = r.occurrences.size() / std::size_t(repeats);
-    json issued = json::array();  // where in the first repeat: run_rank makes two passes, forward then backward
-    for (std::size_t i = 0; i < calls; ++i) {
-      const GemmRecord& rec = m.gemm_records[r.occurrences[i]];
-      issued.push_back({{"pass", rec.pass % 2 == 0 ? "forward" : "backward"}, {"index", rec.index_in_pass}});
-    }
-    const GemmKey& g = r.key;
-    list.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}, {"trans_a", g.trans_a == Trans::Yes},
-                    {"trans_b", g.trans_b == Trans::Yes}, {"dtype", dtype_name(g.dtype)},
-                    {"c_dtype", dtype_name(g.c_dtype)}, {"lda", g.lda}, {"ldb", g.ldb}, {"ldc", g.ldc},
-                    {"stride_a", g.stride_a}, {"stride_b", g.stride_b}, {"stride_c", g.stride_c},
-                    {"alpha", g.alpha}, {"beta", g.beta}, {"calls", calls}, {"issued", issued},
-                    {"flops", r.flops()}, {"in_block_s", r.in_block_median}, {"alone_s", r.alone_median},
-                    {"in_block_flops_per_s", r.in_block_flops_per_s()}, {"alone_flops_per_s", r.alone_flops_per_s()},
-                    {"ratio", r.ratio()}});
-  }
-  const GemmProbeSummary sum = summarize_gemms(m.gemms);
-  const bool within = sum.within(kGemmTolerance);
-  json summary = {{"count", sum.count},
-                  {"calls", sum.calls / std::size_t(repeats)},
-                  {"in_block_s", sum.in_block_s / repeats},
-                  {"alone_s", sum.alone_s / repeats},
-                  {"time_weighted_ratio", sum.time_weighted_ratio},
-                  {"worst_ratio", sum.worst_ratio},
-                  {"worst", sum.worst},
-                  {"within_10pct", within}};
-  if (!m.gemms.empty()) {
-    const json& w = list[sum.worst];
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "gemms: %zu distinct, %zu calls a fwd+bwd; in block / alone: %.3f time-weighted "
-               "(%s 10%%), worst %.3f (m %lld n %lld k %lld batch %lld, %s #%d)",
-               sum.count, sum.calls / std::size_t(repeats), sum.time_weighted_ratio, within ? "within" : "NOT within",
-               sum.worst_ratio, (long long)w["m"].get<std::int64_t>(), (long long)w["n"].get<std::int64_t>(),
-               (long long)w["k"].get<std::int64_t>(), (long long)w["batch"].get<std::int64_t>(),
-               w["issued"][0]["pass"].get<std::string>().c_str(), w["issued"][0]["index"].get<int>());
-    line = buf;
-  }
-  return {{"what", "every GEMM the block issued in --repeat extra forward+backward runs after the timed ones "
-                   "(through a probe backend: marks just before and after each call), against the same arguments "
-                   "run alone on the same backend and buffers of the same sizes; medians; ratio = in block / alone"},
-          {"repeats_in_block", repeats},
-          {"repeats_alone", repeats},
-          {"warmup_alone", std::max(1, b.o.warmup)},
-          {"list", list},
-          {"summary", summary}};
-}
-
-// --op-profile: every op of a forward and a backward pass with its median time over the instrumented
-// repeats, and the time per kind of op; `lines` gets the table's lines (the kinds, then the costliest ops).
-json ops_json(const Bench& b, const Measured& m, std::vector<std::string>& lines) {
-  const std::vector<OpProfileRow> rows = summarize_ops(m.op_records, b.o.repeat);
-  json passes = {{"forward", json::array()}, {"backward", json::array()}};
-  json by_op = {{"forward", json::object()}, {"backward", json::object()}};
-  for (const OpProfileRow& r : rows) {
-    const char* pass = r.backward ? "backward" : "forward";
-    passes[pass].push_back({{"index", r.index}, {"op", r.op}, {"what", r.what}, {"seconds", r.median_s}});
-    json& k = by_op[pass][r.op];
-    if (k.is_null()) k = {{"calls", 0}, {"seconds", 0.0}};
-    k["calls"] = k["calls"].get<int>() + 1;
-    k["seconds"] = k["seconds"].get<double>() + r.median_s;
-  }
-  for (const char* pass : {"forward", "backward"}) {
-    std::string line = std::string("ops ") + (pass[0] == 'f' ? "fwd:" : "bwd:");
-    for (const auto& [op, k] : by_op[pass].items()) {
-      char buf[128];
-      std::snprintf(buf, sizeof buf, " %s %.3f ms (%d)", op.c_str(), k["seconds"].get<double>() * 1e3,
-                    k["calls"].get<int>());
-      line += buf;
-    }
-    lines.push_back(line);
-  }
-  std::vector<OpProfileRow> costly(rows.begin(), rows.end());
-  std::sort(costly.begin(), costly.end(), [](const auto& a, const auto& c) { return a.median_s > c.median_s; });
-  for (std::size_t i = 0; i < costly.size() && i < 24; ++i) {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "  %s #%-3d %8.3f ms  %-18s %s", costly[i].backward ? "bwd" : "fwd", costly[i].index,
-                  costly[i].median_s * 1e3, costly[i].op.c_str(), costly[i].what.c_str());
-    lines.push_back(buf);
-  }
-  return {{"what", "every op the block issued in --repeat extra forward+backward runs after the timed ones (through a "
-                   "profile backend: marks just before and after each call), median seconds per op in issue order, "
-                   "and summed by kind of op"},
-          {"repeats", b.o.repeat},
-          {"forward", passes["forward"]},
-          {"backward", passes["backward"]},
-          {"by_op", by_op}};
-}
-
+// A point's table row and the lines under it, read from its record.
 struct PointResult {
   json doc;
-  // For the table row.
   double saved = 0, peak_bwd = 0, sent = 0, gflop = 0;
-  Summary fwd, bwd, block;
+  double fwd = 0, bwd = 0, spread = 0;  // medians (s); spread: relative IQR of the block
   double modeled_node = 0, modeled_cross = 0;
   std::string check;
   std::string gemms;  // --gemm-check's line
@@ -478,179 +316,115 @@ struct PointResult {
   std::vector<std::string> exposed;  // --phantom-comm timed: a line per placement
 };
 
-json memory_json(const Bench& b, const RankRun& run) {
-  json saved = json::array();
-  for (const auto& t : run.saved)
-    saved.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"bytes", t.bytes}});
-  json memory = {{"saved_bytes", run.saved_bytes}, {"peak_forward_bytes", run.fwd.peak_bytes},
-                 {"peak_backward_bytes", run.bwd.peak_bytes}, {"saved", saved}};
-  if (b.device == Device::Cuda)  // outside the allocator's figures (cuda_scratch_info); cuda runs one rank, state 0
-    memory["backend_scratch_peak_bytes"] = cuda_scratch_peak_bytes(*b.ranks.at(0).be);
-  return memory;
+std::string gemms_line(const json& g) {
+  const json& sum = g["summary"];
+  if (g["list"].empty()) return "";
+  const json& w = g["list"][sum["worst"].get<std::size_t>()];
+  return text("gemms: %zu distinct, %zu calls a fwd+bwd; in block / alone: %.3f time-weighted (%s 10%%), worst %.3f "
+             "(m %lld n %lld k %lld batch %lld, %s #%d)",
+             sum["count"].get<std::size_t>(), sum["calls"].get<std::size_t>(), sum["time_weighted_ratio"].get<double>(),
+             sum["within_10pct"].get<bool>() ? "within" : "NOT within", sum["worst_ratio"].get<double>(),
+             (long long)w["m"].get<std::int64_t>(), (long long)w["n"].get<std::int64_t>(),
+             (long long)w["k"].get<std::int64_t>(), (long long)w["batch"].get<std::int64_t>(),
+             w["issued"][0]["pass"].get<std::string>().c_str(), w["issued"][0]["index"].get<int>());
 }
 
-std::vector<double> block_times(const std::vector<Repeat>& reps) {
-  std::vector<double> v;
-  for (const auto& r : reps) v.push_back(block_seconds(r));
-  return v;
-}
-
-json time_json(const Bench& b, const Measured& m, const std::vector<Repeat>& reps) {
-  std::vector<double> compute, comm_measured;
-  for (const auto& r : reps) {
-    compute.push_back(compute_seconds(r));
-    comm_measured.push_back(block_seconds(r) - compute_seconds(r));
-  }
-  json time = {{"unit", "s"},
-               {"clock", "marks on the backend's queue around each op (CUDA events on the GPU, the host clock on the "
-                         "CPU), read once per pass, summed by phase"},
-               {"rank", m.rank},
-               {"repeats", reps.size()},
-               {"warmup", b.o.warmup},
-               {"forward", pass_time_json(reps, true)},
-               {"backward", pass_time_json(reps, false)},
-               {"block", summary_json(summarize(block_times(reps)))},
-               {"compute", summary_json(summarize(compute))},
-               {"communication", summary_json(summarize(comm_measured))}};
-  if (m.repeats.size() > 1) {  // every rank measured: the slowest rank of each repeat
-    std::vector<double> slowest;
-    for (std::size_t it = 0; it < reps.size(); ++it) {
-      double s = 0;
-      for (const auto& rr : m.repeats) s = std::max(s, block_seconds(rr[it]));
-      slowest.push_back(s);
-    }
-    time["block_slowest_rank"] = summary_json(summarize(slowest));
-  }
-  return time;
-}
-
-// The modeled block time: measured compute of this rank + its collectives priced by the model.
-json modeled_json(const Bench& b, const Point& p, const RankRun& run, const std::vector<Repeat>& reps, PointResult& pr) {
-  std::vector<double> compute;
-  for (const auto& r : reps) compute.push_back(compute_seconds(r));
-  const double compute_median = summarize(compute).median;
-  json placements = json::array();
-  for (const Placement& pl : standard_placements(b.model, p.sp)) {
-    const double c = communication_seconds(b.model, run.traffic, p.sp, pl.ranks_per_node);
-    placements.push_back({{"placement", pl.name}, {"ranks_per_node", pl.ranks_per_node},
-                          {"nodes", (p.sp + pl.ranks_per_node - 1) / pl.ranks_per_node},
-                          {"collective_s", ns(c)}, {"block_s", ns(compute_median + c)}});
-    (pl.name == "node" ? pr.modeled_node : pr.modeled_cross) = compute_median + c;
-  }
-  return {{"label", "modeled"},
-          {"what", "block time = measured compute (median, this rank, communication phase excluded) + "
-                   "collectives priced by the alpha-beta model; no overlap of compute and communication"},
-          {"compute_s", ns(compute_median)},
-          {"placements", placements}};
-}
-
-// --phantom-comm timed: the block time with timed collectives against the instant ones (the same rank, the
-// same point), per placement; exposed = the difference of the medians.
-json exposed_json(const Bench& b, const Point& p, const Measured& m, const std::vector<Repeat>& instant,
-                  std::vector<std::string>& lines) {
-  const Summary base = summarize(block_times(instant));
-  json links = json::array();
-  for (const Measured::Timed& t : m.timed) {
-    const Summary timed = summarize(block_times(t.repeats));
-    const double modeled = communication_seconds(b.model, m.run.traffic, p.sp, t.placement.ranks_per_node);
-    const double exposed = timed.median - base.median;
-    links.push_back({{"placement", t.placement.name}, {"ranks_per_node", t.placement.ranks_per_node},
-                     {"modeled_collective_s", ns(modeled)}, {"timed_block", summary_json(timed)},
-                     {"exposed_s", ns(exposed)}, {"exposed_fraction", exposed / timed.median},
-                     {"hidden_fraction", modeled > 0 ? 1.0 - exposed / modeled : 0.0}});
-    char line[256];
-    std::snprintf(line, sizeof line, "timed %-10s block %9.2f ms, instant %9.2f ms: exposed %8.2f ms = %5.1f%% of the "
-                  "block (collectives %.2f ms modeled, %.0f%% hidden)",
-                  t.placement.name.c_str(), timed.median * 1e3, base.median * 1e3, exposed * 1e3,
-                  100 * exposed / timed.median, modeled * 1e3, modeled > 0 ? 100 * (1 - exposed / modeled) : 0.0);
+std::vector<std::string> ops_lines(const json& ops) {
+  std::vector<std::string> lines;
+  for (const char* pass : {"forward", "backward"}) {
+    std::string line = std::string("ops ") + (pass[0] == 'f' ? "fwd:" : "bwd:");
+    for (const auto& [op, k] : ops["by_op"][pass].items())
+      line += text(" %s %.3f ms (%d)", op.c_str(), k["seconds"].get<double>() * 1e3, k["calls"].get<int>());
     lines.push_back(line);
   }
-  return {{"what", "rank P-1 alone twice: collectives instant (the phantom) and timed (each call holds its queue for "
-                   "the alpha-beta model's time of its bytes); exposed = median timed block - median instant block"},
-          {"instant_block", summary_json(base)},
-          {"links", links}};
+  std::vector<json> costly;
+  for (const char* pass : {"forward", "backward"})
+    for (json r : ops[pass]) {
+      r["pass"] = pass[0] == 'f' ? "fwd" : "bwd";
+      costly.push_back(r);
+    }
+  std::stable_sort(costly.begin(), costly.end(),
+                   [](const json& a, const json& c) { return a["seconds"].get<double>() > c["seconds"].get<double>(); });
+  for (std::size_t i = 0; i < costly.size() && i < 24; ++i)
+    lines.push_back(text("  %s #%-3d %8.3f ms  %-18s %s", costly[i]["pass"].get<std::string>().c_str(),
+                        costly[i]["index"].get<int>(), costly[i]["seconds"].get<double>() * 1e3,
+                        costly[i]["op"].get<std::string>().c_str(), costly[i]["what"].get<std::string>().c_str()));
+  return lines;
 }
 
-json per_rank_json(const Point& p, const Measured& m) {
-  auto rank_row = [&](const RankRun& r, int rank) {
-    json j = {{"rank", rank}, {"saved_bytes", r.saved_bytes}, {"peak_forward_bytes", r.fwd.peak_bytes},
-              {"peak_backward_bytes", r.bwd.peak_bytes}, {"bytes_sent", bytes_sent(r.traffic)},
-              {"bytes_received", bytes_received(r.traffic)}, {"flops", r.fwd.total_flops() + r.bwd.total_flops()}};
-    if (m.repeats.size() > 1) j["block_s"] = summary_json(summarize(block_times(m.repeats[rank])));
-    return j;
-  };
-  json per_rank = json::array();
-  if (m.others.empty()) {
-    per_rank.push_back(rank_row(m.run, m.rank));
-  } else {
-    for (int r = 0, k = 0; r < p.sp; ++r) per_rank.push_back(r == m.rank ? rank_row(m.run, r) : rank_row(m.others[k++], r));
+std::vector<std::string> exposed_lines(const json& e) {
+  std::vector<std::string> lines;
+  const double base = e["instant_block"]["median"].get<double>();
+  for (const json& l : e["links"]) {
+    const double timed = l["timed_block"]["median"].get<double>(), exposed = l["exposed_s"].get<double>();
+    const double modeled = l["modeled_collective_s"].get<double>();
+    lines.push_back(text("timed %-10s block %9.2f ms, instant %9.2f ms: exposed %8.2f ms = %5.1f%% of the block "
+                        "(collectives %.2f ms modeled, %.0f%% hidden)",
+                        l["placement"].get<std::string>().c_str(), timed * 1e3, base * 1e3, exposed * 1e3,
+                        100 * exposed / timed, modeled * 1e3, 100 * l["hidden_fraction"].get<double>()));
   }
-  return per_rank;
+  return lines;
 }
 
-// --check: the error against the single-rank explicit result, and at P = 1 whether the form equals explicit
-// bit for bit; `line` gets the table's cell.
-json check_json(const Point& p, const Measured& m, const GlobalResult* reference, const GlobalResult* explicit_p1,
-                std::string& line) {
-  const Variant& v = kAllVariants[p.variant];
-  json check = json::object();
-  if (reference) {
-    const auto errs = compare(m.result, *reference);
-    json e = json::object();
-    for (const auto& c : errs) e[c.tensor] = c.rel_error;
-    check["max_rel_error"] = max_error(errs);
-    check["rel_error"] = e;
-    line = fmt("%.1e", max_error(errs));
-  }
-  if (explicit_p1 && p.sp == 1 && v.form != Form::Explicit) {
-    const bool same = m.result.y == explicit_p1->y && m.result.dx == explicit_p1->dx &&
-                      m.result.grads == explicit_p1->grads;
-    check["bit_identical_to_explicit"] = same;
-    if (v.form == Form::Laga) line += same ? ", bitwise = explicit" : ", DIFFERS from explicit";
-  }
-  return check;
+std::string check_cell(const Point& p, const json& check) {
+  std::string cell;
+  if (check.contains("max_rel_error")) cell = fmt("%.1e", check["max_rel_error"].get<double>());
+  if (check.contains("bit_identical_to_explicit") && kAllVariants[p.variant].form == Form::Laga)
+    cell += check["bit_identical_to_explicit"].get<bool>() ? ", bitwise = explicit" : ", DIFFERS from explicit";
+  return cell;
 }
 
+// The point's record: where it sits in the sweep, the options (as `laga run --json` writes a run), every
+// measured rank's report (the last repeat), the statistics of the repeats, the modeled block time, and what
+// the options add (check, gemms, ops, exposed communication, attention calls).
 PointResult point_json(const Bench& b, const Point& p, const Measured& m, const GlobalResult* reference,
                        const GlobalResult* explicit_p1) {
-  const RankRun& run = m.run;
-  const std::vector<Repeat>& reps = m.repeats.size() == 1 ? m.repeats[0] : m.repeats[m.rank];
   const Variant& v = kAllVariants[p.variant];
+  const BlockOptions opts = b.options(p);
+  json doc = {{"seq", p.seq}, {"sp", p.sp}, {"batch", p.batch}, {"variant_id", variant_id(v)}, {"rank", m.rank},
+              {"ranks_run", b.o.phantom && p.sp > 1 ? "phantom" : p.sp == 1 ? "single" : "threads"}};
+  doc.update(json(options_report(opts)));
+  json ranks = json::array();
+  for (std::size_t i = 0; i < m.runs.size(); ++i) {
+    const int r = m.runs.size() == 1 ? m.rank : int(i);
+    ranks.push_back(json(rank_report(m.runs[i], r, r == m.rank ? m.memory : DeviceMemory{}, b.o.gpu)));
+  }
+  doc["ranks"] = ranks;
+  doc["repeats"] = repeats_report(m.repeats, m.rank, b.o.warmup);
+  doc["modeled"] = modeled_report(b.model, p.sp, m.run().traffic, m.reps());
   PointResult pr;
-  json doc = {{"seq", p.seq},
-              {"sp", p.sp},
-              {"batch", p.batch},
-              {"layout", layout_name(p.layout)},
-              {"kernel", kernel_name(p.kernel)},
-              {"variant", v.label()},
-              {"variant_id", variant_id(v)},
-              {"form", form_name(v.form)},
-              {"recompute", recompute_name(v.recompute)},
-              {"absorbed_attention", v.form == Form::Absorbed ? json(absorbed_attention_name(v.absorbed)) : json(nullptr)},
-              {"rank", m.rank},
-              {"ranks_run", b.o.phantom && p.sp > 1 ? "phantom" : p.sp == 1 ? "single" : "threads"},
-              {"memory", memory_json(b, run)},
-              {"traffic", traffic_json(run)},
-              {"flops", {{"forward", flops_json(run.fwd)}, {"backward", flops_json(run.bwd)},
-                         {"total", run.fwd.total_flops() + run.bwd.total_flops()}}},
-              {"time", time_json(b, m, reps)},
-              {"modeled", modeled_json(b, p, run, reps, pr)},
-              {"per_rank", per_rank_json(p, m)}};
-  if (b.o.check && m.have_result) doc["check"] = check_json(p, m, reference, explicit_p1, pr.check);
-  if (b.o.gemm_check) doc["gemms"] = gemms_json(b, m, pr.gemms);
-  if (b.o.op_profile) doc["ops"] = ops_json(b, m, pr.ops);
-  if (!m.timed.empty()) doc["exposed_communication"] = exposed_json(b, p, m, reps, pr.exposed);
-  if (b.device == Device::Cuda) doc["attention_calls"] = attention_calls_report(*b.ranks.at(0).be);
+  if (b.o.check && m.have_result) {
+    doc["check"] = point_check_report(m.result, reference, explicit_p1, p.sp == 1 && v.form != Form::Explicit);
+    pr.check = check_cell(p, doc["check"]);
+  }
+  if (b.o.gemm_check) {
+    doc["gemms"] = gemms_report(m.gemms, m.gemm_records, b.o.repeat, std::max(1, b.o.warmup));
+    pr.gemms = gemms_line(doc["gemms"]);
+  }
+  if (b.o.op_profile) {
+    doc["ops"] = ops_report(m.op_records, b.o.repeat);
+    pr.ops = ops_lines(doc["ops"]);
+  }
+  if (!m.timed.empty()) {
+    doc["exposed_communication"] = exposed_report(b.model, p.sp, m.run().traffic, m.reps(), m.timed);
+    pr.exposed = exposed_lines(doc["exposed_communication"]);
+  }
+  if (b.device == Device::Cuda) doc["attention_calls"] = json(attention_calls_report(*b.ranks.at(0).be));
+  const json& mine = ranks[m.runs.size() == 1 ? 0 : std::size_t(m.rank)];
+  const json& rep = doc["repeats"];
+  pr.saved = mine["saved_bytes"].get<double>();
+  pr.peak_bwd = mine["peak_backward_bytes"].get<double>();
+  pr.sent = mine["bytes_sent"].get<double>();
+  for (const char* k : {"flops_forward", "flops_backward"})
+    for (const auto& [ph, f] : mine[k].items()) pr.gflop += f.get<double>() * 1e-9;
+  pr.fwd = rep["forward"]["total"]["median"].get<double>();
+  pr.bwd = rep["backward"]["total"]["median"].get<double>();
+  const json& blk = rep["block"];
+  pr.spread = blk["median"].get<double>() != 0
+                  ? (blk["q3"].get<double>() - blk["q1"].get<double>()) / blk["median"].get<double>() : 0.0;
+  for (const json& pl : doc["modeled"]["placements"])
+    (pl["placement"] == "node" ? pr.modeled_node : pr.modeled_cross) = pl["block_s"].get<double>();
   pr.doc = std::move(doc);
-  pr.saved = double(run.saved_bytes);
-  pr.peak_bwd = double(run.bwd.peak_bytes);
-  pr.sent = double(bytes_sent(run.traffic));
-  pr.gflop = (run.fwd.total_flops() + run.bwd.total_flops()) * 1e-9;
-  std::vector<double> f, bw;
-  for (const auto& r : reps) f.push_back(r.fwd.total_seconds()), bw.push_back(r.bwd.total_seconds());
-  pr.fwd = summarize(f);
-  pr.bwd = summarize(bw);
-  pr.block = summarize(block_times(reps));
   return pr;
 }
 
@@ -674,32 +448,18 @@ std::string canonical_command(const BenchOptions& o, const std::string& dtype) {
   return c.str();
 }
 
-// The document indented, except each point on one line (short, and a diff shows which points changed).
-std::string document_text(const json& doc) {
-  json head = doc;
-  head["points"] = json::array();
-  std::string text = head.dump(1);
-  std::string points = "[";
-  for (std::size_t i = 0; i < doc["points"].size(); ++i) points += (i ? ",\n  " : "\n  ") + doc["points"][i].dump();
-  points += doc["points"].empty() ? "]" : "\n ]";
-  const std::string key = "\"points\": []";
-  const auto at = text.find(key);
-  LAGA_CHECK(at != std::string::npos, "points missing from the document");
-  return text.replace(at, key.size(), "\"points\": " + points);
-}
-
 void write_atomically(const std::string& path, const json& doc) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);
     LAGA_REQUIRE(f.good(), "out = '", path, "': cannot open ", tmp, " for writing");
-    f << document_text(doc) << "\n";
+    f << bench_document_text(doc) << "\n";
     LAGA_CHECK(f.good(), "writing ", tmp, " failed");
   }
   std::filesystem::rename(tmp, path);
 }
 
-std::string ms(const Summary& s) { return fmt("%.2f", s.median * 1e3); }
+std::string ms(double seconds) { return fmt("%.2f", seconds * 1e3); }
 
 // The grid of a sweep, parsed.
 struct Grid {
@@ -867,7 +627,7 @@ void print_point_row(const Bench& b, std::size_t i, std::size_t n, const Point& 
               std::to_string(p.batch).c_str(), layout_name(p.layout), kernel_name(p.kernel), kAllVariants[p.variant].label(),
               human_bytes(pr.saved).c_str(), human_bytes(pr.peak_bwd).c_str(), human_bytes(pr.sent).c_str(),
               fmt("%.3f", pr.gflop).c_str(), ms(pr.fwd).c_str(), ms(pr.bwd).c_str(),
-              fmt("%.0f%%", 100 * pr.block.relative_iqr()).c_str(), fmt("%.2f", pr.modeled_node * 1e3).c_str(),
+              fmt("%.0f%%", 100 * pr.spread).c_str(), fmt("%.2f", pr.modeled_node * 1e3).c_str(),
               fmt("%.2f", pr.modeled_cross * 1e3).c_str(), b.o.check ? ("  " + pr.check).c_str() : "");
   if (!pr.gemms.empty()) std::printf("%9s %s\n", "", pr.gemms.c_str());
   for (const std::string& line : pr.ops) std::printf("%9s %s\n", "", line.c_str());
