@@ -38,7 +38,6 @@ def flops_total(rank):
 
 GB = 1e9
 MiB = 1024.0 ** 2
-LAYERS = 61  # DeepSeek-V3's attention layers (its config.json's num_hidden_layers; laga's preset does not carry it)
 LAGA = os.path.join(HERE, "..", "build", "laga")  # the binary whose `laga plan --json` gives the closed forms
 _PLANS = {}
 
@@ -396,6 +395,7 @@ class Claims:
         self.dsv3_docs = [(s, d) for s, d in docs if is_dsv3(d)]
         self.small = [(s, d) for s, d in docs if not is_dsv3(d)]
         self.models = sorted({d["config"]["model"]["name"] for _, d in docs})
+        self.layers = dsv3()["num_hidden_layers"]  # DeepSeek-V3's decoder layers, each with one attention block
         self.gpu_cmd = ("`laga bench --device cuda --model deepseek-v3 --phantom --seq 4096,8192,16384 --sp 1,2,4,8 "
                         "--kernel eager,fused --out bench/results/h200-deepseek-v3.json` on a GPU")
 
@@ -423,7 +423,7 @@ def claim_inflation(c):
 
 def claim_absorbed_gap(c):
     """The absorbed gap at DeepSeek-V3: 9.2 GB with the eager kernel, 19.2 GB fused."""
-    dsv3_docs, small, gpu_cmd = c.dsv3_docs, c.small, c.gpu_cmd
+    dsv3_docs, small, gpu_cmd, layers = c.dsv3_docs, c.small, c.gpu_cmd, c.layers
     rows = []
     # 2. 9.2 GB, eager, DeepSeek-V3, S=16k, SP=8 -- where measured there in bf16; else the plan's figure alone
     def dsv3_gap(kernel, variant):
@@ -435,16 +435,17 @@ def claim_absorbed_gap(c):
     g2 = dsv3_gap("eager", "absorbed (mqa)")
     eager = plan_point(plan_doc("deepseek-v3", "a2a", "bfloat16", [16384], [8], kernel="eager"), 16384, 8)
     plan_gap = eager["absorbed (mqa)"]["saved_bytes"] - eager["explicit"]["saved_bytes"]
+    model_gap = eager["absorbed (mqa)"]["model_total"]["saved_bytes"] - eager["explicit"]["model_total"]["saved_bytes"]
     plan_note = (f"The plan, which equals measurement exactly, gives {plan_gap / GB:.3f} GB per layer, "
-                 f"{plan_gap * LAYERS / GB:.1f} GB over {LAYERS} layers ([plan-deepseek-v3.md](plan-deepseek-v3.md)).")
+                 f"{model_gap / GB:.1f} GB over {layers} layers ([plan-deepseek-v3.md](plan-deepseek-v3.md)).")
     if g2:
         how, gap = g2
-        total = gap * LAYERS / GB
+        total = gap * layers / GB  # the measured layer's gap, in every layer
         rows.append(("Up to 9.2 GB more at n_h=128, S=16384, SP=8, eager",
                      f"{how}: absorbed (mqa) keeps {gap / GB:.3f} GB per layer more than explicit, {total:.1f} GB "
-                     f"over {LAYERS} layers. {plan_note}",
+                     f"over {layers} layers. {plan_note}",
                      "reproduced within 15%" if abs(total - 9.2) <= 0.15 * 9.2 else
-                     f"not reproduced as stated ({total:.1f} GB over {LAYERS} layers vs 9.2 GB; per layer "
+                     f"not reproduced as stated ({total:.1f} GB over {layers} layers vs 9.2 GB; per layer "
                      f"{gap / GB:.2f} GB). The gap is q_abs and o_lat (n_h x 512 per token) against q/k/v/o "
                      "(n_h x 192/128); eager probabilities are the same in both forms."))
     else:
@@ -466,12 +467,12 @@ def claim_absorbed_gap(c):
     e_gap = g2[1] if g2 else None
     ds = ""
     if f_mqa and f_exp:
-        ds = (f" At DeepSeek-V3 ({f_mqa[0]}): fused native MQA {f_mqa[1] * LAYERS / GB:.1f} GB, latent expanded per "
-              f"head {f_exp[1] * LAYERS / GB:.1f} GB over {LAYERS} layers" +
-              (f" (eager {e_gap * LAYERS / GB:.1f} GB)." if e_gap else "."))
+        ds = (f" At DeepSeek-V3 ({f_mqa[0]}): fused native MQA {f_mqa[1] * layers / GB:.1f} GB, latent expanded per "
+              f"head {f_exp[1] * layers / GB:.1f} GB over {layers} layers" +
+              (f" (eager {e_gap * layers / GB:.1f} GB)." if e_gap else "."))
     size = ""
     if f_mqa and f_exp:
-        close = [n for n, g in (("native MQA", f_mqa[1]), ("expanded", f_exp[1])) if abs(g * LAYERS / GB - 19.2) <= 0.15 * 19.2]
+        close = [n for n, g in (("native MQA", f_mqa[1]), ("expanded", f_exp[1])) if abs(g * layers / GB - 19.2) <= 0.15 * 19.2]
         size = (f"; the 19.2 GB size is matched within 15% by {', '.join(close)}" if close else
                 "; the 19.2 GB size is not matched by either variant")
     rows.append(("The gap widens to 19.2 GB under a fused kernel",
@@ -622,9 +623,9 @@ def claim_traffic(c):
     S, P = 16384, 8  # the paper's point
     a2a = plan_point(plan_doc("deepseek-v3", "a2a", "bfloat16", [S], [P]), S, P)
     ag = plan_point(plan_doc("deepseek-v3", "all_gather", "bfloat16", [S], [P]), S, P)
-    r = plan_table.traffic_ratios(a2a, P)  # as sent, and the plan's records under two what-ifs
+    r = plan_table.traffic_ratios(a2a)  # as sent, and under the plan's two other accountings of the latent
     ds, ds_bf16, alt = r["as_sent"], r["latent_grad_bf16"], r["latent_as_all_to_all"]
-    ag = plan_table.traffic_ratios(ag, P)["as_sent"]
+    ag = plan_table.traffic_ratios(ag)["as_sent"]
     rows.append(("Collective communication cut 1.98x",
                  f"measured, a2a, explicit / LAGA bytes sent ({', '.join(models)}): {meas}. The closed form of "
                  f"DESIGN.md section 3 equals the measured bytes at {exact} of {total} points; at DeepSeek-V3, SP=8 "

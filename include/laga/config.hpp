@@ -29,6 +29,10 @@ struct MlaConfig {
   double rope_theta = 10000.0;
   std::optional<YarnScaling> rope_scaling;  // nullopt = plain RoPE
   double rms_norm_eps = 1e-6;
+  // The model's decoder layers, each with one attention block (DeepSeek-V3: 61); nullopt when the config.json
+  // does not give it. Model-level figures of the plan (its model_total) are a layer's times this; the device
+  // fit's layer count (`laga plan --layers`, the layers one device holds) is a separate option.
+  std::optional<long> num_hidden_layers;
 
   long qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   long latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }  // the gathered latent width
@@ -38,6 +42,8 @@ struct MlaConfig {
 
 // The widest RoPE part validate() accepts (DeepSeek's is 64): its frequency table is built on every rank.
 inline constexpr long kMaxRopeHeadDim = 1L << 16;
+// The most layers validate() accepts, far above any model's (the plan's model totals are checked besides).
+inline constexpr long kMaxHiddenLayers = 1L << 20;
 
 // Throws InvalidArgument naming the field, the value and the rule; also refuses a configuration whose widths
 // or weights (in float64 bytes, with their gradients) do not fit in 64 bits.

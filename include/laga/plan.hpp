@@ -42,6 +42,31 @@ RankPlan plan_rank(const MlaConfig&, const BlockOptions&, const BlockShape&);
 // CountingCommunicator counts them.
 std::vector<CollectiveRecord> expected_traffic(const MlaConfig&, const BlockOptions&, const BlockShape&);
 
+// The plan's traffic under two other accountings of the latent's collectives (tensor kv_latent), from its
+// records; every other record counts as sent. 0 latent records (explicit): both equal bytes_sent().
+struct TrafficWhatIf {
+  // The latent's gradient (kv_latent, backward) in the plan's dtype instead of the accumulation dtype it
+  // travels in (bf16: half its bytes; float32 and float64: unchanged).
+  std::size_t latent_grad_in_dtype = 0;
+  // As latent_grad_in_dtype, and the latent's all-gather and reduce-scatter counted as (P-1)/P of their input,
+  // like an all-to-all, instead of the input to each of the P-1 other ranks: 1/P of their records. Ring shifts
+  // (p2p) count as sent. Not a whole number of bytes when P does not divide the record.
+  double latent_as_all_to_all = 0;
+};
+TrafficWhatIf traffic_what_if(const RankPlan&);
+
+// The whole model at the plan's point: a layer's figures times cfg.num_hidden_layers (every layer's attention
+// block is the same), or nullopt when the configuration does not give its layer count. Throws InvalidArgument
+// when a total does not fit in 64 bits.
+struct ModelTotal {
+  long layers = 0;                // cfg.num_hidden_layers
+  std::size_t saved_bytes = 0;    // saved_bytes x layers: what all layers keep from forward to backward
+  std::size_t bytes_sent = 0;     // bytes_sent() x layers
+  std::size_t bytes_received = 0;
+  double flops = 0;               // forward + backward FLOPs x layers
+};
+std::optional<ModelTotal> model_total(const RankPlan&);
+
 // Memory of `layers` stacked attention blocks on one rank: all layers' saved tensors at the end of
 // forward, plus the larger transient peak of one layer's forward or backward.
 struct DeviceFit {

@@ -51,9 +51,12 @@ std::vector<PlanPoint> plan_points(const PlanQuery&);
 std::int64_t plan_cudnn_workspace(const PlanQuery&, const PlanPoint&, bool deterministic = true);
 
 // One rank's plan as the document holds it: saved tensors, peaks, traffic (the block's own, on the meta
-// backend) and FLOPs, the device fit, the closed-form traffic (expected_traffic, DESIGN.md section 3), and
-// the collectives priced by the alpha-beta model at each standard placement (labelled "modeled").
-nlohmann::json plan_to_json(const RankPlan&, const DeviceFit&, const TimeModel&);
+// backend) and FLOPs, the device fit, the closed-form traffic (expected_traffic, DESIGN.md section 3), the
+// collectives priced by the alpha-beta model at each standard placement (labelled "modeled"), the traffic
+// under the latent's other accountings (traffic_what_if) and, when the configuration gives its layer count,
+// the whole model's totals (model_total). With `explicit_plan` (the explicit variant's plan at the same
+// point) and bytes to send: explicit's byte totals over this plan's (explicit_over_this). docs/architecture.md
+nlohmann::json plan_to_json(const RankPlan&, const DeviceFit&, const TimeModel&, const RankPlan* explicit_plan = nullptr);
 
 // The alpha-beta model as the documents record it (plan and bench): its links, node size and placements.
 nlohmann::json time_model_json(const TimeModel&);

@@ -206,6 +206,9 @@ void validate(const MlaConfig& c) {
   LAGA_REQUIRE(c.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim = ", c.qk_rope_head_dim,
                ": must be even (RoPE rotates pairs)");
   positive(c.v_head_dim, "v_head_dim");
+  if (c.num_hidden_layers)
+    LAGA_REQUIRE(*c.num_hidden_layers > 0 && *c.num_hidden_layers <= kMaxHiddenLayers, "num_hidden_layers = ",
+                 *c.num_hidden_layers, ": must be an integer in [1, ", kMaxHiddenLayers, "], or absent");
   try {
     validate_config_sizes(c);
   } catch (const InvalidArgument& e) {
@@ -245,16 +248,19 @@ void validate(const MlaConfig& c) {
 
 // One row per preset, in MlaConfig's field order: name, hidden_size, num_attention_heads, q_lora_rank
 // (nullopt = none), kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, rope_theta, YaRN {factor,
-// mscale, mscale_all_dim, beta_fast, beta_slow, original_max_position_embeddings}, rms_norm_eps.
+// mscale, mscale_all_dim, beta_fast, beta_slow, original_max_position_embeddings}, rms_norm_eps,
+// num_hidden_layers (nullopt for the test models, which stand for no real one).
 const std::vector<MlaConfig>& preset_table() {
   static const std::vector<MlaConfig> table = {
       // deepseek-ai/DeepSeek-V3 config.json
-      {"deepseek-v3", 7168, 128, 1536, 512, 128, 64, 128, 10000.0, YarnScaling{40.0, 1.0, 1.0, 32.0, 1.0, 4096}, 1e-6},
+      {"deepseek-v3", 7168, 128, 1536, 512, 128, 64, 128, 10000.0, YarnScaling{40.0, 1.0, 1.0, 32.0, 1.0, 4096}, 1e-6,
+       61},
       // deepseek-ai/DeepSeek-V2-Lite config.json: no query compression.
       {"deepseek-v2-lite", 2048, 16, std::nullopt, 512, 128, 64, 128, 10000.0,
-       YarnScaling{40.0, 0.707, 0.707, 32.0, 1.0, 4096}, 1e-6},
+       YarnScaling{40.0, 0.707, 0.707, 32.0, 1.0, 4096}, 1e-6, 27},
       // moonshotai/Kimi-K2-Instruct config.json (the 0905 release raised factor to 64).
-      {"kimi-k2", 7168, 64, 1536, 512, 128, 64, 128, 50000.0, YarnScaling{32.0, 1.0, 1.0, 1.0, 1.0, 4096}, 1e-6},
+      {"kimi-k2", 7168, 64, 1536, 512, 128, 64, 128, 50000.0, YarnScaling{32.0, 1.0, 1.0, 1.0, 1.0, 4096}, 1e-6,
+       61},
       // For unit tests: every width distinct where it can be, query compression on, and YaRN with
       // original_max_position_embeddings = 16 so the interpolation changes 3 of the 4 frequencies
       // (correction range [0, 1]) at sequence lengths tests can afford. mscale = mscale_all_dim = 1
@@ -313,6 +319,8 @@ MlaConfig config_from_json(const std::string& json_text, const std::string& sour
   c.qk_rope_head_dim = req_long("qk_rope_head_dim");
   c.v_head_dim = req_long("v_head_dim");
   c.rms_norm_eps = opt_double(j, "rms_norm_eps", 1e-6, "", src);
+  if (auto it = j.find("num_hidden_layers"); it != j.end() && !it->is_null())
+    c.num_hidden_layers = as_long(*it, "num_hidden_layers", src);
 
   // rope_scaling is the DeepSeek/Kimi key; transformers v5 writes rope_parameters (with rope_theta inside).
   const auto rs = j.find("rope_scaling");
@@ -390,6 +398,7 @@ std::string config_to_json(const MlaConfig& c) {
     j["rope_scaling"] = nullptr;
   }
   j["rms_norm_eps"] = c.rms_norm_eps;
+  if (c.num_hidden_layers) j["num_hidden_layers"] = *c.num_hidden_layers;
   return j.dump(2) + "\n";
 }
 

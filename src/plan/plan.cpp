@@ -127,6 +127,34 @@ std::vector<CollectiveRecord> expected_traffic(const MlaConfig& cfg, const Block
   return out;
 }
 
+TrafficWhatIf traffic_what_if(const RankPlan& p) {
+  const std::size_t es = dtype_size(p.opts.dtype), es_grad = dtype_size(accum_dtype(p.opts.dtype));
+  const int P = p.shape.ranks;
+  TrafficWhatIf w;
+  for (const CollectiveRecord& r : p.traffic) {
+    const bool latent = r.tensor == "kv_latent";
+    // The latent's gradient travels in the accumulation dtype: its bytes are whole multiples of es_grad.
+    const std::size_t b = latent && r.phase == Phase::Backward ? r.bytes_sent / es_grad * es : r.bytes_sent;
+    const bool gathered = latent && (r.kind == CollectiveKind::AllGather || r.kind == CollectiveKind::ReduceScatter);
+    w.latent_grad_in_dtype += b;
+    w.latent_as_all_to_all += gathered ? double(b) / P : double(b);
+  }
+  return w;
+}
+
+std::optional<ModelTotal> model_total(const RankPlan& p) {
+  if (!p.cfg.num_hidden_layers) return std::nullopt;
+  const std::int64_t L = *p.cfg.num_hidden_layers;
+  auto times = [&](std::size_t b, const char* what) {
+    return std::size_t(checked_mul(std::int64_t(b), L, what));
+  };
+  return ModelTotal{.layers = L,
+                    .saved_bytes = times(p.saved_bytes, "saved bytes x num_hidden_layers"),
+                    .bytes_sent = times(p.bytes_sent(), "bytes sent x num_hidden_layers"),
+                    .bytes_received = times(p.bytes_received(), "bytes received x num_hidden_layers"),
+                    .flops = (p.fwd.total_flops() + p.bwd.total_flops()) * double(L)};
+}
+
 DeviceFit device_fit(const RankPlan& p, int layers) {
   LAGA_REQUIRE(layers >= 1, "layers = ", layers, ": must be >= 1");
   DeviceFit f;

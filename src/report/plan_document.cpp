@@ -1,4 +1,5 @@
 // The plan document: every variant's per-rank plan over a grid of (seq, sp), as JSON.
+#include <algorithm>
 #include <limits>
 
 #include "laga/attention_provider.hpp"
@@ -61,6 +62,25 @@ nlohmann::json modeled_json(const RankPlan& p, const TimeModel& model) {
           {"placements", placements}};
 }
 
+// The plan's traffic under the two other accountings of the latent (traffic_what_if).
+nlohmann::json what_if_json(const TrafficWhatIf& w) {
+  return {{"latent_grad_in_dtype_bytes_sent", w.latent_grad_in_dtype},
+          {"latent_as_all_to_all_bytes_sent", w.latent_as_all_to_all}};
+}
+
+// Explicit's bytes sent over this plan's, as sent and under each accounting (this plan sends some).
+nlohmann::json explicit_over_json(const RankPlan& p, const RankPlan& ex) {
+  const TrafficWhatIf w = traffic_what_if(p), e = traffic_what_if(ex);
+  return {{"bytes_sent", double(ex.bytes_sent()) / double(p.bytes_sent())},
+          {"latent_grad_in_dtype_bytes_sent", double(e.latent_grad_in_dtype) / double(w.latent_grad_in_dtype)},
+          {"latent_as_all_to_all_bytes_sent", e.latent_as_all_to_all / w.latent_as_all_to_all}};
+}
+
+nlohmann::json model_total_json(const ModelTotal& t) {
+  return {{"num_hidden_layers", t.layers}, {"saved_bytes", t.saved_bytes}, {"bytes_sent", t.bytes_sent},
+          {"bytes_received", t.bytes_received}, {"flops", t.flops}};
+}
+
 nlohmann::json link_json(const Link& l) {
   return {{"name", l.name}, {"bandwidth_bytes_per_s", l.bandwidth}, {"latency_s", l.latency}, {"source", l.source}};
 }
@@ -80,7 +100,7 @@ nlohmann::json time_model_json(const TimeModel& m) {
                           {{"name", "cross-node"}, {"ranks_per_node", 1}}}}};
 }
 
-nlohmann::json plan_to_json(const RankPlan& p, const DeviceFit& fit, const TimeModel& model) {
+nlohmann::json plan_to_json(const RankPlan& p, const DeviceFit& fit, const TimeModel& model, const RankPlan* ex) {
   nlohmann::json saved = nlohmann::json::array();
   for (const auto& t : p.saved)
     saved.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"bytes", t.bytes}});
@@ -90,12 +110,17 @@ nlohmann::json plan_to_json(const RankPlan& p, const DeviceFit& fit, const TimeM
     for (int i = 0; i < kOpPhaseCount; ++i) j[op_phase_name(OpPhase(i))] = s.flops[i];
     return j;
   };
-  return {{"saved_bytes", p.saved_bytes}, {"peak_forward_bytes", p.peak_forward}, {"peak_backward_bytes", p.peak_backward},
-          {"bytes_sent", p.bytes_sent()}, {"bytes_received", p.bytes_received()}, {"saved", saved}, {"traffic", traffic},
-          {"flops_forward", flops(p.fwd)}, {"flops_backward", flops(p.bwd)},
-          {"device", {{"activation_peak_bytes", fit.activation_peak}, {"weights_and_grads_bytes", fit.weights_and_grads},
-                      {"total_bytes", fit.total()}}},
-          {"closed_form", closed_form_json(p)}, {"modeled", modeled_json(p, model)}};
+  nlohmann::json j = {
+      {"saved_bytes", p.saved_bytes}, {"peak_forward_bytes", p.peak_forward}, {"peak_backward_bytes", p.peak_backward},
+      {"bytes_sent", p.bytes_sent()}, {"bytes_received", p.bytes_received()}, {"saved", saved}, {"traffic", traffic},
+      {"flops_forward", flops(p.fwd)}, {"flops_backward", flops(p.bwd)},
+      {"device", {{"activation_peak_bytes", fit.activation_peak}, {"weights_and_grads_bytes", fit.weights_and_grads},
+                  {"total_bytes", fit.total()}}},
+      {"closed_form", closed_form_json(p)}, {"modeled", modeled_json(p, model)},
+      {"traffic_what_if", what_if_json(traffic_what_if(p))}};
+  if (ex && p.bytes_sent() > 0) j["explicit_over_this"] = explicit_over_json(p, *ex);
+  if (const std::optional<ModelTotal> t = model_total(p)) j["model_total"] = model_total_json(*t);
+  return j;
 }
 
 std::int64_t plan_cudnn_workspace(const PlanQuery& q, const PlanPoint& pt, bool deterministic) {
@@ -123,8 +148,11 @@ nlohmann::json plan_document(const PlanQuery& q, const std::vector<PlanPoint>& p
   if (q.gpu_mem_bytes > 0) doc["gpu_mem_bytes"] = q.gpu_mem_bytes;
   for (const PlanPoint& pt : points) {
     nlohmann::json point = {{"seq", pt.seq}, {"sp", pt.sp}, {"rank", pt.rank}, {"variants", nlohmann::json::object()}};
+    const auto ex = std::find_if(pt.plans.begin(), pt.plans.end(), [](const RankPlan& p) { return p.opts.form == Form::Explicit; });
+    const RankPlan* explicit_plan = ex == pt.plans.end() ? nullptr : &*ex;
     for (std::size_t i = 0; i < pt.plans.size(); ++i)
-      point["variants"][variant_of(pt.plans[i].opts).label()] = plan_to_json(pt.plans[i], device_fit(pt.plans[i], q.layers), q.model);
+      point["variants"][variant_of(pt.plans[i].opts).label()] =
+          plan_to_json(pt.plans[i], device_fit(pt.plans[i], q.layers), q.model, explicit_plan);
     if (const std::int64_t ws = plan_cudnn_workspace(q, pt); ws > 0) point["cudnn_workspace_bytes"] = ws;
     if (const std::int64_t ws = plan_cudnn_workspace(q, pt, false); ws > 0)
       point["cudnn_nondeterministic_workspace_bytes"] = ws;

@@ -46,6 +46,27 @@ assert peak(v["laga"]) < peak(ag["points"][0]["variants"]["laga"]) / 2
 PY
 rm -f "$json.ag"
 
+# The model's layer count and the whole-model totals: in the document, which the report scripts read instead of
+# a constant of their own.
+"$laga" plan --model deepseek-v3 --seq 16384 --sp 8 --json >"$json" || fail "plan --model deepseek-v3 --json exited $?"
+python3 - "$json" <<'PY' || fail "plan --json lacks the model's layer count, its totals or the traffic what-ifs"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["model"]["num_hidden_layers"] == 61 and d["layers"] == 1, (d["model"], d["layers"])
+for name, v in d["points"][0]["variants"].items():
+    t = v["model_total"]
+    assert t["num_hidden_layers"] == 61 and t["saved_bytes"] == 61 * v["saved_bytes"], (name, t)
+    w, r = v["traffic_what_if"], v["explicit_over_this"]
+    assert w["latent_as_all_to_all_bytes_sent"] <= w["latent_grad_in_dtype_bytes_sent"] <= v["bytes_sent"], (name, w)
+    assert r["bytes_sent"] <= r["latent_grad_in_dtype_bytes_sent"] <= r["latent_as_all_to_all_bytes_sent"], (name, r)
+PY
+root=$(cd "$(dirname "$0")/../.." && pwd)
+for script in plan_table.py results.py; do
+  ! grep -nE '(^|[^0-9.])61([^0-9]|$)' "$root/scripts/$script" ||
+    fail "scripts/$script holds DeepSeek-V3's layer count; read model.num_hidden_layers from laga plan --json"
+  grep -q '"num_hidden_layers"' "$root/scripts/$script" || fail "scripts/$script does not read num_hidden_layers"
+done
+
 expect_error() {  # expected message fragment, then the arguments
   local msg="$1"; shift
   err=$("$laga" plan "$@" 2>&1 >/dev/null); code=$?

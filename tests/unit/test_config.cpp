@@ -46,6 +46,7 @@ void expect_same(const MlaConfig& a, const MlaConfig& b) {
   EXPECT_EQ(a.v_head_dim, b.v_head_dim);
   EXPECT_EQ(a.rope_theta, b.rope_theta);
   EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
+  EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);
   ASSERT_EQ(a.rope_scaling.has_value(), b.rope_scaling.has_value());
   if (a.rope_scaling) {
     EXPECT_EQ(a.rope_scaling->factor, b.rope_scaling->factor);
@@ -141,6 +142,7 @@ TEST(Presets, DeepSeekV3MatchesItsConfigJson) {
   EXPECT_EQ(c.rope_scaling->beta_fast, 32.0);
   EXPECT_EQ(c.rope_scaling->beta_slow, 1.0);
   EXPECT_EQ(c.rope_scaling->original_max_position_embeddings, 4096);
+  EXPECT_EQ(c.num_hidden_layers, 61);
 }
 
 TEST(Presets, DeepSeekV2LiteHasNoQueryCompression) {
@@ -154,6 +156,7 @@ TEST(Presets, DeepSeekV2LiteHasNoQueryCompression) {
   EXPECT_EQ(c.rope_scaling->factor, 40.0);
   EXPECT_EQ(c.rope_scaling->mscale, 0.707);
   EXPECT_EQ(c.rope_scaling->mscale_all_dim, 0.707);
+  EXPECT_EQ(c.num_hidden_layers, 27);
 }
 
 TEST(Presets, KimiK2) {
@@ -166,6 +169,13 @@ TEST(Presets, KimiK2) {
   EXPECT_EQ(c.rope_scaling->factor, 32.0);
   EXPECT_EQ(c.rope_scaling->beta_fast, 1.0);  // equal betas: the low == high branch of the ramp is reachable
   EXPECT_EQ(c.rope_scaling->beta_slow, 1.0);
+  EXPECT_EQ(c.num_hidden_layers, 61);
+}
+
+TEST(Presets, TestModelsGiveNoLayerCount) {
+  EXPECT_FALSE(preset("tiny").num_hidden_layers.has_value());
+  EXPECT_FALSE(preset("small").num_hidden_layers.has_value());
+  EXPECT_EQ(config_to_json(preset("tiny")).find("num_hidden_layers"), std::string::npos);
 }
 
 TEST(Presets, TinyAndSmallHaveTheDocumentedShapes) {
@@ -236,6 +246,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"odd_rope", [](MlaConfig& c) { c.qk_rope_head_dim = 63; },
                   {"qk_rope_head_dim = 63: must be even (RoPE rotates pairs)"}},
         BadConfig{"zero_v", [](MlaConfig& c) { c.v_head_dim = 0; }, {"v_head_dim = 0", "positive"}},
+        BadConfig{"zero_layers", [](MlaConfig& c) { c.num_hidden_layers = 0; },
+                  {"num_hidden_layers = 0: must be an integer in [1, 1048576]"}},
+        BadConfig{"too_many_layers", [](MlaConfig& c) { c.num_hidden_layers = kMaxHiddenLayers + 1; },
+                  {"num_hidden_layers = 1048577"}},
         BadConfig{"zero_theta", [](MlaConfig& c) { c.rope_theta = 0; }, {"rope_theta = 0", "> 0"}},
         BadConfig{"nan_theta", [](MlaConfig& c) { c.rope_theta = std::nan(""); }, {"rope_theta = nan"}},
         BadConfig{"negative_eps", [](MlaConfig& c) { c.rms_norm_eps = -1e-6; },
@@ -326,6 +340,21 @@ TEST(ConfigJson, DefaultsForOptionalKeys) {
   EXPECT_EQ(c.rope_theta, 10000.0);
   EXPECT_EQ(c.rms_norm_eps, 1e-6);
   EXPECT_FALSE(c.rope_scaling.has_value());
+  EXPECT_FALSE(c.num_hidden_layers.has_value());
+}
+
+TEST(ConfigJson, NumHiddenLayersIsReadAndWritten) {
+  const char* text = R"({"hidden_size": 64, "num_attention_heads": 2, "q_lora_rank": null, "kv_lora_rank": 16,
+                         "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "num_hidden_layers": 5})";
+  const MlaConfig c = config_from_json(text, "x.json");
+  EXPECT_EQ(c.num_hidden_layers, 5);
+  EXPECT_NE(config_to_json(c).find("\"num_hidden_layers\": 5"), std::string::npos) << config_to_json(c);
+  const std::string msg = error_of([] {
+    config_from_json(R"({"hidden_size": 64, "num_attention_heads": 2, "q_lora_rank": null, "kv_lora_rank": 16,
+                         "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "num_hidden_layers": 2.5})",
+                     "bad.json");
+  });
+  EXPECT_NE(msg.find("num_hidden_layers = 2.5"), std::string::npos) << msg;
 }
 
 TEST(ConfigJson, YarnDefaultsAreThoseOfHuggingFace) {

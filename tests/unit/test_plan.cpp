@@ -142,6 +142,70 @@ TEST(PlanByHand, TrafficAtDeepSeekV3Size) {
   EXPECT_EQ(sent_backward(Form::Laga, Layout::AllGather), s * 4 * 576 * 7);
 }
 
+// The traffic under the latent's other accountings, by hand. Preset tiny (n_h=4, d_qk=16, d_v=8, latent 24
+// wide), S=16, batch 1, P=2: T=8 local tokens; bf16 (2 bytes), the latent's gradient in float32 (4 bytes).
+TEST(PlanByHand, TrafficWhatIfs) {
+  const MlaConfig tiny = preset("tiny");
+  const BlockShape sh{.batch = 1, .seq = 16, .ranks = 2, .rank = 1};
+  auto plan = [&](Form f, Layout l, DType dt) {
+    return plan_rank(tiny, BlockOptions{.form = f, .layout = l, .kernel = AttentionKernel::Fused, .dtype = dt}, sh);
+  };
+  // LAGA a2a (2 heads a rank): q 8*2*16*2 = 512 bytes each way, o 8*2*8*2 = 256 each way, the latent gathered
+  // 8*24*2 = 384 forward and its gradient reduce-scattered 8*24*4 = 768, each to the one other rank.
+  const RankPlan la = plan(Form::Laga, Layout::A2A, DType::BF16);
+  ASSERT_EQ(la.bytes_sent(), 2u * 512 + 2 * 256 + 384 + 768);
+  TrafficWhatIf w = traffic_what_if(la);
+  EXPECT_EQ(w.latent_grad_in_dtype, 2u * 512 + 2 * 256 + 384 + 384);      // the gradient in bf16: 384
+  EXPECT_EQ(w.latent_as_all_to_all, 2.0 * 512 + 2 * 256 + 384 / 2 + 384 / 2);  // (P-1)/P of 384, both ways
+  // Explicit has no latent: both accountings are as sent (q, k 512; v, o 256; each way).
+  const RankPlan ex = plan(Form::Explicit, Layout::A2A, DType::BF16);
+  ASSERT_EQ(ex.bytes_sent(), 2u * (512 + 512 + 256 + 256));
+  w = traffic_what_if(ex);
+  EXPECT_EQ(w.latent_grad_in_dtype, ex.bytes_sent());
+  EXPECT_EQ(w.latent_as_all_to_all, double(ex.bytes_sent()));
+  // all_gather: the latent alone, 384 forward and 768 back.
+  w = traffic_what_if(plan(Form::Laga, Layout::AllGather, DType::BF16));
+  EXPECT_EQ(w.latent_grad_in_dtype, 384u + 384);
+  EXPECT_EQ(w.latent_as_all_to_all, 192.0 + 192);
+  // p2p: the ring shifts the latent (384) forward and again in backward (kv_latent_resend, values: unchanged),
+  // and its gradient P = 2 times (2 x 768, in bf16 2 x 384); ring shifts count as sent.
+  const RankPlan ring = plan(Form::Laga, Layout::P2P, DType::BF16);
+  ASSERT_EQ(ring.bytes_sent(), 384u + 384 + 2 * 768);
+  w = traffic_what_if(ring);
+  EXPECT_EQ(w.latent_grad_in_dtype, 384u + 384 + 2 * 384);
+  EXPECT_EQ(w.latent_as_all_to_all, 384.0 + 384 + 2 * 384);
+  // float32: the gradient already travels in the dtype; only the all-to-all accounting changes (768 each way).
+  const RankPlan f32 = plan(Form::Laga, Layout::AllGather, DType::F32);
+  ASSERT_EQ(f32.bytes_sent(), 768u + 768);
+  w = traffic_what_if(f32);
+  EXPECT_EQ(w.latent_grad_in_dtype, 768u + 768);
+  EXPECT_EQ(w.latent_as_all_to_all, 384.0 + 384);
+}
+
+// The whole model: a layer's figures times num_hidden_layers; none when the configuration does not give it.
+TEST(PlanByHand, ModelTotalIsALayerTimesTheLayerCount) {
+  MlaConfig tiny = preset("tiny");
+  const BlockOptions opts{.form = Form::Explicit, .layout = Layout::A2A, .kernel = AttentionKernel::Fused,
+                          .dtype = DType::F32};
+  const BlockShape sh{.batch = 1, .seq = 8, .ranks = 1, .rank = 0};
+  EXPECT_FALSE(model_total(plan_rank(tiny, opts, sh)).has_value());
+  tiny.num_hidden_layers = 3;
+  const RankPlan p = plan_rank(tiny, opts, sh);
+  const std::optional<ModelTotal> t = model_total(p);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->layers, 3);
+  EXPECT_EQ(t->saved_bytes, 3u * 9920);  // PlanByHand.TinyExplicitFused's 9920 bytes a layer
+  EXPECT_EQ(t->bytes_sent, 0u);          // P = 1
+  EXPECT_EQ(t->flops, 3 * (p.fwd.total_flops() + p.bwd.total_flops()));
+  EXPECT_GT(t->flops, 0.0);
+  // At DeepSeek-V3 size, 61 layers, a2a, P = 8: LAGA sends 1/61 of the model's bytes in each layer.
+  const MlaConfig ds = preset("deepseek-v3");
+  const RankPlan la = plan_rank(ds, BlockOptions{.form = Form::Laga, .dtype = DType::BF16},
+                                BlockShape{.batch = 1, .seq = 8192, .ranks = 8, .rank = 7});
+  const std::size_t s = 1024;  // per layer: q and o each way (7/8 of 128*(192+128)), the latent to 7 ranks, back in float32
+  EXPECT_EQ(model_total(la)->bytes_sent, 61 * s * (2 * 2 * (24576 + 16384) * 7 / 8 + (2 + 4) * 576 * 7));
+}
+
 TEST(PlanInput, BadValuesAreRefused) {
   EXPECT_THROW(parse_bytes("abc"), InvalidArgument);
   EXPECT_THROW(parse_bytes("12XB"), InvalidArgument);

@@ -120,7 +120,8 @@ std::function<int()> add_plan(CLI::App& app, CLI::App*& sub) {
   sub->add_option("--layout", o->layout, "a2a, all_gather or p2p (p2p: explicit and laga)")->capture_default_str();
   sub->add_option("--kernel", o->kernel, "eager or fused")->capture_default_str();
   sub->add_option("--dtype", o->dtype, "bfloat16, float32 or float64")->capture_default_str();
-  sub->add_option("--layers", o->layers, "Attention layers on the device (DeepSeek-V3 has 61)")->capture_default_str();
+  sub->add_option("--layers", o->layers, "Attention layers on the device, for the fit (the model's own count, "
+                                         "num_hidden_layers, gives the document's model_total)")->capture_default_str();
   sub->add_option("--gpu-mem", o->gpu_mem, "Device memory for the fit column, e.g. 141GB or 80GiB");
   sub->add_flag("--json", o->json, "Print JSON instead of tables");
   sub->add_flag("--kv-grad-reduce-in-fp32", o->kv_grad_reduce_fp32,
