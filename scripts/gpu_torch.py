@@ -318,6 +318,8 @@ def main():
             t["overhead_vs_cli_ops"] = t["ms_median"] / t["cli"]["ms_fwd_bwd"] - 1
             t["overhead_vs_own_block"] = t["ms_median"] / t["block_ms_fwd_bwd"] - 1
             point["variants"][name] = t
+            with open(args.out, "w") as f:  # after every variant: a call cut short keeps what it measured
+                json.dump({**doc, "bench": doc["bench"] + [point]}, f, indent=1)
             del mod
             torch.cuda.empty_cache()
             print(f"S={seq} {name}: module {t['ms_median']:.2f} ms (its block {t['block_ms_fwd_bwd_span']:.2f} span, "

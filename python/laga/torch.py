@@ -134,6 +134,12 @@ class MultiheadLatentAttention(nn.Module):
                 raise ValueError("group is set but torch.distributed is not initialized")
             self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
             group_name = group.group_name
+            # The inputs' agreement before each forward (a few integers a rank) goes over a CPU group: over NCCL,
+            # reading its result back would make the host wait for the GPU, the previous step's backward
+            # included, at every step. Only the group's own ranks take part in making it.
+            backend = str(dist.get_backend(group)).lower()
+            self._agree_group = group if ("gloo" in backend or "mpi" in backend) else dist.new_group(
+                ranks=dist.get_process_group_ranks(group), backend="gloo", use_local_synchronization=True)
         else:
             self.rank, self.world, group_name = 0, 1, ""
         if layout == "a2a" and cfg["num_attention_heads"] % self.world:
@@ -221,15 +227,12 @@ class MultiheadLatentAttention(nn.Module):
             if code:
                 raise ValueError(message)
             return
-        backend = str(dist.get_backend(self.group)).lower()
-        on = torch.device("cpu") if ("gloo" in backend or "mpi" in backend) else torch.device(
-            "cuda", torch.cuda.current_device())
         shape = tuple(x.shape) if code == 0 or code > 1 else (0, 0, 0)
         mine = torch.tensor([code, shape[0], shape[1], _DTYPES.index(x.dtype) if code == 0 else -1],
-                            dtype=torch.int64, device=on)
+                            dtype=torch.int64)
         every = [torch.empty_like(mine) for _ in range(self.world)]
-        dist.all_gather(every, mine, group=self.group)
-        every = torch.stack(every).cpu().tolist()
+        dist.all_gather(every, mine, group=self._agree_group)
+        every = torch.stack(every).tolist()
         if code:
             raise ValueError(message)
         bad = [r for r, e in enumerate(every) if e[0]]
