@@ -95,7 +95,8 @@ class MultiheadLatentAttention(nn.Module):
     backward adds this step's gradient to (no zero fill, no cast); ``.grad`` stays None, or gets a placeholder
     where the parameter has ``grad_added_to_main_grad`` (set to True, as Megatron-Core's DDP expects).
     ``group``: the sequence-parallel ``torch.distributed`` group (gloo for CPU tensors, NCCL for CUDA
-    tensors); None = one rank.
+    tensors); None = one rank. With an NCCL group the module also makes a gloo group over the same ranks, once,
+    for the check of every rank's input before each forward, so that the check never waits for the GPU.
 
     ``forward(hidden_states)`` takes ``[batch, s_local, hidden_size]``, this rank's tokens of the sequence,
     ``x[:, laga.rank_positions(layout, S, P, r)]`` (a2a and all_gather: the contiguous chunk ``r*s_local ..
