@@ -117,7 +117,9 @@ build_stamp() {  # the commit the carried binaries were built from and the tree'
 out_dir() {  # $final: $OUT or /tmp/laga_gpu_<name>, with the build stamp in build.txt
   final=${OUT:-/tmp/laga_gpu_$1}
   mkdir -p "$final"
-  build_stamp "$([ -f "$dist/BUILD" ] || echo "no BUILD in $dist: not made by gpu.sh pack")" | tee "$final/build.txt"
+  # Not in a pipeline: build_stamp's exports must reach the commands that follow.
+  build_stamp "$([ -f "$dist/BUILD" ] || echo "no BUILD in $dist: not made by gpu.sh pack")" >"$final/build.txt"
+  cat "$final/build.txt"
 }
 
 work_dir() { work=$(mktemp -d "/tmp/laga_gpu_$1.XXXXXX"); }
