@@ -30,20 +30,12 @@ def plan(laga, layout, kernel, seqs=SEQS, sps=SPS, extra=()):
     return {(p["seq"], p["sp"]): p["variants"] for p in plan_doc(laga, layout, kernel, seqs, sps, extra)["points"]}
 
 
-def traffic_ratios(variants):
-    """explicit / LAGA bytes sent at one point of `laga plan --json` (its explicit_over_this): as the block sends
-    them, with the latent's gradient in the dtype (bf16) instead of float32, and with the latent's all-gather and
-    reduce-scatter counted like an all-to-all (docs/architecture.md, the plan document). Used by this page and by
-    scripts/results.py."""
-    r = variants["laga"]["explicit_over_this"]
-    return {"as_sent": r["bytes_sent"], "latent_grad_bf16": r["latent_grad_in_dtype_bytes_sent"],
-            "latent_as_all_to_all": r["latent_as_all_to_all_bytes_sent"]}
-
-
-def explicit_over_laga(variants):
-    """explicit / LAGA bytes sent, or None when nothing is sent (P = 1)."""
+def explicit_over_laga(variants, accounting="bytes_sent"):
+    """explicit / LAGA bytes sent at one point of `laga plan --json` (LAGA's explicit_over_this), None at P = 1:
+    as sent, or under another accounting of the latent (latent_grad_in_dtype_bytes_sent,
+    latent_as_all_to_all_bytes_sent; docs/architecture.md). Used by this page and by scripts/results.py."""
     r = variants["laga"].get("explicit_over_this")
-    return r["bytes_sent"] if r else None
+    return r[accounting] if r else None
 
 
 def pct(a, b):
@@ -156,10 +148,9 @@ def main():
                   "pays it back")))
     # 5. traffic 1.98x
     S, P = 16384, 8  # the paper's point
-    r = traffic_ratios(data[("a2a", "fused")][(S, P)])
-    t8, t8_bf16, alt = r["as_sent"], r["latent_grad_bf16"], r["latent_as_all_to_all"]
+    t8, t8_bf16, alt = (explicit_over_laga(data[("a2a", "fused")][(S, P)], a) for a in (
+        "bytes_sent", "latent_grad_in_dtype_bytes_sent", "latent_as_all_to_all_bytes_sent"))
     ag = data[("all_gather", "fused")][(S, P)]
-    ag_r = traffic_ratios(ag)
     # explicit with its K/V gradients reduced in float32 (--kv-grad-reduce-in-fp32, what LAGA's 1e-3 match in
     # bf16 all_gather needs)
     ag32 = plan(args.laga, "all_gather", "fused", seqs=[S], sps=[P], extra=["--kv-grad-reduce-in-fp32"])[(S, P)]
@@ -167,8 +158,8 @@ def main():
                  f"a2a, SP=8: {t8:.2f}x (explicit moves Q, K, V, O; LAGA moves Q, O and the 576-wide latent to "
                  f"7 ranks, its gradient back in float32). With the latent's gradient in bf16: {t8_bf16:.2f}x. "
                  f"Counting the latent all-gather like an all-to-all ((P-1)/P of its input, both ways in bf16) "
-                 f"gives {alt:.2f}x. all_gather layout: {ag_r['as_sent']:.1f}x ({ag_r['latent_grad_bf16']:.1f}x "
-                 "with a bf16 gradient; "
+                 f"gives {alt:.2f}x. all_gather layout: {explicit_over_laga(ag):.1f}x "
+                 f"({explicit_over_laga(ag, 'latent_grad_in_dtype_bytes_sent'):.1f}x with a bf16 gradient; "
                  f"{explicit_over_laga(ag32):.1f}x when explicit reduce-scatters its "
                  f"K/V gradients in float32, `--kv-grad-reduce-in-fp32`).",
                  "reproduced only under the paper's apparent accounting of the latent all-gather; with every byte "

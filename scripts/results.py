@@ -623,9 +623,10 @@ def claim_traffic(c):
     S, P = 16384, 8  # the paper's point
     a2a = plan_point(plan_doc("deepseek-v3", "a2a", "bfloat16", [S], [P]), S, P)
     ag = plan_point(plan_doc("deepseek-v3", "all_gather", "bfloat16", [S], [P]), S, P)
-    r = plan_table.traffic_ratios(a2a)  # as sent, and under the plan's two other accountings of the latent
-    ds, ds_bf16, alt = r["as_sent"], r["latent_grad_bf16"], r["latent_as_all_to_all"]
-    ag = plan_table.traffic_ratios(ag)["as_sent"]
+    # as sent, and under the plan's two other accountings of the latent
+    ds, ds_bf16, alt = (plan_table.explicit_over_laga(a2a, a) for a in (
+        "bytes_sent", "latent_grad_in_dtype_bytes_sent", "latent_as_all_to_all_bytes_sent"))
+    ag = plan_table.explicit_over_laga(ag)
     rows.append(("Collective communication cut 1.98x",
                  f"measured, a2a, explicit / LAGA bytes sent ({', '.join(models)}): {meas}. The closed form of "
                  f"DESIGN.md section 3 equals the measured bytes at {exact} of {total} points; at DeepSeek-V3, SP=8 "
