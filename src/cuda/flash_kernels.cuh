@@ -81,14 +81,13 @@ struct RowMap {
 
 // kRows x kCols of a global view into a swizzled shared tile; src(r) is row r's first element, or null for
 // rows past the end (zero-filled). kAligned: rows start 16-byte aligned (cp.async); else 2-byte loads.
-// kSlab: the wgmma layout (swz_k64) instead of swz.
+// kSlab: the wgmma layout (swz_k64) instead of swz. tid: the thread's index among the kThreads that load.
 template <int kRows, int kCols, int kThreads, bool kAligned, class RowSrc, bool kSlab = false>
-__device__ __forceinline__ void load_tile(bf16* s, const RowSrc& src) {
+__device__ __forceinline__ void load_tile(bf16* s, const RowSrc& src, const int tid) {
   constexpr int kChunks = kCols / 8;
   static_assert(kThreads % kRows == 0 || kRows % kThreads == 0, "threads and rows must nest");
   constexpr int kThreadsPerRow = kThreads >= kRows ? kThreads / kRows : 1;
   constexpr int kRowStep = kThreads / kThreadsPerRow;
-  const int tid = threadIdx.x;
   for (int r = tid / kThreadsPerRow; r < kRows; r += kRowStep) {
     const bf16* g = src(r);
 #pragma unroll 4
@@ -102,6 +101,10 @@ __device__ __forceinline__ void load_tile(bf16* s, const RowSrc& src) {
         copy8_unaligned(d, g + c * 8);
     }
   }
+}
+template <int kRows, int kCols, int kThreads, bool kAligned, class RowSrc, bool kSlab = false>
+__device__ __forceinline__ void load_tile(bf16* s, const RowSrc& src) {
+  load_tile<kRows, kCols, kThreads, kAligned, RowSrc, kSlab>(s, src, int(threadIdx.x));
 }
 
 // Per-row fp32 values (lse, D) of rows row0.. into shared memory; `pad` for rows past the end.
@@ -427,6 +430,189 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
     if (row >= rows) continue;
     float l = 0.f;
     for (int w = 0; w < Tr::kWarpsNS; ++w) l += s_sum[w * kBM + lr];
+    lse[(b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row)] =
+        l > 0.f ? s_m[lr] * float(p.scale) + logf(l) : -INFINITY;
+  }
+}
+
+// ================================================================ forward, O split over two warpgroups
+// The absorbed MQA (576/512, V = K[:, :512]) on wgmma, in FlashMLA's arrangement: 64 rows x 64 keys per step, two
+// warpgroups, K tiles double-buffered (V is read from the same tiles). Warpgroup 0 computes S = Q K^T (SS, Q and
+// K in the swz_k64 layout) and the online softmax over whole rows (warp w holds rows 16 w.. of every key: no row
+// statistics cross warps), writes P (bf16) and the rows' corrections to shared memory, then adds P V into the
+// first d_v / 2 columns of O with P from registers. Warpgroup 1 loads the next K tile during S, then adds P V
+// into the other d_v / 2 columns with P from shared memory. Both read V transposed from the K tile (MN-major).
+template <int kDqk_, int kDv_>
+struct FwdSplitTraits {
+  static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockM = 64, kBlockN = 64, kHalf = kDv / 2;
+  static constexpr int kWarps = 8, kThreads = 256;
+  // Shared memory plan (bytes): Q | two K stages | P | corrections, row sums, row maxima.
+  static constexpr int kQBytes = kBlockM * kDqk * 2;
+  static constexpr int kKBytes = kBlockN * kDqk * 2;
+  static constexpr int kPBytes = kBlockM * kBlockN * 2;
+  static constexpr int kOffK = kQBytes;
+  static constexpr int kOffP = kOffK + 2 * kKBytes;
+  static constexpr int kOffStat = kOffP + kPBytes;
+  static constexpr int kSmemBytes = kOffStat + 3 * kBlockM * 4;
+  static_assert(kDqk % 64 == 0 && kDv <= kDqk && kHalf == 256, "two warpgroups of n256 over O, V inside K");
+  static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kOffP % 1024 == 0, "1024-aligned wgmma tiles");
+  static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "forward tiles exceed shared memory");
+};
+
+template <class Tr, bool kAligned>
+__global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const AttentionFwdParams p) {
+  constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kHalf = Tr::kHalf;
+  constexpr int kNT = kBN / 8, kNTO = kHalf / 8;
+  char* smem = dynamic_smem();
+  bf16* s_q = reinterpret_cast<bf16*>(smem);
+  bf16* s_p = reinterpret_cast<bf16*>(smem + Tr::kOffP);
+  float* s_corr = reinterpret_cast<float*>(smem + Tr::kOffStat);  // [kBM]
+  float* s_sum = s_corr + kBM;                                    // [kBM]
+  float* s_m = s_sum + kBM;                                       // [kBM]
+  auto stage = [&](int st) { return reinterpret_cast<bf16*>(smem + Tr::kOffK + st * Tr::kKBytes); };
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int wg = warp >> 2;                  // 0: S, softmax, O[:, :kHalf]; 1: loads, O[:, kHalf:]
+  const int r_lo = 16 * (warp & 3) + gid;    // the thread's rows r_lo and r_lo + 8 (wgmma's C layout)
+  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
+  const RowMap rm{u32(group)};
+  const TileWork w = tile_work(ceil_div(rows, kBM), p.kv_heads, p.batch);
+  const i64 row0 = (ceil_div(rows, kBM) - 1 - w.tile) * kBM;  // the longest rows first
+  const i64 g = w.g, b = w.b;
+  const i64 row_last = imin(row0 + kBM, rows) - 1;
+  const i64 n_full = visible_keys(rm.query(row0), p.q_offset, p.kv_len);  // keys every row of the tile sees
+  const i64 n_end = visible_keys(rm.query(row_last), p.q_offset, p.kv_len);
+  const int n_tiles = int(ceil_div(n_end, kBN));
+
+  const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
+  const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
+  auto q_row = [&](int r) -> const bf16* {
+    const i64 row = row0 + r;
+    if (row >= rows) return nullptr;
+    return q + (g * group + rm.head(row)) * p.q_head_stride + rm.query(row) * p.q_token_stride;
+  };
+  const i64 kv_len = p.kv_len, k_ts = p.k_token_stride;
+  auto k_rows = [=](int t) {
+    const i64 n0 = i64(t) * kBN;
+    return [=](int r) -> const bf16* { return n0 + r < kv_len ? k + (n0 + r) * k_ts : nullptr; };
+  };
+  // Q and K_0 by every thread; later K tiles by warpgroup 1 alone.
+  load_tile<kBM, kDqk, Tr::kThreads, kAligned, decltype(q_row), true>(s_q, q_row, tid);
+  if (n_tiles > 0) load_tile<kBN, kDqk, Tr::kThreads, kAligned, decltype(k_rows(0)), true>(stage(0), k_rows(0), tid);
+  cp_async_commit();
+
+  float acc_o[1][kNTO][4];
+  zero(acc_o);
+  float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+  const float sl2 = float(p.scale) * kLog2e;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const i64 n0 = i64(t) * kBN;
+    bf16* s_k = stage(t & 1);
+    cp_async_wait<0>();
+    fence_proxy_async();  // wgmma reads what cp.async and the stores wrote
+    __syncthreads();      // K_t is in; both warpgroups are done with tile t - 1 (its stage and P)
+    if (wg == 1) {
+      if (t + 1 < n_tiles)
+        load_tile<kBN, kDqk, 128, kAligned, decltype(k_rows(0)), true>(stage((t + 1) & 1), k_rows(t + 1), tid - 128);
+      cp_async_commit();
+    }
+    float s[1][kNT][4];
+    float corr[2] = {1.f, 1.f};
+    if (wg == 0) {
+      // S = Q K^T (unscaled), masked to -inf.
+      warpgroup_mma_nt<1, kBN, kDqk, kBM>(s, s_q, 0, s_k);
+      if (n0 + kBN > n_full) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const i64 row = imin(row0 + r_lo + 8 * h, row_last);
+          const i64 vis = visible_keys(rm.query(row), p.q_offset, p.kv_len) - n0;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (nt * 8 + 2 * tig + e >= vis) s[0][nt][2 * h + e] = -INFINITY;
+        }
+      }
+      // Row maxima (the quad holds a whole row), P = exp2(S sl2 - m sl2), the running sums and corrections.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float x = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) x = fmaxf(x, fmaxf(s[0][nt][2 * h], s[0][nt][2 * h + 1]));
+        x = fmaxf(x, shfl_xor(x, 1));
+        x = fmaxf(x, shfl_xor(x, 2));
+        const float m_new = fmaxf(m_i[h], x);
+        const float ms = m_new == -INFINITY ? 0.f : m_new * sl2;  // a row with nothing visible yet stays empty
+        corr[h] = exp2f(m_i[h] * sl2 - ms);
+        m_i[h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pv = exp2f(fmaf(s[0][nt][2 * h + e], sl2, -ms));
+            s[0][nt][2 * h + e] = pv;
+            sum += pv;
+          }
+        l_i[h] = l_i[h] * corr[h] + sum;
+        const int lr = r_lo + 8 * h;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+          *reinterpret_cast<u32*>(s_p + swz_k64<kBM>(lr, nt * 8 + 2 * tig)) =
+              pack_bf16(s[0][nt][2 * h], s[0][nt][2 * h + 1]);
+        if (tig == 0) s_corr[lr] = corr[h];
+      }
+      fence_proxy_async();  // warpgroup 1's wgmma reads P
+    }
+    __syncthreads();  // P and the corrections are in
+    if (wg == 1) corr[0] = s_corr[r_lo], corr[1] = s_corr[r_lo + 8];
+    // The output rescale only where a row's maximum moved (corr is exactly 1 otherwise).
+    if (warp_any(corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+      for (int nt = 0; nt < kNTO; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[0][nt][e] *= corr[e >> 1];
+    }
+    if (wg == 0) {
+      u32 pa[1][kBN / 16][4];
+      acc_to_a(pa, s);
+      warpgroup_mma_rs_tb<1, kHalf, kBN / 16, kBN>(acc_o, pa, s_k);
+    } else {
+      warpgroup_mma_ss_tb_async<1, kHalf, kBN / 16, kBM, kBN>(acc_o, s_p, 0, s_k + (kHalf / 64) * kBN * 64);
+      warpgroup_wait<0>(acc_o);
+    }
+  }
+
+  // Row sums (quad) and maxima from warpgroup 0 through shared memory; each warpgroup writes its half of O.
+  if (wg == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_i[h];
+      l += shfl_xor(l, 1);
+      l += shfl_xor(l, 2);
+      if (tig == 0) s_sum[r_lo + 8 * h] = l, s_m[r_lo + 8 * h] = m_i[h];
+    }
+  }
+  __syncthreads();
+  bf16* o = static_cast<bf16*>(p.o) + b * p.o_batch_stride;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int lr = r_lo + 8 * h;
+    const i64 row = row0 + lr;
+    if (row >= rows) continue;
+    const float l = s_sum[lr];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    bf16* out = o + (g * group + rm.head(row)) * p.o_head_stride + rm.query(row) * p.o_token_stride + wg * kHalf;
+#pragma unroll
+    for (int nt = 0; nt < kNTO; ++nt)
+      store2<kAligned>(out + nt * 8 + 2 * tig, acc_o[0][nt][2 * h] * inv, acc_o[0][nt][2 * h + 1] * inv);
+  }
+  float* lse = static_cast<float*>(p.lse);
+  for (int lr = tid; lr < kBM; lr += Tr::kThreads) {
+    const i64 row = row0 + lr;
+    if (row >= rows) continue;
+    const float l = s_sum[lr];
     lse[(b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row)] =
         l > 0.f ? s_m[lr] * float(p.scale) + logf(l) : -INFINITY;
   }
@@ -1199,6 +1385,7 @@ struct TileConfig {
   int fwd_min_blocks = 1;
   bool fwd_s_wgmma = false;  // S = Q K^T by wgmma
   bool fwd_o_wgmma = false;  // O += P V by wgmma
+  bool fwd_o_split = false;  // 576/512 with V inside K: flash_fwd_split_kernel (the fwd_* tiles above unused)
   // backward dK/dV: keys x rows per step, warps; registers layout (MHA) or shared layout with S^T warps
   // along keys (MQA)
   bool dkdv_regs = true;
@@ -1225,10 +1412,12 @@ constexpr TileConfig tile_config(int dqk, int dv, bool v_in_k) {
          .dq_m = 128, .dq_n = 64, .dq_warps = 8, .dq_warps_ms = 8, .dq_warps_mq = 8, .dq_min_blocks = 1,
          .dq_wgmma = true};
   } else if (dqk == 576 && dv == 512) {
-    // Absorbed MQA: 64 rows (queries x heads); S = Q K^T by 4 x 2 warps, O by 8 warps of 64 columns, P through
-    // shared memory. dK/dV: 32 keys, columns split over 8 warps (1088 fp32 accumulators per key).
+    // Absorbed MQA: 64 rows (queries x heads). Forward with V inside K: two warpgroups on wgmma (S and O's first
+    // half; loads and O's second half), flash_fwd_split_kernel. With a separate V: S = Q K^T by 4 x 2 warps, O by
+    // 8 warps of 64 columns on mma.sync, P through shared memory. dK/dV: 32 keys, columns split over 8 warps (1088
+    // fp32 accumulators per key).
     c = {.supported = true, .fwd_m = 64, .fwd_n = v_in_k ? 64 : 32, .fwd_warps = 8, .fwd_warps_ms = 4,
-         .fwd_warps_mo = 1, .fwd_pipe = Pipe::paired, .fwd_min_blocks = 1,
+         .fwd_warps_mo = 1, .fwd_pipe = Pipe::paired, .fwd_min_blocks = 1, .fwd_o_split = v_in_k,
          .dkdv_regs = false, .dkdv_n = 32, .dkdv_m = 64, .dkdv_warps = 8, .dkdv_warps_ns = 2, .dkdv_min_blocks = 1,
          .dq_m = 64, .dq_n = v_in_k ? 32 : 16, .dq_warps = 8, .dq_warps_ms = 4, .dq_warps_mq = 1, .dq_min_blocks = 1};
   }
@@ -1249,6 +1438,7 @@ struct Kernels {
   static_assert(c.supported, "no tile configuration for these head dims");
   using Fwd = FwdTraits<kDqk, kDv, c.fwd_m, c.fwd_n, c.fwd_warps, c.fwd_warps_ms, c.fwd_warps_mo, c.fwd_pipe,
                         kVInK, c.fwd_min_blocks, c.fwd_s_wgmma, c.fwd_o_wgmma>;
+  using FwdSplit = FwdSplitTraits<kDqk, kDv>;
   using DkdvRegs =
       BwdKvRegTraits<kDqk, kDv, c.dkdv_n, c.dkdv_m, c.dkdv_warps, kVInK, c.dkdv_min_blocks, c.dkdv_wgmma>;
   // The same dK/dV kernel with dQ added up inside it (when c.dq_fused; the separate dQ kernel otherwise).

@@ -89,10 +89,16 @@ inline int dkdv_row_splits(i64 rows, i64 key_blocks, const AttentionFwdParams& p
 
 template <class K, bool kAligned, class L>
 void forward_impl(L& launcher, const AttentionFwdParams& p) {
-  using Tr = typename K::Fwd;
   const i64 rows = p.q_len * (p.q_heads / p.kv_heads);
-  launch_nonempty(launcher, flash_fwd_kernel<Tr, kAligned>, "flash_fwd_kernel", flash_grid(ceil_div(rows, Tr::kBlockM), p),
-      Tr::kThreads, std::size_t(Tr::kSmemBytes), p);
+  if constexpr (K::c.fwd_o_split) {
+    using Tr = typename K::FwdSplit;
+    launch_nonempty(launcher, flash_fwd_split_kernel<Tr, kAligned>, "flash_fwd_split_kernel",
+        flash_grid(ceil_div(rows, Tr::kBlockM), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p);
+  } else {
+    using Tr = typename K::Fwd;
+    launch_nonempty(launcher, flash_fwd_kernel<Tr, kAligned>, "flash_fwd_kernel", flash_grid(ceil_div(rows, Tr::kBlockM), p),
+        Tr::kThreads, std::size_t(Tr::kSmemBytes), p);
+  }
 }
 
 template <class K, bool kAligned, class L>

@@ -181,11 +181,13 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t da,
 }
 template <int N>
 __device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 8][4], const u32 (&a)[4], std::uint64_t db, int accumulate) {
-  static_assert(N == 128 || N == 192, "wgmma RS shapes in use: n128, n192");
+  static_assert(N == 128 || N == 192 || N == 256, "wgmma RS shapes in use: n128, n192, n256");
   if constexpr (N == 128)
     wgmma_m64n128k16_rs_tb(d, a, db, accumulate);
-  else
+  else if constexpr (N == 192)
     wgmma_m64n192k16_rs_tb(d, a, db, accumulate);
+  else
+    wgmma_m64n256k16_rs_tb(d, a, db, accumulate);
 }
 template <int NT>
 __device__ __forceinline__ void reg_fence_all(float (&acc)[NT][4]) {
@@ -200,11 +202,13 @@ __device__ __forceinline__ void reg_fence_all(float (&acc)[MT][NT][4]) {
 
 template <int N>
 __device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 8][4], std::uint64_t da, std::uint64_t db, int accumulate) {
-  static_assert(N == 128 || N == 192, "wgmma SS transposed-B shapes in use: n128, n192");
+  static_assert(N == 128 || N == 192 || N == 256, "wgmma SS transposed-B shapes in use: n128, n192, n256");
   if constexpr (N == 128)
     wgmma_m64n128k16_ss_tb(d, da, db, accumulate);
-  else
+  else if constexpr (N == 192)
     wgmma_m64n192k16_ss_tb(d, da, db, accumulate);
+  else
+    wgmma_m64n256k16_ss_tb(d, da, db, accumulate);
 }
 // Waits until at most kPending wgmma groups of this warpgroup are in flight; acc (of a finished group) is ready.
 // acc: an accumulator array [MT][NT][4] or [NT][4].

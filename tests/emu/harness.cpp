@@ -149,7 +149,11 @@ bool run_case(const Case& c) {
   // 2-byte loads.
   const bool aligned = bwd_aligned(p);
   EMU_CHECK(aligned == !c.wide, "%s: the launch code took the %s path", c.name, aligned ? "aligned" : "unaligned");
-  run_fwd(p);
+  // The forward kernel the tile table names: 576/512 with V inside K on two warpgroups, the rest the other one.
+  const std::vector<std::pair<std::string, i64>> fwd_launched = run_fwd(p);
+  const char* fwd_kernel =
+      tile_config(int(c.dqk), int(c.dv), c.v_in_k).fwd_o_split ? "flash_fwd_split_kernel" : "flash_fwd_kernel";
+  const long wrong_fwd = fwd_launched.size() != 1 || fwd_launched[0].first != fwd_kernel;
   // 192/128: the separate dQ kernel first (its dq kept), then the fused dQ into poisoned outputs; dK and dV
   // must be the same bits both ways.
   const bool both = tile_config(int(c.dqk), int(c.dv), c.v_in_k).dq_fused;
@@ -243,12 +247,13 @@ bool run_case(const Case& c) {
   const long out_sep = both ? count_outside_written(dq_sep, qv) : 0;
   const bool ok = eo.rel() <= tol && edq.rel() <= tol && edk.rel() <= tol && edv.rel() <= tol && (else_.den == 0 || else_.rel() <= 1e-5) &&
                   bad_empty == 0 && out_o + out_dq + out_dk + out_dv + out_sep == 0 && (!both || edq_sep.rel() <= tol) &&
-                  dkdv_bits_differ == 0 && wrong_splits == 0;
+                  dkdv_bits_differ == 0 && wrong_splits == 0 && wrong_fwd == 0;
   std::printf("%-34s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e | bad_empty %ld outside %ld %ld %ld %ld | %s\n", c.name, eo.rel(),
               else_.den ? else_.rel() : 0.0, edq.rel(), edk.rel(), edv.rel(), bad_empty, out_o, out_dq, out_dk, out_dv, ok ? "OK" : "FAIL");
   if (both)
     std::printf("%-34s separate dQ kernel: dq %.2e outside %ld; dK/dV elements whose bits differ from the fused run: %ld\n", "",
                 edq_sep.rel(), out_sep, dkdv_bits_differ);
+  if (wrong_fwd) std::printf("%-34s the forward did not launch %s alone\n", "", fwd_kernel);
   if (c.splits > 1 || wrong_splits)
     std::printf("%-34s dK/dV row splits: %d expected, %s\n", "", c.splits, wrong_splits ? "NOT what was launched" : "launched");
   std::fflush(stdout);
@@ -268,6 +273,8 @@ int main(int argc, char** argv) {
       {"mqa_576_512_absorbed_wide", 1, 70, 70, 4, 1, 576, 512, 0, true, true, 1},
       {"mqa_576_512_absorbed_offset", 2, 40, 100, 3, 1, 576, 512, 60, false, true, 1},
       {"mqa_576_512_separate_v", 1, 50, 50, 2, 1, 576, 512, 0, false, false, 1},
+      // Four key tiles: both K stages reused, the second warpgroup's loads in the loop; unaligned views.
+      {"mqa_576_512_absorbed_four_tiles", 1, 40, 230, 2, 1, 576, 512, 190, true, true, 1},
       // The dK/dV row splits come from the launch code's rule (at least 4 row tiles of 64 per split, enough
       // splits to fill 132 SMs twice): 12 heads x 64 queries = 768 rows over one key block split 3 ways; 16
       // heads x 32 queries = 512 rows split 2 ways.

@@ -407,6 +407,7 @@ inline void emu_wgmma_rs_tb(float (&d)[N / 8][4], const u32 (&a)[4], std::uint64
 }
 inline void wgmma_m64n128k16_rs_tb(float (&d)[16][4], const u32 (&a)[4], std::uint64_t b, int acc) { emu_wgmma_rs_tb<128>(d, a, b, acc); }
 inline void wgmma_m64n192k16_rs_tb(float (&d)[24][4], const u32 (&a)[4], std::uint64_t b, int acc) { emu_wgmma_rs_tb<192>(d, a, b, acc); }
+inline void wgmma_m64n256k16_rs_tb(float (&d)[32][4], const u32 (&a)[4], std::uint64_t b, int acc) { emu_wgmma_rs_tb<256>(d, a, b, acc); }
 }  // namespace laga::cuda::flash
 
 namespace laga::cuda::flash {
@@ -434,6 +435,7 @@ inline void wgmma_m64n32k16_ss_tt(float (&d)[4][4], std::uint64_t desc_a, std::u
     }
 }
 inline void wgmma_m64n192k16_ss_tb(float (&d)[24][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<192>(d, a, b, acc); }
+inline void wgmma_m64n256k16_ss_tb(float (&d)[32][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<256>(d, a, b, acc); }
 }  // namespace laga::cuda::flash
 namespace laga::cuda::flash {
 inline float lo_bf16(u32 v) { return lo_f(v); }
