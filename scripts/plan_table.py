@@ -4,7 +4,8 @@
     python3 scripts/plan_table.py [--laga build/laga] [--out docs/plan-deepseek-v3.md]
 
 Every figure in the page comes from the plan, which runs the block's own orchestration on the meta
-backend; the verdicts on the paper's claims are computed here from those figures with the criteria stated
+backend (the model's layer count, its totals over the layers and the traffic under other accountings of the
+latent included: docs/architecture.md describes the document); the verdicts on the paper's claims are computed here from those figures with the criteria stated
 next to each, so regenerating the page re-judges them.
 """
 import argparse

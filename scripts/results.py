@@ -9,7 +9,8 @@ Documents named *-axis-* (one model width varied, for the linearity claim) get a
 Every measured figure in the page comes from the committed JSON files (each names the machine, the commit and
 the command that made it, and whether the tree it was built from had uncommitted changes: the page's Sources
 table lists every document with these, flags the ones from a tree with uncommitted changes and counts them, and
-this script names them on stderr); the closed-form traffic and the collectives' modeled times come from
+this script names them on stderr); the closed-form traffic, the collectives' modeled times, DeepSeek-V3's layer
+count and its whole-model totals, and the traffic under other accountings of the latent come from
 `laga plan --json` (the C++ is the only model: this script formats, it derives no formula). The verdicts on
 the paper's claims are computed here from those figures, with the criterion stated beside each, so adding a
 file (say, a GPU run) and re-running this re-judges them. Plots need matplotlib (Debian: python3-matplotlib); --no-plots keeps the images there.
