@@ -308,8 +308,8 @@ def main():
             mod.timing = True  # one more step, timed by laga (op by op, waiting at the end of each pass)
             time_module(mod, seq, cfg["hidden_size"], 1, 1)
             step = mod.last_step
-            t["block_ms_fwd_bwd"] = 1e3 * (step["forward"]["total_seconds"] + step["backward"]["total_seconds"])
-            t["block_ms_fwd_bwd_span"] = 1e3 * (step["forward"]["span_seconds"] + step["backward"]["span_seconds"])
+            t["block_ms_fwd_bwd"] = 1e3 * (step["seconds_forward_total"] + step["seconds_backward_total"])
+            t["block_ms_fwd_bwd_span"] = 1e3 * (step["seconds_forward_span"] + step["seconds_backward_span"])
             t["saved_bytes"] = step["saved_bytes"]
             t["cli"] = cli_block(args, form, recompute, absorbed, seq)
             # The module's step (events around forward + backward) against the C++ block's forward and backward

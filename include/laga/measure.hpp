@@ -140,6 +140,11 @@ std::vector<CheckResult> check_single_process(const MlaConfig&, const BlockOptio
 // The block options a run used, with the variant's label.
 nlohmann::json options_report(const BlockOptions&);
 nlohmann::json check_report(const std::vector<CheckResult>&);
+// One run as the documents hold it (`laga run --json`'s runs, `laga bench`'s points): the block options
+// (options_report), each measured rank's rank_report in rank order, with checks their check_report, and on
+// cuda (`be`) the attention calls of the run.
+nlohmann::json run_report(const BlockOptions&, const std::vector<nlohmann::json>& ranks,
+                          const std::vector<CheckResult>* checks, Backend& be);
 // Every rank's report in rank order, through a communicator over host buffers (a collective).
 std::vector<nlohmann::json> gather_reports(Communicator& host, const nlohmann::json& mine);
 // Where a run ran: hostname, the build's commit and whether its tracked files differed, the communicator,

@@ -126,10 +126,8 @@ nlohmann::ordered_json gemms_report(const std::vector<GemmProbeResult>&, const s
 // Every op of a forward and a backward pass with its median over `repeats` instrumented repeats, and the
 // time per kind of op.
 nlohmann::ordered_json ops_report(const std::vector<OpRecord>&, int repeats);
-// The error of `got` against the single-rank explicit result `reference` (if any), and for a form other
-// than explicit at P = 1 whether it equals explicit's result `explicit_p1` (if any) bit for bit.
-nlohmann::ordered_json point_check_report(const GlobalResult& got, const GlobalResult* reference,
-                                          const GlobalResult* explicit_p1, bool compare_bits);
+// Whether two global results are equal bit for bit (y, dx and every weight gradient).
+bool bit_identical(const GlobalResult&, const GlobalResult&);
 
 // A bench document as text: indented, each point on one line (short, and a diff shows which points changed).
 std::string bench_document_text(const nlohmann::ordered_json&);

@@ -11,6 +11,7 @@
 #include "laga/cuda.hpp"
 #include "laga/errors.hpp"
 #include "laga/hosted.hpp"
+#include "laga/report.hpp"
 #include "process_group_comm.hpp"
 
 namespace laga_torch {
@@ -167,53 +168,16 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> Saved::backward(const at::Tensor
   return {dx_t, grads};
 }
 
-namespace {
-nlohmann::json pass_json(const laga::PassStats& s) {
-  nlohmann::json flops, seconds;
-  for (int p = 0; p < laga::kOpPhaseCount; ++p) {
-    flops[laga::op_phase_name(laga::OpPhase(p))] = s.flops[p];
-    seconds[laga::op_phase_name(laga::OpPhase(p))] = s.seconds[p];
-  }
-  return {{"peak_bytes", s.peak_bytes}, {"flops", flops}, {"seconds", seconds},
-          {"total_flops", s.total_flops()}, {"total_seconds", s.total_seconds()},
-          {"span_seconds", s.span_seconds}};
-}
-}  // namespace
-
+// This rank's last forward and backward as laga::rank_report writes a rank's run (laga run --json, laga bench):
+// one schema. The host's allocator holds the device memory, so there is no device memory record.
 std::string Block::stats_json() const {
-  nlohmann::json saved = nlohmann::json::array();
-  for (const auto& r : saved_)
-    saved.push_back({{"name", r.name}, {"bytes", r.bytes}, {"shape", r.shape}, {"dtype", laga::dtype_name(r.dtype)}});
-  nlohmann::json traffic = nlohmann::json::array();
-  std::size_t sent[2] = {0, 0}, received[2] = {0, 0};
-  for (const auto& c : traffic_) {
-    traffic.push_back({{"phase", laga::phase_name(c.phase)}, {"collective", laga::collective_name(c.kind)},
-                       {"tensor", c.tensor}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received},
-                       {"calls", c.calls}, {"seconds", c.seconds}});
-    sent[int(c.phase)] += c.bytes_sent;
-    received[int(c.phase)] += c.bytes_received;
-  }
-  nlohmann::json j = {
-      {"config", nlohmann::json::parse(laga::config_to_json(cfg_))},
-      {"form", laga::form_name(opts_.form)},
-      {"layout", laga::layout_name(opts_.layout)},
-      {"kernel", laga::kernel_name(opts_.kernel)},
-      {"recompute", laga::recompute_name(opts_.recompute)},
-      {"dtype", laga::dtype_name(opts_.dtype)},
-      {"timed", timing_},
-      {"batch", shape_.batch},
-      {"seq", shape_.seq},
-      {"ranks", shape_.ranks},
-      {"rank", shape_.rank},
-      {"saved", saved},
-      {"saved_bytes", saved_bytes_},
-      {"forward", pass_json(fwd_)},
-      {"backward", pass_json(bwd_)},
-      {"traffic", traffic},
-      {"bytes_sent", {{"forward", sent[0]}, {"backward", sent[1]}}},
-      {"bytes_received", {{"forward", received[0]}, {"backward", received[1]}}},
-  };
-  return j.dump();
+  laga::RankRun run;
+  run.saved = saved_;
+  run.saved_bytes = saved_bytes_;
+  run.fwd = fwd_;
+  run.bwd = bwd_;
+  run.traffic = traffic_;
+  return laga::rank_report(run, shape_.rank, laga::DeviceMemory{}, -1).dump();
 }
 
 }  // namespace laga_torch

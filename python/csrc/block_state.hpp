@@ -40,7 +40,7 @@ class Block : public torch::CustomClassHolder {
 
   // x [s, batch, d] contiguous; weights in MlaWeights::named() order (Hugging Face's parameters).
   std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> forward(const at::Tensor& x, const std::vector<at::Tensor>& weights);
-  // The last forward's and backward's figures: saved tensors by name, peaks, traffic, FLOPs, seconds (JSON).
+  // The last forward's and backward's figures as laga::rank_report writes a rank's run (JSON).
   std::string stats_json() const;
   // Whether the next steps are timed (MlaBlock::set_timing).
   void set_timing(bool on) { timing_ = on; }

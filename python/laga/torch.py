@@ -273,10 +273,13 @@ class MultiheadLatentAttention(nn.Module):
 
     @property
     def last_step(self):
-        """laga's figures for this rank's last forward and backward: ``saved`` (name, bytes, shape, dtype),
-        ``saved_bytes``, ``forward``/``backward`` (``peak_bytes``, ``flops``; with ``timing``, ``seconds`` by
-        phase and ``span_seconds``, the first op's start to the last one's end),
-        ``traffic`` (each collective's bytes sent and received), ``bytes_sent``, ``bytes_received``."""
+        """laga's figures for this rank's last forward and backward, the record ``laga run --json`` writes
+        for each rank and ``laga bench`` for each point's ranks (docs/bench.md): ``rank``, ``hostname``,
+        ``saved`` (name, shape, dtype, bytes), ``saved_bytes``, ``peak_forward_bytes``, ``peak_backward_bytes``,
+        ``bytes_sent``, ``bytes_received``, ``traffic`` (each collective's calls, bytes, seconds and bus
+        bandwidth), ``flops_forward``/``flops_backward`` by phase; with ``timing``, ``seconds_forward``/
+        ``seconds_backward`` by phase, their ``_total`` and ``_span`` (the first op's start to the last one's
+        end)."""
         return json.loads(self._block.stats_json())
 
     def extra_repr(self):

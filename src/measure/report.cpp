@@ -46,6 +46,15 @@ json check_report(const std::vector<CheckResult>& checks) {
   return out;
 }
 
+json run_report(const BlockOptions& opts, const std::vector<json>& ranks, const std::vector<CheckResult>* checks,
+                Backend& be) {
+  json entry = options_report(opts);
+  entry["ranks"] = ranks;
+  if (checks) entry["check"] = check_report(*checks);
+  if (be.device() == Device::Cuda) entry["attention_calls"] = attention_calls_report(be);
+  return entry;
+}
+
 std::vector<json> gather_reports(Communicator& host, const json& mine) {
   const std::string text = mine.dump();
   const int P = host.size();

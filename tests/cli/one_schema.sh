@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One schema for a rank's run: a `laga bench --out` point's rank records and a `laga run --json` run's rank
-# records of the same configuration (thread ranks, and one phantom rank) have the same keys, recursively, and
-# the point carries the run entry's options under the same names. The comparison is shown to fail on a record
-# that lost a nested key.   Usage: bash one_schema.sh <path-to-laga>
+# One schema for a run: a `laga bench --out` point and a `laga run --json` run entry of the same configuration
+# (thread ranks with --check, and one phantom rank) carry the same options under the same names and values, and
+# their rank records and checks have the same keys, recursively. The comparison is shown to fail on a record
+# that lost or renamed a nested key.   Usage: bash one_schema.sh <path-to-laga>
 set -u
 LAGA=${1:?usage: one_schema.sh <path-to-laga>}
 TMP=$(mktemp -d)
@@ -10,10 +10,10 @@ trap 'rm -rf "$TMP"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 common=(--model tiny --seq 64 --sp 2 --form laga --layout all_gather --kernel fused)
-"$LAGA" run "${common[@]}" --json "$TMP/run.json" >/dev/null 2>"$TMP/err" || fail "laga run exited $?: $(cat "$TMP/err")"
+"$LAGA" run "${common[@]}" --check --json "$TMP/run.json" >/dev/null 2>"$TMP/err" || fail "laga run exited $?: $(cat "$TMP/err")"
 "$LAGA" run "${common[@]}" --phantom-rank 1 --json "$TMP/run_phantom.json" >/dev/null 2>"$TMP/err" ||
   fail "laga run --phantom exited $?: $(cat "$TMP/err")"
-"$LAGA" bench "${common[@]}" --repeat 1 --warmup 0 --out "$TMP/bench.json" >/dev/null 2>"$TMP/err" ||
+"$LAGA" bench "${common[@]}" --check --repeat 1 --warmup 0 --out "$TMP/bench.json" >/dev/null 2>"$TMP/err" ||
   fail "laga bench exited $?: $(cat "$TMP/err")"
 "$LAGA" bench "${common[@]}" --phantom --repeat 1 --warmup 0 --out "$TMP/bench_phantom.json" >/dev/null 2>"$TMP/err" ||
   fail "laga bench --phantom exited $?: $(cat "$TMP/err")"
@@ -52,10 +52,13 @@ def compare(run_doc, bench_doc):
         problems.append(f"ranks {[r['rank'] for r in run['ranks']]} in run, {[r['rank'] for r in point['ranks']]} in bench")
     for r, b in zip(run["ranks"], point["ranks"]):
         problems.append(same(b, r, f"rank {r['rank']}'s record"))
-    options = {k: v for k, v in run.items() if k not in ("ranks", "check", "attention_calls")}
-    for k, v in options.items():
-        if point.get(k) != v:
-            problems.append(f"option {k}: {v!r} in run, {point.get(k)!r} in bench")
+    for k, v in run.items():
+        if k not in point:
+            problems.append(f"{k}: in run, not in bench")
+        elif k == "check":
+            problems.append(same(point[k], v, "check"))
+        elif k != "ranks" and point[k] != v:
+            problems.append(f"option {k}: {v!r} in run, {point[k]!r} in bench")
     return [p for p in problems if p]
 
 
@@ -71,6 +74,7 @@ for run_name, bench_name in (("run.json", "bench.json"), ("run_phantom.json", "b
     renamed = copy.deepcopy(bench_doc)
     renamed["points"][0]["ranks"][0]["flops_forward"]["attn"] = renamed["points"][0]["ranks"][0]["flops_forward"].pop("attention")
     assert compare(run_doc, renamed), "a renamed nested key went unnoticed"
-print("one schema: bench points and run entries agree (threads and phantom)")
+assert "check" in load("run.json")["runs"][0], "the threads run has no check to compare"
+print("one schema: bench points and run entries agree (threads with --check, and phantom)")
 PY
 echo "one schema: ok"

@@ -366,11 +366,17 @@ std::vector<std::string> exposed_lines(const json& e) {
   return lines;
 }
 
-std::string check_cell(const Point& p, const json& check) {
+// --check's cell: the largest error against the single-rank explicit result, and for LAGA at P = 1 whether it
+// equals explicit bit for bit.
+std::string check_cell(const Point& p, const std::vector<CheckResult>& checks, const json& doc) {
   std::string cell;
-  if (check.contains("max_rel_error")) cell = fmt("%.1e", check["max_rel_error"].get<double>());
-  if (check.contains("bit_identical_to_explicit") && kAllVariants[p.variant].form == Form::Laga)
-    cell += check["bit_identical_to_explicit"].get<bool>() ? ", bitwise = explicit" : ", DIFFERS from explicit";
+  for (const CheckResult& c : checks) {
+    double worst = 0;
+    for (const TensorCheck& t : c.tensors) worst = std::max(worst, t.rel_error);
+    cell = fmt("%.1e", worst);
+  }
+  if (doc.contains("bit_identical_to_explicit") && kAllVariants[p.variant].form == Form::Laga)
+    cell += doc["bit_identical_to_explicit"].get<bool>() ? ", bitwise = explicit" : ", DIFFERS from explicit";
   return cell;
 }
 
@@ -383,20 +389,23 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
   const BlockOptions opts = b.options(p);
   json doc = {{"seq", p.seq}, {"sp", p.sp}, {"batch", p.batch}, {"variant_id", variant_id(v)}, {"rank", m.rank},
               {"ranks_run", b.o.phantom && p.sp > 1 ? "phantom" : p.sp == 1 ? "single" : "threads"}};
-  doc.update(json(options_report(opts)));
-  json ranks = json::array();
+  std::vector<nlohmann::json> ranks;
   for (std::size_t i = 0; i < m.runs.size(); ++i) {
     const int r = m.runs.size() == 1 ? m.rank : int(i);
-    ranks.push_back(json(rank_report(m.runs[i], r, r == m.rank ? m.memory : DeviceMemory{}, b.o.gpu)));
+    ranks.push_back(rank_report(m.runs[i], r, r == m.rank ? m.memory : DeviceMemory{}, b.o.gpu));
   }
-  doc["ranks"] = ranks;
+  // --check: against the single-rank explicit result, held to the tolerance laga run's check would use.
+  std::vector<CheckResult> checks;
+  if (b.o.check && m.have_result && reference)
+    checks.push_back(check_against(CheckReference::SingleRank, m.result, *reference,
+                                   check_policy(opts, p.sp, b.device, 0).single_rank));
+  doc.update(json(run_report(opts, ranks, b.o.check && m.have_result ? &checks : nullptr, *b.ranks.at(0).be)));
   doc["repeats"] = repeats_report(m.repeats, m.rank, b.o.warmup);
   doc["modeled"] = modeled_report(b.model, p.sp, m.run().traffic, m.reps());
   PointResult pr;
-  if (b.o.check && m.have_result) {
-    doc["check"] = point_check_report(m.result, reference, explicit_p1, p.sp == 1 && v.form != Form::Explicit);
-    pr.check = check_cell(p, doc["check"]);
-  }
+  if (b.o.check && m.have_result && explicit_p1 && p.sp == 1 && v.form != Form::Explicit)
+    doc["bit_identical_to_explicit"] = bit_identical(m.result, *explicit_p1);
+  if (b.o.check && m.have_result) pr.check = check_cell(p, checks, doc);
   if (b.o.gemm_check) {
     doc["gemms"] = gemms_report(m.gemms, m.gemm_records, b.o.repeat, std::max(1, b.o.warmup));
     pr.gemms = gemms_line(doc["gemms"]);
@@ -409,8 +418,7 @@ PointResult point_json(const Bench& b, const Point& p, const Measured& m, const 
     doc["exposed_communication"] = exposed_report(b.model, p.sp, m.run().traffic, m.reps(), m.timed);
     pr.exposed = exposed_lines(doc["exposed_communication"]);
   }
-  if (b.device == Device::Cuda) doc["attention_calls"] = json(attention_calls_report(*b.ranks.at(0).be));
-  const json& mine = ranks[m.runs.size() == 1 ? 0 : std::size_t(m.rank)];
+  const json& mine = doc["ranks"][m.runs.size() == 1 ? 0 : std::size_t(m.rank)];
   const json& rep = doc["repeats"];
   pr.saved = mine["saved_bytes"].get<double>();
   pr.peak_bwd = mine["peak_backward_bytes"].get<double>();

@@ -458,11 +458,7 @@ int run_on_rank(const RunOptions& o, Prepared& p, Communicator& comm, Communicat
     json doc = document_json(o, p.cfg, comm.size());
     doc["machine"] = machine_report(p.device, p.gpu, comm.name());
     doc["phantom"] = false;
-    json entry = options_report(p.opts);
-    entry["ranks"] = reports;
-    if (o.check) entry["check"] = check_report(checks);
-    if (p.device == Device::Cuda) entry["attention_calls"] = attention_calls_report(*p.be);
-    doc["runs"].push_back(entry);
+    doc["runs"].push_back(run_report(p.opts, reports, o.check ? &checks : nullptr, *p.be));
     write_json(o.json_path, doc);
   }
   return passed ? kExitOk : kExitCheckFailed;
@@ -683,12 +679,9 @@ json phantom_entry(const BlockOptions& v, const Measurement& m, Backend& be, int
   for (const auto& cell : phantom_row(v, m)) line += (line.empty() ? "" : " | ") + cell;
   if (details) print_phantom_details(v, m);
   else std::printf("done: %s\n", line.c_str());
-  json entry = options_report(v);
-  entry["ranks"] = json::array({rank_report(m.run, r, m.memory, gpu)});
-  if (be.device() == Device::Cuda) {
-    entry["attention_calls"] = attention_calls_report(be);
-    if (details) std::printf("attention calls: %s\n", entry["attention_calls"].dump().c_str());
-  }
+  json entry = run_report(v, std::vector<json>{rank_report(m.run, r, m.memory, gpu)}, nullptr, be);
+  if (details && entry.contains("attention_calls"))
+    std::printf("attention calls: %s\n", entry["attention_calls"].dump().c_str());
   return entry;
 }
 
