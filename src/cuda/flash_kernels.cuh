@@ -505,22 +505,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
   zero(acc_o);
   float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
   const float sl2 = float(p.scale) * kLog2e;
-
-  for (int t = 0; t < n_tiles; ++t) {
-    const i64 n0 = i64(t) * kBN;
-    bf16* s_k = stage(t & 1);
-    cp_async_wait<0>();
-    fence_proxy_async();  // wgmma reads what cp.async and the stores wrote
-    __syncthreads();      // K_t is in; both warpgroups are done with tile t - 1 (its stage and P)
-    if (wg == 1) {
-      if (t + 1 < n_tiles)
-        load_tile<kBN, kDqk, 128, kAligned, decltype(k_rows(0)), true>(stage((t + 1) & 1), k_rows(t + 1), tid - 128);
-      cp_async_commit();
+  // The output rescale only where a row's maximum moved (corr is exactly 1 otherwise).
+  auto rescale = [&](const float (&corr)[2]) {
+    if (warp_any(corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+      for (int nt = 0; nt < kNTO; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[0][nt][e] *= corr[e >> 1];
     }
-    float s[1][kNT][4];
-    float corr[2] = {1.f, 1.f};
-    if (wg == 0) {
+  };
+
+  // The two warpgroups run their own loops, meeting at the same two barriers a step: (A) K_t is in and both are
+  // done with tile t - 1 (its stage, P and corrections), (B) P_t and its corrections are in. Separate loops keep
+  // each warpgroup's code between a wgmma's issue and its wait free of accesses to its accumulators.
+  if (wg == 0) {
+    for (int t = 0; t < n_tiles; ++t) {
+      const i64 n0 = i64(t) * kBN;
+      const bf16* s_k = stage(t & 1);
+      cp_async_wait<0>();
+      fence_proxy_async();  // wgmma reads what cp.async and the stores wrote
+      __syncthreads();      // (A)
       // S = Q K^T (unscaled), masked to -inf.
+      float s[1][kNT][4];
       warpgroup_mma_nt<1, kBN, kDqk, kBM>(s, s_q, 0, s_k);
       if (n0 + kBN > n_full) {
 #pragma unroll
@@ -535,6 +541,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
         }
       }
       // Row maxima (the quad holds a whole row), P = exp2(S sl2 - m sl2), the running sums and corrections.
+      float corr[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float x = -INFINITY;
@@ -556,29 +563,36 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
             sum += pv;
           }
         l_i[h] = l_i[h] * corr[h] + sum;
-        const int lr = r_lo + 8 * h;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-          *reinterpret_cast<u32*>(s_p + swz_k64<kBM>(lr, nt * 8 + 2 * tig)) =
-              pack_bf16(s[0][nt][2 * h], s[0][nt][2 * h + 1]);
-        if (tig == 0) s_corr[lr] = corr[h];
       }
-      fence_proxy_async();  // warpgroup 1's wgmma reads P
-    }
-    __syncthreads();  // P and the corrections are in
-    if (wg == 1) corr[0] = s_corr[r_lo], corr[1] = s_corr[r_lo + 8];
-    // The output rescale only where a row's maximum moved (corr is exactly 1 otherwise).
-    if (warp_any(corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-      for (int nt = 0; nt < kNTO; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o[0][nt][e] *= corr[e >> 1];
-    }
-    if (wg == 0) {
+      rescale(corr);
+      // O[:, :kHalf] += P V is issued before P goes to shared memory: the tensor cores start while the stores,
+      // the fence and the barrier run. P is rounded once (the same bf16 pairs in registers and shared memory).
       u32 pa[1][kBN / 16][4];
       acc_to_a(pa, s);
-      warpgroup_mma_rs_tb<1, kHalf, kBN / 16, kBN>(acc_o, pa, s_k);
-    } else {
+      warpgroup_mma_rs_tb_async<1, kHalf, kBN / 16, kBN>(acc_o, pa, s_k);
+#pragma unroll
+      for (int ks = 0; ks < kBN / 16; ++ks)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          *reinterpret_cast<u32*>(s_p + swz_k64<kBM>(r_lo + 8 * (j & 1), 16 * ks + 8 * (j >> 1) + 2 * tig)) =
+              pa[0][ks][j];
+      if (tig == 0) s_corr[r_lo] = corr[0], s_corr[r_lo + 8] = corr[1];
+      fence_proxy_async();  // warpgroup 1's wgmma reads P
+      __syncthreads();      // (B)
+      warpgroup_wait<0>(acc_o);
+    }
+  } else {
+    for (int t = 0; t < n_tiles; ++t) {
+      const bf16* s_k = stage(t & 1);
+      cp_async_wait<0>();
+      fence_proxy_async();
+      __syncthreads();  // (A)
+      if (t + 1 < n_tiles)
+        load_tile<kBN, kDqk, 128, kAligned, decltype(k_rows(0)), true>(stage((t + 1) & 1), k_rows(t + 1), tid - 128);
+      cp_async_commit();
+      __syncthreads();  // (B)
+      const float corr[2] = {s_corr[r_lo], s_corr[r_lo + 8]};
+      rescale(corr);
       warpgroup_mma_ss_tb_async<1, kHalf, kBN / 16, kBM, kBN>(acc_o, s_p, 0, s_k + (kHalf / 64) * kBN * 64);
       warpgroup_wait<0>(acc_o);
     }
