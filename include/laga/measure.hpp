@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -145,6 +146,38 @@ nlohmann::json check_report(const std::vector<CheckResult>&);
 // cuda (`be`) the attention calls of the run.
 nlohmann::json run_report(const BlockOptions&, const std::vector<nlohmann::json>& ranks,
                           const std::vector<CheckResult>* checks, Backend& be);
+// What `laga bench` measured at one point of its sweep: each measured rank's last repeat, every timed
+// repeat's passes, and what its options add.
+struct BenchPoint {
+  std::int64_t seq = 0, batch = 0;
+  int sp = 1;
+  BlockOptions opts;
+  std::string ranks_run = "single";  // single (P = 1), threads (every rank of P), phantom (rank P-1 alone)
+  int rank = 0;                      // the rank measured in detail: P-1
+  std::vector<RankRun> runs;         // each measured rank's last repeat, rank order (one when alone)
+  DeviceMemory memory;               // rank `rank`'s (cuda)
+  std::vector<std::vector<TimedRepeat>> repeats;  // [rank][repeat], warm-ups excluded; one row when alone
+  std::optional<std::vector<CheckResult>> checks;  // --check
+  std::optional<bool> bit_identical_to_explicit;   // --check, P = 1, a form other than explicit
+  bool gemm_check = false;                         // --gemm-check: rank `rank`'s GEMMs in the instrumented
+  std::vector<GemmRecord> gemm_records;            // repeats, and each distinct one alone
+  std::vector<GemmProbeResult> gemms;
+  bool op_profile = false;                         // --op-profile: every op of the instrumented repeats
+  std::vector<OpRecord> op_records;
+  std::vector<TimedPlacement> timed;               // --phantom-comm timed: rank `rank` again, per placement
+
+  const RankRun& run() const { return runs.size() == 1 ? runs[0] : runs.at(std::size_t(rank)); }
+  const std::vector<TimedRepeat>& reps() const {
+    return repeats.size() == 1 ? repeats[0] : repeats.at(std::size_t(rank));
+  }
+};
+// A point of a `laga bench` document (docs/bench.md): where it sits in the sweep, the run as run_report writes
+// it (options, every measured rank's rank_report, the check, the attention calls of `be` on cuda), the
+// statistics of the repeats, the modeled block time, and the GEMM and op profiles and the exposed
+// communication when measured. `repeat` and `warmup` are the sweep's; `gpu` the device index.
+nlohmann::ordered_json bench_point_report(const BenchPoint&, const TimeModel&, int repeat, int warmup, int gpu,
+                                          Backend& be);
+
 // Every rank's report in rank order, through a communicator over host buffers (a collective).
 std::vector<nlohmann::json> gather_reports(Communicator& host, const nlohmann::json& mine);
 // Where a run ran: hostname, the build's commit and whether its tracked files differed, the communicator,

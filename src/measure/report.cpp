@@ -55,6 +55,26 @@ json run_report(const BlockOptions& opts, const std::vector<json>& ranks, const 
   return entry;
 }
 
+nlohmann::ordered_json bench_point_report(const BenchPoint& p, const TimeModel& model, int repeat, int warmup,
+                                          int gpu, Backend& be) {
+  using ojson = nlohmann::ordered_json;
+  ojson doc = {{"seq", p.seq}, {"sp", p.sp}, {"batch", p.batch}, {"variant_id", variant_id(variant_of(p.opts))},
+               {"rank", p.rank}, {"ranks_run", p.ranks_run}};
+  std::vector<json> ranks;
+  for (std::size_t i = 0; i < p.runs.size(); ++i) {
+    const int r = p.runs.size() == 1 ? p.rank : int(i);
+    ranks.push_back(rank_report(p.runs[i], r, r == p.rank ? p.memory : DeviceMemory{}, gpu));
+  }
+  doc.update(ojson(run_report(p.opts, ranks, p.checks ? &*p.checks : nullptr, be)));
+  doc["repeats"] = repeats_report(p.repeats, p.rank, warmup);
+  doc["modeled"] = modeled_report(model, p.sp, p.run().traffic, p.reps());
+  if (p.bit_identical_to_explicit) doc["bit_identical_to_explicit"] = *p.bit_identical_to_explicit;
+  if (p.gemm_check) doc["gemms"] = gemms_report(p.gemms, p.gemm_records, repeat, std::max(1, warmup));
+  if (p.op_profile) doc["ops"] = ops_report(p.op_records, repeat);
+  if (!p.timed.empty()) doc["exposed_communication"] = exposed_report(model, p.sp, p.run().traffic, p.reps(), p.timed);
+  return doc;
+}
+
 std::vector<json> gather_reports(Communicator& host, const json& mine) {
   const std::string text = mine.dump();
   const int P = host.size();

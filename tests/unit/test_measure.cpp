@@ -103,5 +103,34 @@ TEST(RankReport, ThreadRanksMeasureAndGatherOneSchema) {
   EXPECT_EQ(options_report(opts)["variant"], "laga");
 }
 
+// A bench point's record holds the run as laga run writes it: each rank's rank_report (the last repeat) and the
+// block options, beside the statistics of the repeats and the modeled time.
+TEST(BenchPointReport, RanksAreRankReportsBesideTheRepeatStatistics) {
+  const MlaConfig cfg = preset("tiny");
+  const BlockOptions opts{.form = Form::Laga, .dtype = DType::F32};
+  auto be = make_cpu_backend();
+  auto comm = make_phantom_communicator(*be, 1, 2);
+  const BlockShape shape{.batch = 1, .seq = 16, .ranks = 2, .rank = 1};
+  RepeatedMeasurement rm = measure_repeated(cfg, opts, shape, *be, *comm, 7, 1, 3);
+  ASSERT_EQ(rm.repeats.size(), 3u);
+  EXPECT_EQ(rm.repeats.back().fwd.total_seconds(), rm.last.run.fwd.total_seconds());
+  BenchPoint p{.seq = 16, .batch = 1, .sp = 2, .opts = opts, .ranks_run = "phantom", .rank = 1};
+  p.runs.push_back(rm.last.run);
+  p.repeats.push_back(rm.repeats);
+  const nlohmann::ordered_json doc = bench_point_report(p, default_time_model(), 3, 1, -1, *be);
+  const nlohmann::json run = run_report(opts, {rank_report(rm.last.run, 1, DeviceMemory{}, -1)}, nullptr, *be);
+  for (const auto& [key, value] : run.items()) {
+    ASSERT_TRUE(doc.contains(key)) << key;
+    if (key != "ranks") EXPECT_EQ(nlohmann::json(doc[key]), value) << key;
+  }
+  ASSERT_EQ(doc["ranks"].size(), 1u);
+  EXPECT_EQ(doc["ranks"][0]["rank"], 1);
+  EXPECT_EQ(nlohmann::json(doc["ranks"][0]), run["ranks"][0]);  // the same record, key for key and figure for figure
+  EXPECT_EQ(doc["repeats"]["rank"], 1);
+  EXPECT_EQ(doc["repeats"]["block"]["n"], 3);
+  EXPECT_EQ(doc["modeled"]["placements"].size(), 2u);
+  EXPECT_FALSE(doc.contains("check") || doc.contains("gemms") || doc.contains("exposed_communication"));
+}
+
 }  // namespace
 }  // namespace laga

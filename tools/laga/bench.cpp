@@ -105,20 +105,10 @@ struct Point {
   std::size_t variant;  // into kAllVariants
 };
 
-struct Measured {
-  int rank = 0;                                   // the rank described in detail (P-1)
-  std::vector<RankRun> runs;                      // each measured rank's last repeat, rank order (one when alone)
-  DeviceMemory memory;                            // rank `rank`'s, on cuda
-  std::vector<std::vector<TimedRepeat>> repeats;  // [rank][repeat], warm-up excluded; only rank `rank` when alone
-  GlobalResult result;                            // with --check (rank order, gathered)
+// A point measured: its record's content, and with --check its gathered result.
+struct Measured : BenchPoint {
+  GlobalResult result;  // rank order, gathered
   bool have_result = false;
-  std::vector<GemmRecord> gemm_records;     // with --gemm-check: rank `rank`'s GEMMs in the instrumented repeats
-  std::vector<GemmProbeResult> gemms;       // ... and each distinct one alone
-  std::vector<OpRecord> op_records;         // with --op-profile: every op of the instrumented repeats
-  std::vector<TimedPlacement> timed;        // --phantom-comm timed: the same rank again with a timed phantom
-
-  const RankRun& run() const { return runs.size() == 1 ? runs[0] : runs.at(std::size_t(rank)); }
-  const std::vector<TimedRepeat>& reps() const { return repeats.size() == 1 ? repeats[0] : repeats.at(std::size_t(rank)); }
 };
 
 // Per-rank state kept across points: a backend, its weights (made once), and the current point's input.
@@ -203,11 +193,24 @@ struct Bench {
     }
   }
 
+  // A point's record before it is measured: where it sits in the sweep, and what the options add.
+  Measured start(const Point& p) const {
+    Measured m;
+    m.seq = p.seq;
+    m.batch = p.batch;
+    m.sp = p.sp;
+    m.opts = options(p);
+    m.ranks_run = o.phantom && p.sp > 1 ? "phantom" : p.sp == 1 ? "single" : "threads";
+    m.rank = p.sp - 1;
+    m.gemm_check = o.gemm_check;
+    m.op_profile = o.op_profile;
+    return m;
+  }
+
   // One rank alone: P = 1, or rank P-1 of P as a phantom.
   Measured measure_alone(const Point& p) {
-    Measured m;
-    const int rank = p.sp - 1;
-    m.rank = rank;
+    Measured m = start(p);
+    const int rank = m.rank;
     RankState& s = state(0);
     const BlockShape shape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = rank};
     prepare(s, shape, p.layout);
@@ -265,8 +268,7 @@ struct Bench {
 
   // P ranks as threads of this process (CPU): real in-process collectives.
   Measured measure_threads(const Point& p) {
-    Measured m;
-    m.rank = p.sp - 1;
+    Measured m = start(p);
     for (int r = 0; r < p.sp; ++r) prepare(state(r), BlockShape{.batch = p.batch, .seq = p.seq, .ranks = p.sp, .rank = r}, p.layout);
     m.repeats.assign(p.sp, {});
     m.runs.assign(p.sp, {});
@@ -368,56 +370,38 @@ std::vector<std::string> exposed_lines(const json& e) {
 
 // --check's cell: the largest error against the single-rank explicit result, and for LAGA at P = 1 whether it
 // equals explicit bit for bit.
-std::string check_cell(const Point& p, const std::vector<CheckResult>& checks, const json& doc) {
+std::string check_cell(const json& doc) {
   std::string cell;
-  for (const CheckResult& c : checks) {
+  for (const json& c : doc["check"]) {
     double worst = 0;
-    for (const TensorCheck& t : c.tensors) worst = std::max(worst, t.rel_error);
+    for (const json& t : c["tensors"]) worst = std::max(worst, t["rel_error"].get<double>());
     cell = fmt("%.1e", worst);
   }
-  if (doc.contains("bit_identical_to_explicit") && kAllVariants[p.variant].form == Form::Laga)
+  if (doc.contains("bit_identical_to_explicit") && doc["form"] == "laga")
     cell += doc["bit_identical_to_explicit"].get<bool>() ? ", bitwise = explicit" : ", DIFFERS from explicit";
   return cell;
 }
 
-// The point's record: where it sits in the sweep, the options (as `laga run --json` writes a run), every
-// measured rank's report (the last repeat), the statistics of the repeats, the modeled block time, and what
-// the options add (check, gemms, ops, exposed communication, attention calls).
-PointResult point_json(const Bench& b, const Point& p, const Measured& m, const GlobalResult* reference,
-                       const GlobalResult* explicit_p1) {
-  const Variant& v = kAllVariants[p.variant];
-  const BlockOptions opts = b.options(p);
-  json doc = {{"seq", p.seq}, {"sp", p.sp}, {"batch", p.batch}, {"variant_id", variant_id(v)}, {"rank", m.rank},
-              {"ranks_run", b.o.phantom && p.sp > 1 ? "phantom" : p.sp == 1 ? "single" : "threads"}};
-  std::vector<nlohmann::json> ranks;
-  for (std::size_t i = 0; i < m.runs.size(); ++i) {
-    const int r = m.runs.size() == 1 ? m.rank : int(i);
-    ranks.push_back(rank_report(m.runs[i], r, r == m.rank ? m.memory : DeviceMemory{}, b.o.gpu));
-  }
-  // --check: against the single-rank explicit result, held to the tolerance laga run's check would use.
-  std::vector<CheckResult> checks;
-  if (b.o.check && m.have_result && reference)
-    checks.push_back(check_against(CheckReference::SingleRank, m.result, *reference,
-                                   check_policy(opts, p.sp, b.device, 0).single_rank));
-  doc.update(json(run_report(opts, ranks, b.o.check && m.have_result ? &checks : nullptr, *b.ranks.at(0).be)));
-  doc["repeats"] = repeats_report(m.repeats, m.rank, b.o.warmup);
-  doc["modeled"] = modeled_report(b.model, p.sp, m.run().traffic, m.reps());
+// --check: the point's result against the single-rank explicit result, held to the tolerance laga run's check
+// would use, and at P = 1 a form other than explicit against explicit's result bit for bit.
+void check_point(const Bench& b, Measured& m, const GlobalResult* reference, const GlobalResult* explicit_p1) {
+  if (!b.o.check || !m.have_result) return;
+  m.checks.emplace();
+  if (reference)
+    m.checks->push_back(check_against(CheckReference::SingleRank, m.result, *reference,
+                                      check_policy(m.opts, m.sp, b.device, 0).single_rank));
+  if (explicit_p1 && m.sp == 1 && m.opts.form != Form::Explicit)
+    m.bit_identical_to_explicit = bit_identical(m.result, *explicit_p1);
+}
+
+// The point's record (laga::bench_point_report), and the table's row and lines read from it.
+PointResult point_json(const Bench& b, const Measured& m) {
   PointResult pr;
-  if (b.o.check && m.have_result && explicit_p1 && p.sp == 1 && v.form != Form::Explicit)
-    doc["bit_identical_to_explicit"] = bit_identical(m.result, *explicit_p1);
-  if (b.o.check && m.have_result) pr.check = check_cell(p, checks, doc);
-  if (b.o.gemm_check) {
-    doc["gemms"] = gemms_report(m.gemms, m.gemm_records, b.o.repeat, std::max(1, b.o.warmup));
-    pr.gemms = gemms_line(doc["gemms"]);
-  }
-  if (b.o.op_profile) {
-    doc["ops"] = ops_report(m.op_records, b.o.repeat);
-    pr.ops = ops_lines(doc["ops"]);
-  }
-  if (!m.timed.empty()) {
-    doc["exposed_communication"] = exposed_report(b.model, p.sp, m.run().traffic, m.reps(), m.timed);
-    pr.exposed = exposed_lines(doc["exposed_communication"]);
-  }
+  json doc = bench_point_report(m, b.model, b.o.repeat, b.o.warmup, b.o.gpu, *b.ranks.at(0).be);
+  if (doc.contains("check")) pr.check = check_cell(doc);
+  if (doc.contains("gemms")) pr.gemms = gemms_line(doc["gemms"]);
+  if (doc.contains("ops")) pr.ops = ops_lines(doc["ops"]);
+  if (doc.contains("exposed_communication")) pr.exposed = exposed_lines(doc["exposed_communication"]);
   const json& mine = doc["ranks"][m.runs.size() == 1 ? 0 : std::size_t(m.rank)];
   const json& rep = doc["repeats"];
   pr.saved = mine["saved_bytes"].get<double>();
@@ -708,8 +692,9 @@ int run_bench(BenchOptions o) {
   for (std::size_t i = 0; i < points.size(); ++i) {
     const Point& p = points[i];
     const GlobalResult* reference = o.check ? refs.reference(b, p) : nullptr;
-    const Measured m = b.measure(p);
-    const PointResult pr = point_json(b, p, m, reference, refs.explicit_result(p, m));
+    Measured m = b.measure(p);
+    check_point(b, m, reference, refs.explicit_result(p, m));
+    const PointResult pr = point_json(b, m);
     doc["points"].push_back(pr.doc);
     print_point_row(b, i, points.size(), p, pr);
     if (!o.out.empty()) write_atomically(o.out, doc);
