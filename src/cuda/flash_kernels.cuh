@@ -31,12 +31,12 @@
 #include <cstddef>
 
 #include "core/causal.hpp"
+#include "cuda/flash_softmax.cuh"
 #include "cuda/flash_warp.cuh"
 #include "laga/backend.hpp"
 
 namespace laga::cuda::flash {
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr std::size_t kSmemBudget = 227 * 1024;  // Hopper's opt-in shared memory per block
 
 // How a kernel stages the K/V (or Q/dO) tiles it walks.
@@ -238,8 +238,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   float acc_o[Tr::kMTO][Tr::kNTO][4];
   zero(acc_o);
   float m_i[Tr::kMTS][2], l_i[Tr::kMTS][2];
-#pragma unroll
-  for (int mt = 0; mt < Tr::kMTS; ++mt) m_i[mt][0] = m_i[mt][1] = -INFINITY, l_i[mt][0] = l_i[mt][1] = 0.f;
+  online_softmax_init(m_i, l_i);
   const float sl2 = float(p.scale) * kLog2e;
 
   for (int t = 0; t < n_tiles; ++t) {
@@ -274,32 +273,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
       if (t + 1 < n_tiles) load_k(t + 1, s_k);
       cp_async_commit();
     }
-    if (n0 + kBN > n_full) {
-#pragma unroll
-      for (int mt = 0; mt < Tr::kMTS; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const i64 row = imin(row0 + srow(mt) + gid + 8 * h, row_last);
-          const i64 vis = visible_keys(rm.query(row), p.q_offset, p.kv_len) - n0 - wns * Tr::kColsS;
-#pragma unroll
-          for (int nt = 0; nt < Tr::kNTS; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (nt * 8 + 2 * tig + e >= vis) s[mt][nt][2 * h + e] = -INFINITY;
-        }
-    }
+    if (n0 + kBN > n_full)
+      mask_scores(s, tig, [&](int mt, int h) {
+        const i64 row = imin(row0 + srow(mt) + gid + 8 * h, row_last);
+        return visible_keys(rm.query(row), p.q_offset, p.kv_len) - n0 - wns * Tr::kColsS;
+      });
     // Row maxima: over the thread's columns, the quad, then the warps sharing the rows.
     float mx[Tr::kMTS][2];
-#pragma unroll
-    for (int mt = 0; mt < Tr::kMTS; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float x = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < Tr::kNTS; ++nt) x = fmaxf(x, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
-        x = fmaxf(x, shfl_xor(x, 1));
-        mx[mt][h] = fmaxf(x, shfl_xor(x, 2));
-      }
+    row_max(mx, s);
     if constexpr (Tr::kWarpsNS > 1) {
       if (tig == 0)
 #pragma unroll
@@ -320,40 +301,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
     }
     // P = exp2(S sl2 - m sl2); the running sums and the output rescale by exp2((m_old - m_new) sl2).
     float corr[Tr::kMTS][2];
-#pragma unroll
-    for (int mt = 0; mt < Tr::kMTS; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m_i[mt][h], mx[mt][h]);
-        const float ms = m_new == -INFINITY ? 0.f : m_new * sl2;  // a row with nothing visible yet stays empty
-        corr[mt][h] = exp2f(m_i[mt][h] * sl2 - ms);
-        m_i[mt][h] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < Tr::kNTS; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = exp2f(fmaf(s[mt][nt][2 * h + e], sl2, -ms));
-            s[mt][nt][2 * h + e] = pv;
-            sum += pv;
-          }
-        l_i[mt][h] = l_i[mt][h] * corr[mt][h] + sum;
-      }
+    online_softmax_step(m_i, l_i, s, mx, sl2, corr);
 
     if constexpr (Tr::kPInRegs) {
-      // The output rescale only where a row's maximum moved: corr is exactly 1 otherwise (exp2 of 0), so
-      // skipping it when no row of the warp moved changes no bit and saves 4 kNTO kMTO multiplies a thread.
-      bool moved = false;
-#pragma unroll
-      for (int mt = 0; mt < Tr::kMTS; ++mt) moved = moved || corr[mt][0] != 1.f || corr[mt][1] != 1.f;
-      if (warp_any(moved)) {
-#pragma unroll
-        for (int mt = 0; mt < Tr::kMTO; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < Tr::kNTO; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] *= corr[mt][e >> 1];
-      }
+      rescale_rows(acc_o, corr);
       u32 pa[Tr::kMTS][kBN / 16][4];
       acc_to_a(pa, s);
       if constexpr (!kPaired) {
@@ -397,9 +348,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   for (int mt = 0; mt < Tr::kMTS; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float l = l_i[mt][h];
-      l += shfl_xor(l, 1);
-      l += shfl_xor(l, 2);
+      const float l = quad_sum(l_i[mt][h]);
       const int lr = srow(mt) + gid + 8 * h;
       if (tig == 0) {
         s_sum[wns * kBM + lr] = l;
@@ -418,7 +367,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
       float l = 0.f;
 #pragma unroll
       for (int w = 0; w < Tr::kWarpsNS; ++w) l += s_sum[w * kBM + lr];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float inv = softmax_inv(l);
       bf16* out = o + (g * group + rm.head(row)) * p.o_head_stride + rm.query(row) * p.o_token_stride + wno * Tr::kColsO;
 #pragma unroll
       for (int nt = 0; nt < Tr::kNTO; ++nt)
@@ -430,8 +379,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
     if (row >= rows) continue;
     float l = 0.f;
     for (int w = 0; w < Tr::kWarpsNS; ++w) l += s_sum[w * kBM + lr];
-    lse[(b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row)] =
-        l > 0.f ? s_m[lr] * float(p.scale) + logf(l) : -INFINITY;
+    lse[(b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row)] = softmax_lse(s_m[lr], float(p.scale), l);
   }
 }
 
@@ -503,18 +451,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
 
   float acc_o[1][kNTO][4];
   zero(acc_o);
-  float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+  float m_i[1][2], l_i[1][2];
+  online_softmax_init(m_i, l_i);
   const float sl2 = float(p.scale) * kLog2e;
-  // The output rescale only where a row's maximum moved (corr is exactly 1 otherwise).
-  auto rescale = [&](const float (&corr)[2]) {
-    if (warp_any(corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-      for (int nt = 0; nt < kNTO; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o[0][nt][e] *= corr[e >> 1];
-    }
-  };
-
   // The two warpgroups run their own loops, meeting at the same two barriers a step: (A) K_t is in and both are
   // done with tile t - 1 (its stage, P and corrections), (B) P_t and its corrections are in. Separate loops keep
   // each warpgroup's code between a wgmma's issue and its wait free of accesses to its accumulators.
@@ -528,43 +467,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
       // S = Q K^T (unscaled), masked to -inf.
       float s[1][kNT][4];
       warpgroup_mma_nt<1, kBN, kDqk, kBM>(s, s_q, 0, s_k);
-      if (n0 + kBN > n_full) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const i64 row = imin(row0 + r_lo + 8 * h, row_last);
-          const i64 vis = visible_keys(rm.query(row), p.q_offset, p.kv_len) - n0;
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (nt * 8 + 2 * tig + e >= vis) s[0][nt][2 * h + e] = -INFINITY;
-        }
-      }
+      if (n0 + kBN > n_full)
+        mask_scores(s, tig, [&](int, int h) {
+          return visible_keys(rm.query(imin(row0 + r_lo + 8 * h, row_last)), p.q_offset, p.kv_len) - n0;
+        });
       // Row maxima (the quad holds a whole row), P = exp2(S sl2 - m sl2), the running sums and corrections.
-      float corr[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float x = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) x = fmaxf(x, fmaxf(s[0][nt][2 * h], s[0][nt][2 * h + 1]));
-        x = fmaxf(x, shfl_xor(x, 1));
-        x = fmaxf(x, shfl_xor(x, 2));
-        const float m_new = fmaxf(m_i[h], x);
-        const float ms = m_new == -INFINITY ? 0.f : m_new * sl2;  // a row with nothing visible yet stays empty
-        corr[h] = exp2f(m_i[h] * sl2 - ms);
-        m_i[h] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = exp2f(fmaf(s[0][nt][2 * h + e], sl2, -ms));
-            s[0][nt][2 * h + e] = pv;
-            sum += pv;
-          }
-        l_i[h] = l_i[h] * corr[h] + sum;
-      }
-      rescale(corr);
+      float mx[1][2], corr[1][2];
+      row_max(mx, s);
+      online_softmax_step(m_i, l_i, s, mx, sl2, corr);
+      rescale_rows(acc_o, corr);
       // O[:, :kHalf] += P V is issued before P goes to shared memory: the tensor cores start while the stores,
       // the fence and the barrier run. P is rounded once (the same bf16 pairs in registers and shared memory).
       u32 pa[1][kBN / 16][4];
@@ -576,7 +487,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
         for (int j = 0; j < 4; ++j)
           *reinterpret_cast<u32*>(s_p + swz_k64<kBM>(r_lo + 8 * (j & 1), 16 * ks + 8 * (j >> 1) + 2 * tig)) =
               pa[0][ks][j];
-      if (tig == 0) s_corr[r_lo] = corr[0], s_corr[r_lo + 8] = corr[1];
+      if (tig == 0) s_corr[r_lo] = corr[0][0], s_corr[r_lo + 8] = corr[0][1];
       fence_proxy_async();  // warpgroup 1's wgmma reads P
       __syncthreads();      // (B)
       warpgroup_wait<0>(acc_o);
@@ -591,8 +502,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
         load_tile<kBN, kDqk, 128, kAligned, decltype(k_rows(0)), true>(stage((t + 1) & 1), k_rows(t + 1), tid - 128);
       cp_async_commit();
       __syncthreads();  // (B)
-      const float corr[2] = {s_corr[r_lo], s_corr[r_lo + 8]};
-      rescale(corr);
+      const float corr[1][2] = {{s_corr[r_lo], s_corr[r_lo + 8]}};
+      rescale_rows(acc_o, corr);
       warpgroup_mma_ss_tb_async<1, kHalf, kBN / 16, kBM, kBN>(acc_o, s_p, 0, s_k + (kHalf / 64) * kBN * 64);
       warpgroup_wait<0>(acc_o);
     }
@@ -602,10 +513,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
   if (wg == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float l = l_i[h];
-      l += shfl_xor(l, 1);
-      l += shfl_xor(l, 2);
-      if (tig == 0) s_sum[r_lo + 8 * h] = l, s_m[r_lo + 8 * h] = m_i[h];
+      const float l = quad_sum(l_i[0][h]);
+      if (tig == 0) s_sum[r_lo + 8 * h] = l, s_m[r_lo + 8 * h] = m_i[0][h];
     }
   }
   __syncthreads();
@@ -615,8 +524,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
     const int lr = r_lo + 8 * h;
     const i64 row = row0 + lr;
     if (row >= rows) continue;
-    const float l = s_sum[lr];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = softmax_inv(s_sum[lr]);
     bf16* out = o + (g * group + rm.head(row)) * p.o_head_stride + rm.query(row) * p.o_token_stride + wg * kHalf;
 #pragma unroll
     for (int nt = 0; nt < kNTO; ++nt)
@@ -626,9 +534,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
   for (int lr = tid; lr < kBM; lr += Tr::kThreads) {
     const i64 row = row0 + lr;
     if (row >= rows) continue;
-    const float l = s_sum[lr];
     lse[(b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row)] =
-        l > 0.f ? s_m[lr] * float(p.scale) + logf(l) : -INFINITY;
+        softmax_lse(s_m[lr], float(p.scale), s_sum[lr]);
   }
 }
 
@@ -1309,22 +1216,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
     // P = exp2(S sl2 - lse log2e), zero where the row does not see the key; then dS = P (dP - D).
     const bool masked = n0 + kBN > n_full;
-#pragma unroll
-    for (int mt = 0; mt < Tr::kMTS; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int lr = wr0 + mt * 16 + gid + 8 * h;
-        const float lse2 = s_lse[lr] * kLog2e;
-        const i64 vis = masked ? visible_keys(rm.query(imin(row0 + lr, row_last)), p.q_offset, p.kv_len) - n0 - wc0
-                               : i64(kBN);
-#pragma unroll
-        for (int nt = 0; nt < Tr::kNTS; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = exp2f(fmaf(s[mt][nt][2 * h + e], sl2, -lse2));
-            s[mt][nt][2 * h + e] = nt * 8 + 2 * tig + e < vis ? pv : 0.f;
-          }
-      }
+    probs_from_lse(
+        s, sl2, tig, [&](int mt, int h) { return s_lse[wr0 + mt * 16 + gid + 8 * h] * kLog2e; },
+        [&](int mt, int h) {
+          const int lr = wr0 + mt * 16 + gid + 8 * h;
+          return masked ? visible_keys(rm.query(imin(row0 + lr, row_last)), p.q_offset, p.kv_len) - n0 - wc0 : i64(kBN);
+        });
     if constexpr (Tr::kWgmma) warpgroup_wait<0>(dp);
 #pragma unroll
     for (int mt = 0; mt < Tr::kMTS; ++mt)
