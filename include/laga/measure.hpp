@@ -178,6 +178,12 @@ struct BenchPoint {
 nlohmann::ordered_json bench_point_report(const BenchPoint&, const TimeModel&, int repeat, int warmup, int gpu,
                                           Backend& be);
 
+// The schema of `laga bench` documents (docs/bench.md, docs/bench-schema.json).
+constexpr const char* kBenchSchema = "laga-bench/2";
+// A `laga bench` document before its points: the schema, the UTC start time, the machine (on cuda with the
+// cuDNN it loaded), the build, the sweep's configuration `config` (the CLI's options) and the time model.
+nlohmann::ordered_json bench_document(Device, nlohmann::ordered_json config, const TimeModel&);
+
 // Every rank's report in rank order, through a communicator over host buffers (a collective).
 std::vector<nlohmann::json> gather_reports(Communicator& host, const nlohmann::json& mine);
 // Where a run ran: hostname, the build's commit and whether its tracked files differed, the communicator,

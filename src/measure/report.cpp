@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -73,6 +74,18 @@ nlohmann::ordered_json bench_point_report(const BenchPoint& p, const TimeModel& 
   if (p.op_profile) doc["ops"] = ops_report(p.op_records, repeat);
   if (!p.timed.empty()) doc["exposed_communication"] = exposed_report(model, p.sp, p.run().traffic, p.reps(), p.timed);
   return doc;
+}
+
+nlohmann::ordered_json bench_document(Device device, nlohmann::ordered_json config, const TimeModel& model) {
+  using ojson = nlohmann::ordered_json;
+  const std::time_t t = std::time(nullptr);
+  char generated[32];
+  std::strftime(generated, sizeof generated, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  json machine = machine_inventory();
+  if (device == Device::Cuda) machine["cudnn"] = cudnn_report();
+  return {{"schema", kBenchSchema},     {"generated", generated},          {"complete", false},
+          {"machine", ojson(machine)},  {"build", ojson(build_report())},  {"config", std::move(config)},
+          {"time_model", ojson(time_model_json(model))}, {"points", ojson::array()}};
 }
 
 std::vector<json> gather_reports(Communicator& host, const json& mine) {

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -33,8 +32,6 @@ namespace laga::cli {
 namespace {
 
 using json = nlohmann::ordered_json;
-
-constexpr const char* kSchema = "laga-bench/2";
 
 struct BenchOptions {
   std::string model = "small";
@@ -84,15 +81,6 @@ void apply_sweeps(BenchOptions& o) {
     else if (key == "kernel") o.kernel = values;
     else LAGA_REQUIRE(false, "sweep key '", key, "': expected one of seq, sp, batch, form, layout, kernel");
   }
-}
-
-// ---------------------------------------------------------------- provenance
-
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
 }
 
 // ---------------------------------------------------------------- one point
@@ -579,21 +567,6 @@ json config_json(const BenchOptions& o, const Bench& b, const Grid& g, const std
   return config;
 }
 
-json bench_document(const Bench& b, json config) {
-  return {{"schema", kSchema},
-          {"generated", utc_now()},
-          {"complete", false},
-          {"machine", b.device == Device::Cuda ? [] {
-             json m = machine_inventory();
-             m["cudnn"] = cudnn_report();
-             return m;
-           }() : json(machine_inventory())},
-          {"build", json(build_report())},
-          {"config", std::move(config)},
-          {"time_model", json(time_model_json(b.model))},
-          {"points", json::array()}};
-}
-
 const char* kRowFormat = "%-9s %5s %6s %3s %3s %-10s %-5s %-19s %10s %10s %10s %8s %9s %9s %6s %9s %9s%s\n";
 
 void print_bench_header(const Bench& b, std::size_t points) {
@@ -684,7 +657,7 @@ int run_bench(BenchOptions o) {
   b.o = o;
   b.default_blas_threads = set_cpu_blas_threads(1);
   set_cpu_blas_threads(b.default_blas_threads);
-  json doc = bench_document(b, config_json(o, b, grid, dtype_text));
+  json doc = bench_document(b.device, config_json(o, b, grid, dtype_text), b.model);
   print_bench_header(b, points.size());
 
   const auto t0 = std::chrono::steady_clock::now();
