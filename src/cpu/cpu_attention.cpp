@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/causal.hpp"
+#include "core/softmax.hpp"
 #include "laga/errors.hpp"
 
 namespace laga::cpu {
@@ -117,9 +118,9 @@ void eager_forward(const AttentionFwdParams& p) {
             const T m = *std::max_element(row, row + n);
             T sum = 0;
             for (i64 j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - m));
-            const T inv = T(1) / sum;
+            const T inv = softmax_inv(sum);
             for (i64 j = 0; j < n; ++j) row[j] *= inv;
-            lse = m + std::log(sum);
+            lse = softmax_lse(m, sum);
           }
           std::fill(row + n, row + sk, T(0));
           if (p.lse) x.lse(b, h)[i] = lse;
@@ -229,9 +230,9 @@ void fused_forward(const AttentionFwdParams& p) {
               lse[m0 + r] = T(kNegInf);
               continue;
             }
-            const T inv = T(1) / row_sum[r];
+            const T inv = softmax_inv(row_sum[r]);
             for (i64 c = 0; c < p.d_v; ++c) orow[c] = ar[c] * inv;
-            lse[m0 + r] = row_max[r] + std::log(row_sum[r]);
+            lse[m0 + r] = softmax_lse(row_max[r], row_sum[r]);
           }
         }
       }

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/causal.hpp"
+#include "core/softmax.hpp"
 #include "cuda/cuda_gemm.cuh"
 #include "cuda/cuda_ops.cuh"
 
@@ -33,10 +34,10 @@ __global__ void __launch_bounds__(kRowThreads)
   float sum = 0.f;
   for (i64 j = threadIdx.x; j < n; j += kRowThreads) sum += expf(s[j] - m);
   sum = block_reduce<false>(sum, red);
-  const float inv = n > 0 ? 1.0f / sum : 0.f;
+  const float inv = softmax_inv(sum);  // sum = 0 where n = 0
   for (i64 j = threadIdx.x; j < kv_len; j += kRowThreads)
     pr[j] = from_float<T>(j < n ? expf(s[j] - m) * inv : 0.f);
-  if (lse != nullptr && threadIdx.x == 0) lse[row] = n > 0 ? m + logf(sum) : kNegInf;
+  if (lse != nullptr && threadIdx.x == 0) lse[row] = softmax_lse(m, sum);
 }
 
 // dS = P * (dP - rowsum(P * dP)), one block per (head, query) row.

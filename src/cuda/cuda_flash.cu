@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "core/causal.hpp"
+#include "core/softmax.hpp"
 #include "cuda/cuda_ops.cuh"
 #include "cuda/flash_tc.cuh"
 
@@ -176,10 +177,9 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(AttentionFwdParams 
 
   for (int e = tid; e < bm * dv; e += kThreads) {
     const int i = e / dv, c = e % dv;
-    const float l = s_sum[i];
-    o[i * p.o_token_stride + c] = from_float<T>(l > 0.f ? s_o[i * ldo + c] * (1.0f / l) : 0.f);
+    o[i * p.o_token_stride + c] = from_float<T>(s_o[i * ldo + c] * softmax_inv(s_sum[i]));
   }
-  if (tid < bm) lse[tid] = s_sum[tid] > 0.f ? s_max[tid] + logf(s_sum[tid]) : kNegInf;
+  if (tid < bm) lse[tid] = softmax_lse(s_max[tid], s_sum[tid]);
 }
 
 // ================================================================ backward

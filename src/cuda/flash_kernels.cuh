@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
     if (row >= rows) continue;
     float l = 0.f;
     for (int w = 0; w < Tr::kWarpsNS; ++w) l += s_sum[w * kBM + lr];
-    lse[(b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row)] = softmax_lse(s_m[lr], float(p.scale), l);
+    lse[(b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row)] = softmax_lse(s_m[lr] * float(p.scale), l);
   }
 }
 
@@ -535,7 +535,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
     const i64 row = row0 + lr;
     if (row >= rows) continue;
     lse[(b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row)] =
-        softmax_lse(s_m[lr], float(p.scale), s_sum[lr]);
+        softmax_lse(s_m[lr] * float(p.scale), s_sum[lr]);
   }
 }
 

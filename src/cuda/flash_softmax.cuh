@@ -4,11 +4,13 @@
 // row (mt, h) -- row 16 mt + gid + 8 h of the warp's rows in the mma.sync layout, 64 mt + 16 w + gid + 8 h of a
 // wgmma tile -- and column nt * 8 + 2 tig + e of the warp's columns (gid = lane / 4, tig = lane % 4): the four
 // lanes of a quad hold one row's columns between them. The kernels say which row and key each (mt, h) and
-// column are; these functions hold what is the same in all of them (the exp2 domain: sl2 = scale log2(e)).
+// column are; these functions hold what is the same in all of them (the exp2 domain: sl2 = scale log2(e)). The
+// row's finish, 1 / l and the log-sum-exp, is core/softmax.hpp's, shared with the eager and generic kernels.
 #pragma once
 
 #include <cmath>
 
+#include "core/softmax.hpp"
 #include "cuda/flash_warp.cuh"
 
 namespace laga::cuda::flash {
@@ -134,13 +136,6 @@ __device__ __forceinline__ void rescale_rows(float (&acc)[MT][NT][4], const floa
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[mt][nt][e] *= corr[mt][e >> 1];
   }
-}
-
-// The finish of a row with sum l and maximum m (unscaled): the output's factor 1 / l and the log-sum-exp
-// m scale + log(l); a row that sees no key (l = 0) gives 0 and -inf.
-__device__ __forceinline__ float softmax_inv(float l) { return l > 0.f ? 1.f / l : 0.f; }
-__device__ __forceinline__ float softmax_lse(float m, float scale, float l) {
-  return l > 0.f ? m * scale + logf(l) : -INFINITY;
 }
 
 }  // namespace laga::cuda::flash
