@@ -579,22 +579,12 @@ __device__ __forceinline__ void recompute_pt(float (&pt)[kMT][kNT][4], const flo
                                              RowMap rm, i64 r0, const AttentionFwdParams& p, i64 key0, int wk0,
                                              int gid, int tig) {
   const bool masked = key0 + kBN - 1 > rm.query(r0) + p.q_offset;
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int c = c0 + nt * 8 + 2 * tig + e;
-      const float lse2 = slse[c] * kLog2e;
-      // Keys this row sees, relative to the warp's first key.
-      const i64 vis = masked ? rm.query(r0 + c) + p.q_offset + 1 - key0 - wk0 : i64(kBN);
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float pv = exp2f(fmaf(pt[mt][nt][2 * h + e], sl2, -lse2));
-          pt[mt][nt][2 * h + e] = mt * 16 + gid + 8 * h < vis ? pv : 0.f;
-        }
-    }
+  probs_from_lse_t(
+      pt, sl2, gid, [&](int nt, int e) { return slse[c0 + frag_col(nt, tig, e)] * kLog2e; },
+      [&](int nt, int e) {  // keys this row sees, relative to the warp's first key
+        const int c = c0 + frag_col(nt, tig, e);
+        return masked ? rm.query(r0 + c) + p.q_offset + 1 - key0 - wk0 : i64(kBN);
+      });
 }
 
 // The dK/dV kernels' epilogue: dK = scale * acc_dk and dV = acc_dv of a warp's keys in bf16 (fragment row

@@ -39,8 +39,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], int tig, Vis 
 }
 
 // The backward's probabilities from the saved log-sum-exp, in place: p = exp2(s sl2 - lse2(mt, h)) where the row
-// sees the key, 0 elsewhere. lse2(mt, h): the row's log-sum-exp times log2(e); vis as for mask_scores. (The dK/dV
-// kernels' transposed fragments, keys as rows, have theirs in flash_kernels.cuh: recompute_pt.)
+// sees the key, 0 elsewhere. lse2(mt, h): the row's log-sum-exp times log2(e); vis as for mask_scores.
 template <int MT, int NT, class Lse2, class Vis>
 __device__ __forceinline__ void probs_from_lse(float (&s)[MT][NT][4], float sl2, int tig, Lse2 lse2, Vis vis) {
 #pragma unroll
@@ -55,6 +54,27 @@ __device__ __forceinline__ void probs_from_lse(float (&s)[MT][NT][4], float sl2,
         for (int e = 0; e < 2; ++e) {
           const float pv = exp2f(fmaf(s[mt][nt][2 * h + e], sl2, -l2));
           s[mt][nt][2 * h + e] = frag_col(nt, tig, e) < v ? pv : 0.f;
+        }
+    }
+}
+
+// The same on a transposed fragment (S^T, as the dK/dV kernels compute it): fragment row (mt, h) is a key, column
+// (nt, e) = nt * 8 + 2 tig + e a score row. lse2(nt, e): that row's log-sum-exp times log2(e); vis(nt, e): how
+// many of the warp's keys, from its first, that row sees.
+template <int MT, int NT, class Lse2, class Vis>
+__device__ __forceinline__ void probs_from_lse_t(float (&pt)[MT][NT][4], float sl2, int gid, Lse2 lse2, Vis vis) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float l2 = lse2(nt, e);
+      const i64 v = vis(nt, e);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float pv = exp2f(fmaf(pt[mt][nt][2 * h + e], sl2, -l2));
+          pt[mt][nt][2 * h + e] = mt * 16 + gid + 8 * h < v ? pv : 0.f;
         }
     }
 }
