@@ -6,6 +6,7 @@
 
 #include "block_state.hpp"
 #include "laga/config.hpp"
+#include "laga/cuda.hpp"
 #include "laga/errors.hpp"
 #include "laga/plan.hpp"
 #include "laga/report.hpp"
@@ -22,6 +23,22 @@ auto translating(F&& f) -> decltype(f()) {
   } catch (const laga::InvalidArgument& e) {
     TORCH_CHECK_VALUE(false, e.what());
   }
+}
+
+// What this extension was built with and what it runs with: CUDA, and cuDNN's attention (compiled in when the
+// cudnn-frontend headers were found; loaded at run time), so a user can tell why `auto` does not take cuDNN.
+std::string build_info() {
+  const laga::CudnnInfo c = laga::cuda_cudnn_info();
+  nlohmann::json cudnn = {{"compiled", c.compiled}, {"loaded", c.loaded}};
+  if (c.loaded) cudnn["version"] = c.version;
+  if (c.compiled) cudnn["compiled_version"] = c.compiled_version;
+  if (!c.error.empty()) cudnn["error"] = c.error;
+#ifdef LAGA_HAVE_CUDA
+  const bool cuda = true;
+#else
+  const bool cuda = false;
+#endif
+  return nlohmann::json{{"cuda", cuda}, {"cudnn", cudnn}}.dump();
 }
 
 std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> mla_forward(const c10::intrusive_ptr<Block>& block,
@@ -95,6 +112,7 @@ TORCH_LIBRARY(laga, m) {
         "bool retain) -> "
         "(Tensor, Tensor[])",
         &laga_torch::mla_backward);
+  m.def("build_info() -> str", &laga_torch::build_info);
   m.def("resolve_config(str name_or_path) -> str", &laga_torch::resolve_config);
   m.def("rank_positions(str layout, int seq, int ranks, int rank) -> int[]", &laga_torch::rank_positions);
   m.def("parse_config(str json_text) -> str", &laga_torch::parse_config);

@@ -3,7 +3,8 @@
 ``laga.torch.MultiheadLatentAttention`` is the block as an ``nn.Module`` (Hugging Face DeepSeek-V3 parameter
 names); ``laga.plan(...)`` is the per-rank plan of ``laga plan --json`` as a dict; ``laga.config(...)``
 resolves a preset name, a ``config.json`` path or a dict into the validated configuration;
-``laga.rank_positions(...)`` says which tokens of the sequence each rank holds in a layout.
+``laga.rank_positions(...)`` says which tokens of the sequence each rank holds in a layout; ``laga.build_info()``
+says whether the extension has CUDA and cuDNN's attention.
 """
 
 import json
@@ -30,6 +31,14 @@ def config(config):
     raise TypeError(f"config = {config!r}: expected a preset name, a config.json path or a dict")
 
 
+
+
+def build_info():
+    """What this package's extension was built with and runs with: ``{"cuda": bool, "cudnn": {"compiled": bool,
+    "loaded": bool, "version": int, "compiled_version": int, "error": str}}``. ``cudnn.compiled`` is False when the
+    build found no cudnn-frontend headers (``pip install nvidia-cudnn-frontend`` before building): then
+    ``attention_provider="auto"`` always runs laga's own attention kernels and ``"cudnn"`` is refused."""
+    return json.loads(_torch.ops.laga.build_info())
 
 
 def rank_positions(layout, seq, world, rank):

@@ -223,3 +223,14 @@ def test_plan_bad_input():
         laga.plan("tiny", seq=64, sp=4, layout="ring")
     with pytest.raises(ValueError, match="not divisible"):
         laga.plan("tiny", seq=66, sp=4)
+
+
+def test_build_info_says_what_the_extension_has():
+    info = laga.build_info()
+    assert set(info) == {"cuda", "cudnn"} and isinstance(info["cuda"], bool)
+    cudnn = info["cudnn"]
+    assert {"compiled", "loaded"} <= set(cudnn)
+    if not info["cuda"]:  # the CPU-only build: no cuDNN, and the reason given
+        assert not cudnn["compiled"] and not cudnn["loaded"] and "without CUDA" in cudnn["error"]
+    if cudnn["loaded"]:
+        assert cudnn["compiled"] and cudnn["version"] >= 90000
