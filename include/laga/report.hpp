@@ -86,6 +86,11 @@ std::string host_name();
 // the GPU and its memory around the run.
 nlohmann::json rank_report(const RankRun&, int rank, const DeviceMemory&, int gpu);
 
+struct CudnnInfo;  // laga/cuda.hpp
+// cuDNN as a process sees it (cuda_cudnn_info()): compiled in, loaded, the version loaded (cudnnGetVersion()),
+// the version built against, why not. Written by laga's documents and the Python package's build_info().
+nlohmann::json cudnn_info_report(const CudnnInfo&);
+
 // ---- the statistics of repeated runs (`laga bench`) ----
 
 // One timed repeat of a rank: its forward and backward pass.

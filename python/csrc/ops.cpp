@@ -28,17 +28,12 @@ auto translating(F&& f) -> decltype(f()) {
 // What this extension was built with and what it runs with: CUDA, and cuDNN's attention (compiled in when the
 // cudnn-frontend headers were found; loaded at run time), so a user can tell why `auto` does not take cuDNN.
 std::string build_info() {
-  const laga::CudnnInfo c = laga::cuda_cudnn_info();
-  nlohmann::json cudnn = {{"compiled", c.compiled}, {"loaded", c.loaded}};
-  if (c.loaded) cudnn["version"] = c.version;
-  if (c.compiled) cudnn["compiled_version"] = c.compiled_version;
-  if (!c.error.empty()) cudnn["error"] = c.error;
 #ifdef LAGA_HAVE_CUDA
   const bool cuda = true;
 #else
   const bool cuda = false;
 #endif
-  return nlohmann::json{{"cuda", cuda}, {"cudnn", cudnn}}.dump();
+  return nlohmann::json{{"cuda", cuda}, {"cudnn", laga::cudnn_info_report(laga::cuda_cudnn_info())}}.dump();
 }
 
 std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> mla_forward(const c10::intrusive_ptr<Block>& block,

@@ -123,14 +123,7 @@ json machine_report(Device device, int gpu, const std::string& communicator) {
   return j;
 }
 
-json cudnn_report() {
-  const CudnnInfo c = cuda_cudnn_info();
-  json j = {{"compiled", c.compiled}, {"loaded", c.loaded}};
-  if (c.loaded) j["version"] = c.version;  // cudnnGetVersion() of the library that ran
-  if (c.compiled) j["compiled_version"] = c.compiled_version;
-  if (!c.error.empty()) j["error"] = c.error;
-  return j;
-}
+json cudnn_report() { return cudnn_info_report(cuda_cudnn_info()); }
 
 json attention_calls_report(Backend& be) {
   const AttentionProviderCounts c = cuda_attention_provider_counts(be);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "laga/cuda.hpp"
 #include "laga/errors.hpp"
 #include "laga/report.hpp"
 
@@ -65,6 +66,14 @@ std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
   return buf;
+}
+
+json cudnn_info_report(const CudnnInfo& c) {
+  json j = {{"compiled", c.compiled}, {"loaded", c.loaded}};
+  if (c.loaded) j["version"] = c.version;  // cudnnGetVersion() of the library that ran
+  if (c.compiled) j["compiled_version"] = c.compiled_version;
+  if (!c.error.empty()) j["error"] = c.error;
+  return j;
 }
 
 json rank_report(const RankRun& run, int rank, const DeviceMemory& mem, int gpu) {
