@@ -149,7 +149,8 @@ def laga_scale(c):
     return scale
 
 
-def time_module(mod, seq, d, warmup, reps):
+def module_inputs(mod, seq, d):
+    """The timed input and output gradient ([1, seq, d], bf16, seed 0), and one training step of `mod` on them."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.rand((1, seq, d), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16).requires_grad_(True)
     dy = (torch.rand((1, seq, d), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
@@ -158,6 +159,12 @@ def time_module(mod, seq, d, warmup, reps):
         mod.zero_grad(set_to_none=True)
         x.grad = None
         mod(x).backward(dy)
+
+    return x, dy, step
+
+
+def time_module(mod, seq, d, warmup, reps):
+    x, dy, step = module_inputs(mod, seq, d)
 
     for _ in range(warmup):
         step()
@@ -194,16 +201,9 @@ def time_interleaved(mod, seq, d, warmup, rounds, per_round):
     `per_round` back-to-back steps each, so that both see the same clocks: under sustained load the GPU
     settles at its power limit within a few hundred steps' worth of milliseconds, and a figure taken in
     another process or at another moment reads that drift, not the module's cost."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = (torch.rand((1, seq, d), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16).requires_grad_(True)
-    dy = (torch.rand((1, seq, d), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
+    x, dy, module_step = module_inputs(mod, seq, d)
     x_sb, dy_sb = x.detach().transpose(0, 1).contiguous(), dy.transpose(0, 1).contiguous()
     params = [p.detach() for p in mod._hf_params()]
-
-    def module_step():
-        mod.zero_grad(set_to_none=True)
-        x.grad = None
-        mod(x).backward(dy)
 
     def block_step():
         with torch.no_grad():
