@@ -781,7 +781,6 @@ cmd_cudnn() {
   #      torch.compile around the attention -> peer.json.
   # The machine may have two cuDNNs (the system's, and PyTorch's wheel's): laga is pointed at PyTorch's (the one its
   # SDPA runs), and the JSON documents record the version loaded. Everything in cudnn.tar.gz; a summary to stdout.
-  local plain_ld=${LD_LIBRARY_PATH:-}  # the peer runs with the machine's own library path (PyTorch finds its libraries)
   gpu_start "${1:-}" cudnn
   need_bin laga
   local parts=${2:-tbapc} seqs=${3:-4096,16384,32768} out t0 laga=$dist/laga
@@ -837,7 +836,8 @@ cmd_cudnn() {
   fi
   if [[ $parts == *c* ]]; then
     stamp peer
-    LD_LIBRARY_PATH=$plain_ld "$python" scripts/peer_torch_block.py --seq "$seqs" --sp 8 --form explicit,laga \
+    # The peer runs with the machine's own library path (PyTorch finds its libraries).
+    LD_LIBRARY_PATH=$MACHINE_LD_LIBRARY_PATH "$python" scripts/peer_torch_block.py --seq "$seqs" --sp 8 --form explicit,laga \
       --compile both --out "$out/peer.json" 2>&1 | tee "$out/peer.txt" | grep -E '^peer'
   fi
   stamp "done"
