@@ -775,8 +775,8 @@ cmd_cudnn() {
   #   a. `laga bench-attention`: both providers at DeepSeek-V3's per-rank shapes (P = 8, a2a and all_gather) ->
   #      attention-providers.json, the table `auto` chooses from;
   #   p. `laga bench --device cuda --phantom`, DeepSeek-V3, a2a, P = 8, fused, per provider (laga: LAGA, explicit,
-  #      absorbed; cudnn and auto: LAGA, explicit; cudnn and auto again with --nondeterministic) ->
-  #      h200-block-<provider>[-nondet].json;
+  #      absorbed; cudnn and auto: LAGA, explicit; cudnn and auto again with --nondeterministic), the weight
+  #      gradients in bf16 as the peer's (--grad-dtype bfloat16) -> h200-block-<provider>[-nondet].json;
   #   c. scripts/peer_torch_block.py: the same rank in plain PyTorch (SDPA), explicit and LAGA, eager and with
   #      torch.compile around the attention -> peer.json.
   # The machine may have two cuDNNs (the system's, and PyTorch's wheel's): laga is pointed at PyTorch's (the one its
@@ -829,7 +829,8 @@ cmd_cudnn() {
       stamp "bench $run"
       # shellcheck disable=SC2086
       "$laga" bench --device cuda --phantom --model deepseek-v3 --seq "$seqs" --sp 8 --layout a2a --kernel fused \
-        --form $forms --attention-provider "$provider" $flag --repeat 5 --warmup 1 --out "$out/h200-block-$run.json" \
+        --form $forms --attention-provider "$provider" $flag --grad-dtype bfloat16 --repeat 5 --warmup 1 \
+        --out "$out/h200-block-$run.json" \
         >"$out/bench-$run.txt" 2>&1
       echo "exit $?"; tail -12 "$out/bench-$run.txt"
     done

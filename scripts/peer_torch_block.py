@@ -163,8 +163,9 @@ def measure(c, S, P, B, form, compile_parts, warmup, repeat):
             bwd_ms.append(e1.elapsed_time(e2))
             peaks.append(torch.cuda.max_memory_allocated() - base)
         del y
-    # Which attention kernels ran: the CUDA kernels' names of one more pass, as the profiler sees them.
-    kernels = set()
+    # Which attention kernels ran, and their GPU time in one more pass, as the profiler sees them (so the
+    # attention inside this block can be set beside laga's attention phase).
+    kernels, kernel_ms = set(), {}
     try:
         from torch.profiler import profile, ProfilerActivity
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -174,13 +175,18 @@ def measure(c, S, P, B, form, compile_parts, warmup, repeat):
             n = ev.key.lower()
             if any(tag in n for tag in ("cudnn", "flash", "fmha", "attention", "sdpa")):
                 kernels.add(ev.key[:120])
+                us = getattr(ev, "device_time_total", None)
+                if us is None:
+                    us = getattr(ev, "cuda_time_total", 0)
+                kernel_ms[ev.key[:120]] = round(us / 1e3, 4)
     except Exception as e:  # the profiler is a nicety here
         kernels.add(f"profiler unavailable: {e}")
     del block, W, x, dy
     return {"forward_ms": statistics.median(fwd_ms), "backward_ms": statistics.median(bwd_ms),
             "block_ms": statistics.median([f + b for f, b in zip(fwd_ms, bwd_ms)]),
             "forward_ms_all": fwd_ms, "backward_ms_all": bwd_ms,
-            "peak_bytes": max(peaks), "attention_kernels": sorted(kernels)}
+            "peak_bytes": max(peaks), "attention_kernels": sorted(kernels),
+            "attention_kernel_ms": kernel_ms}
 
 
 def source_tree():

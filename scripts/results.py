@@ -788,6 +788,9 @@ def peer_section(results_dir, schema):
     m = peer["machine"]
     any_doc = next(iter(docs.values()))[1] if docs else None
     cudnn = any_doc["machine"].get("cudnn", {}) if any_doc else {}
+    grad_dtypes = {d["config"].get("grad_dtype") or "float32" for _, d in docs.values()}
+    grad_text = ("in bf16, as the peer's (`--grad-dtype bfloat16`)" if grad_dtypes == {"bfloat16"} else
+                 "in " + " and ".join(sorted(grad_dtypes)) + " (the peer's are bf16)")
     md = ["## laga against the PyTorch peer: one a2a rank of DeepSeek-V3", "",
           f"The same rank (P = {peer['points'][0]['sp']}, rank P-1, bf16, batch 1, exchanges emulated by local "
           "copies) in laga (`laga bench --device cuda --phantom --layout a2a --kernel fused`, one document per "
@@ -795,8 +798,9 @@ def peer_section(results_dir, schema):
           "`scaled_dot_product_attention`, autograd; eager, and with the parts around attention under "
           "`torch.compile`), measured in one run on "
           f"{m['device_name']} (PyTorch {m['torch']} with its cuDNN {m['cudnn']}, which SDPA ran; laga's cuDNN "
-          f"provider loaded {cudnn.get('version', 'none')}). Time: forward + backward, median, ms. Peak: laga's "
-          "allocator peak of the backward plus its kernel scratch (weights, inputs and the float32 weight gradients "
+          f"provider loaded {cudnn.get('version', 'none')}). laga's weight gradients: {grad_text}. "
+          "Time: forward + backward, median, ms. Peak: laga's "
+          "allocator peak of the backward plus its kernel scratch (weights, inputs and the weight gradients "
           "excluded); PyTorch's max_memory_allocated over the pass above what was allocated before it (its bf16 "
           "weight gradients included). PyTorch's SDPA runs cuDNN's non-deterministic backward; laga's cuDNN "
           "provider the deterministic one (whose workspace is the scratch below), or with `--nondeterministic` "
