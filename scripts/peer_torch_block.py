@@ -10,7 +10,8 @@ Per rank (s = S / P local tokens, H / P heads after the exchange), bf16 weights 
   all-to-all of O (heads -> tokens); y = o W_O
 The exchanges are emulated by local copies of the bytes the rank would receive (the rank's own chunk
 repeated), as laga's phantom rank does. Forward and backward (autograd, upstream gradient dy) are timed with
-CUDA events (median of --repeat after --warmup); peak memory is torch.cuda.max_memory_allocated over the
+CUDA events (median of --repeat after --warmup; the timed passes queued back to back as a training loop runs
+them, or with --sync-each-pass each waited for, which idles the GPU between passes); peak memory is torch.cuda.max_memory_allocated over the
 pass, minus what was allocated before it (weights, x, dy). With --compile the non-attention parts run under
 torch.compile too (the attention call stays SDPA).
 
@@ -137,18 +138,24 @@ def make_block(c, S, P, B, form, compile_parts):
     return block, W
 
 
-def measure(c, S, P, B, form, compile_parts, warmup, repeat):
+def measure(c, S, P, B, form, compile_parts, warmup, repeat, sync_each_pass=False):
+    """Forward and backward times (CUDA events) and the peak memory of `repeat` passes after `warmup`. The timed
+    passes are queued back to back, as a training loop runs them (the host waits once, at the end); with
+    sync_each_pass the host waits for the GPU after every pass, which leaves the GPU idle between passes and so
+    lets it hold higher clocks under its power limit than a training loop would."""
     torch.cuda.empty_cache()
     torch.manual_seed(0)
     block, W = make_block(c, S, P, B, form, compile_parts)
     s = S // P
     x = torch.randn(s, B, c["hidden"], device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(s, B, c["hidden"], device="cuda", dtype=torch.bfloat16)
-    fwd_ms, bwd_ms, peaks = [], [], []
+    timed, peaks = [], []
     for it in range(warmup + repeat):
         for t in list(W.values()) + [x]:
             t.grad = None
-        torch.cuda.synchronize()
+        if sync_each_pass or it <= warmup:  # the warm-ups (compilation) settle before the first timed pass
+            torch.cuda.synchronize()
+        # The caching allocator counts on the host, in stream order: no wait is needed for the peak.
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
@@ -157,41 +164,65 @@ def measure(c, S, P, B, form, compile_parts, warmup, repeat):
         e1.record()
         y.backward(dy)
         e2.record()
-        torch.cuda.synchronize()
+        if sync_each_pass:
+            torch.cuda.synchronize()
         if it >= warmup:
-            fwd_ms.append(e0.elapsed_time(e1))
-            bwd_ms.append(e1.elapsed_time(e2))
+            timed.append((e0, e1, e2))
             peaks.append(torch.cuda.max_memory_allocated() - base)
         del y
-    # Which attention kernels ran, and their GPU time in one more pass, as the profiler sees them (so the
-    # attention inside this block can be set beside laga's attention phase).
-    kernels, kernel_ms = set(), {}
+    torch.cuda.synchronize()
+    fwd_ms = [e0.elapsed_time(e1) for e0, e1, _ in timed]
+    bwd_ms = [e1.elapsed_time(e2) for _, e1, e2 in timed]
+    # Which kernels ran and their GPU time per pass, from the profiler over `repeat` more passes after `warmup`
+    # (the same sustained regime as the timed passes, so the clocks match): the attention kernels by name, and
+    # the GPU time per pass by class (attention, GEMM, the rest), to set beside `laga bench --op-profile`.
+    kernels, kernel_ms, by_class = set(), {}, {}
     try:
-        from torch.profiler import profile, ProfilerActivity
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            block(x).backward(dy)
+        from torch.profiler import profile, ProfilerActivity, schedule
+        with profile(activities=[ProfilerActivity.CUDA], acc_events=True,
+                     schedule=schedule(wait=0, warmup=warmup, active=repeat)) as prof:
+            for _ in range(warmup + repeat):
+                for t in list(W.values()) + [x]:
+                    t.grad = None
+                block(x).backward(dy)
+                if sync_each_pass:
+                    torch.cuda.synchronize()
+                prof.step()
             torch.cuda.synchronize()
         for ev in prof.key_averages():
+            us = getattr(ev, "device_time_total", None)
+            if us is None:
+                us = getattr(ev, "cuda_time_total", 0)
+            if not us:
+                continue
             n = ev.key.lower()
             if any(tag in n for tag in ("cudnn", "flash", "fmha", "attention", "sdpa")):
+                kind = "attention"
                 kernels.add(ev.key[:120])
-                us = getattr(ev, "device_time_total", None)
-                if us is None:
-                    us = getattr(ev, "cuda_time_total", 0)
-                kernel_ms[ev.key[:120]] = round(us / 1e3, 4)
+                kernel_ms[ev.key[:120]] = round(us / 1e3 / repeat, 4)
+            elif any(tag in n for tag in ("gemm", "nvjet", "cutlass", "xmma", "cublas")):
+                kind = "gemm"
+            else:
+                kind = "other"
+            by_class[kind] = by_class.get(kind, 0.0) + us / 1e3 / repeat
     except Exception as e:  # the profiler is a nicety here
         kernels.add(f"profiler unavailable: {e}")
+    by_class = {k: round(v, 4) for k, v in sorted(by_class.items())}
     del block, W, x, dy
     return {"forward_ms": statistics.median(fwd_ms), "backward_ms": statistics.median(bwd_ms),
             "block_ms": statistics.median([f + b for f, b in zip(fwd_ms, bwd_ms)]),
             "forward_ms_all": fwd_ms, "backward_ms_all": bwd_ms,
             "peak_bytes": max(peaks), "attention_kernels": sorted(kernels),
-            "attention_kernel_ms": kernel_ms}
+            "attention_kernel_ms": kernel_ms,
+            "gpu_ms_by_class": by_class}
 
 
 def source_tree():
-    """(commit, dirty) of the code measured: git's where this is a checkout, else what `scripts/gpu.sh` exports from
-    the carried build's BUILD (LAGA_BUILD_COMMIT, LAGA_BUILD_DIRTY 1/0); dirty is None when unknown."""
+    """(commit, dirty) of the code measured: what `scripts/gpu.sh` exports from the carried build's BUILD
+    (LAGA_BUILD_COMMIT, LAGA_BUILD_DIRTY 1/0) where it ran this, else git's where this is a checkout; dirty is
+    None when unknown."""
+    if os.environ.get("LAGA_BUILD_COMMIT"):
+        return os.environ["LAGA_BUILD_COMMIT"], {"0": False, "1": True}.get(os.environ.get("LAGA_BUILD_DIRTY", ""))
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
@@ -199,8 +230,7 @@ def source_tree():
             return commit, bool(status.stdout.strip())
     except OSError:
         pass
-    return (os.environ.get("LAGA_BUILD_COMMIT") or "unknown",
-            {"0": False, "1": True}.get(os.environ.get("LAGA_BUILD_DIRTY", "")))
+    return "unknown", None
 
 
 def main():
@@ -212,6 +242,8 @@ def main():
     ap.add_argument("--compile", default="off", help="off, on, or both")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--sync-each-pass", action="store_true",
+                    help="wait for the GPU after every timed pass (idle gaps: higher clocks than a training loop)")
     ap.add_argument("--out")
     a = ap.parse_args()
     c = DSV3
@@ -219,18 +251,20 @@ def main():
     doc = {"schema": "laga-peer/1", "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "command": "python3 scripts/peer_torch_block.py " + " ".join(
                f"--{k} {v}" for k, v in [("seq", a.seq), ("sp", a.sp), ("batch", a.batch), ("form", a.form),
-                                         ("compile", a.compile), ("warmup", a.warmup), ("repeat", a.repeat)]),
+                                         ("compile", a.compile), ("warmup", a.warmup), ("repeat", a.repeat)]) +
+               (" --sync-each-pass" if a.sync_each_pass else ""),
            "machine": {"hostname": platform.node(), "device_name": torch.cuda.get_device_name(),
                        "torch": torch.__version__, "cuda": torch.version.cuda,
                        "cudnn": torch.backends.cudnn.version()},
            "commit": commit, "dirty": dirty, "model": "deepseek-v3", "dtype": "bfloat16", "layout": "a2a",
-           "rank": "P-1 of P, exchanges emulated by local copies", "points": []}
+           "rank": "P-1 of P, exchanges emulated by local copies",
+           "timed_passes": "each pass waited for" if a.sync_each_pass else "queued back to back", "points": []}
     compiles = {"off": [False], "on": [True], "both": [False, True]}[a.compile]
     for S in [int(v) for v in a.seq.split(",")]:
         for form in a.form.split(","):
             for comp in compiles:
                 try:
-                    m = measure(c, S, a.sp, a.batch, form, comp, a.warmup, a.repeat)
+                    m = measure(c, S, a.sp, a.batch, form, comp, a.warmup, a.repeat, a.sync_each_pass)
                 except torch.cuda.OutOfMemoryError as e:
                     m = {"error": f"out of memory: {str(e).splitlines()[0][:160]}"}
                 pt = {"seq": S, "sp": a.sp, "batch": a.batch, "form": form, "compile": comp, **m}
@@ -240,7 +274,7 @@ def main():
                 else:
                     print(f"peer S={S} P={a.sp} {form:8} compile={str(comp):5} fwd {m['forward_ms']:8.2f} ms  bwd "
                           f"{m['backward_ms']:8.2f} ms  block {m['block_ms']:8.2f} ms  peak "
-                          f"{m['peak_bytes'] / 2**30:6.2f} GiB  {m['attention_kernels'][:2]}", flush=True)
+                          f"{m['peak_bytes'] / 2**30:6.2f} GiB  GPU ms per pass {m['gpu_ms_by_class']}", flush=True)
                 if a.out:
                     with open(a.out, "w") as f:
                         json.dump(doc, f, indent=1)
