@@ -111,12 +111,12 @@ struct Variant {
                         .absorbed_attention = absorbed, .dtype = dtype};
   }
 };
-// `base` with the variant's form, recompute and absorbed attention.
+// `base` with the variant's form, recompute and absorbed attention; every other option is base's.
 inline BlockOptions with_variant(BlockOptions base, const Variant& v) {
-  BlockOptions o = v.options(base.layout, base.kernel, base.dtype);
-  o.kv_grad_reduce_fp32 = base.kv_grad_reduce_fp32;
-  o.overlap = base.overlap;
-  return o;
+  base.form = v.form;
+  base.recompute = v.recompute;
+  base.absorbed_attention = v.absorbed;
+  return base;
 }
 // The variant a set of options runs (the absorbed attention choice only matters for the absorbed form).
 inline Variant variant_of(const BlockOptions& o) {

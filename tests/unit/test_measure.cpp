@@ -27,6 +27,25 @@ TEST(MeasureNames, VariantIdsRoundTrip) {
   EXPECT_NO_THROW(require_dtype_runs_on(DType::F32, Device::Cuda));
 }
 
+// A variant sets the form, recompute and absorbed attention only: every other option a front end chose
+// (gradient dtype, accumulation into the gradients, overlap, the K/V gradient sum's dtype) stays.
+TEST(MeasureNames, WithVariantKeepsTheOtherOptions) {
+  const BlockOptions base{.layout = Layout::AllGather, .kernel = AttentionKernel::Eager, .dtype = DType::BF16,
+                          .kv_grad_reduce_fp32 = true, .overlap = true, .grad_dtype = DType::BF16,
+                          .accumulate_grads = true};
+  for (const Variant& v : kAllVariants) {
+    const BlockOptions o = with_variant(base, v);
+    EXPECT_EQ(variant_of(o).name(), v.name());
+    EXPECT_EQ(o.layout, base.layout);
+    EXPECT_EQ(o.kernel, base.kernel);
+    EXPECT_EQ(o.dtype, base.dtype);
+    EXPECT_TRUE(o.kv_grad_reduce_fp32);
+    EXPECT_TRUE(o.overlap);
+    EXPECT_EQ(o.grad_dtype, std::optional<DType>(DType::BF16));
+    EXPECT_TRUE(o.accumulate_grads);
+  }
+}
+
 TEST(CheckPolicy, Bf16AtPAboveOneHoldsLagaToExplicitAtTheSameP) {
   BlockOptions laga{.form = Form::Laga, .dtype = DType::BF16};
   const CheckPolicy p = check_policy(laga, 4, Device::Cuda, 0);
