@@ -76,7 +76,7 @@ def all_gather(t, P):
     return torch.cat([t] * P, dim=0)
 
 
-def make_block(c, S, P, B, form, compile_parts):
+def make_block(c, S, P, B, form, compile_parts, init="randn"):
     s, H, hp = S // P, c["heads"], c["heads"] // P
     d_qk, dn, dr, dv, r_kv = c["d_nope"] + c["d_rope"], c["d_nope"], c["d_rope"], c["d_v"], c["kv_lora"]
     inv_freq, rope_mscale, attn_mscale = yarn_inv_freq_and_mscale(c)
@@ -90,13 +90,20 @@ def make_block(c, S, P, B, form, compile_parts):
                 (torch.sin(ang) * rope_mscale).to("cuda", torch.bfloat16)[:, None, None, :])
     cos_l, sin_l = cos_sin(pos_local)
 
-    def w(*shape):
-        return (torch.randn(*shape, device="cuda", dtype=torch.float32) / math.sqrt(shape[0])).to(
-            torch.bfloat16).requires_grad_()
-    W = dict(dq=w(c["hidden"], c["q_lora"]), q_norm=torch.ones(c["q_lora"], device="cuda", dtype=torch.bfloat16,
-                                                                requires_grad=True),
+    def draw(*shape):  # "uniform": U(-1, 1), as laga's synthetic data; "randn": N(0, 1)
+        if init == "uniform":
+            return torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1
+        return torch.randn(*shape, device="cuda", dtype=torch.float32)
+
+    def w(*shape):  # [in, out], scaled by 1 / sqrt(fan_in)
+        return (draw(*shape) / math.sqrt(shape[0])).to(torch.bfloat16).requires_grad_()
+
+    def norm(n):  # the norms' scales: ones, or 1 + 0.1 U(-1, 1) as laga's
+        g = torch.ones(n, device="cuda") + (0.1 * draw(n) if init == "uniform" else 0)
+        return g.to(torch.bfloat16).requires_grad_()
+    W = dict(dq=w(c["hidden"], c["q_lora"]), q_norm=norm(c["q_lora"]),
              uq=w(c["q_lora"], H * d_qk), dkv=w(c["hidden"], r_kv + dr),
-             kv_norm=torch.ones(r_kv, device="cuda", dtype=torch.bfloat16, requires_grad=True),
+             kv_norm=norm(r_kv),
              uk=w(r_kv, H * dn), uv=w(r_kv, H * dv), o=w(H * dv, c["hidden"]))
     eps = c["eps"]
 
@@ -138,17 +145,21 @@ def make_block(c, S, P, B, form, compile_parts):
     return block, W
 
 
-def measure(c, S, P, B, form, compile_parts, warmup, repeat, sync_each_pass=False):
+def measure(c, S, P, B, form, compile_parts, warmup, repeat, sync_each_pass=False, init="randn"):
     """Forward and backward times (CUDA events) and the peak memory of `repeat` passes after `warmup`. The timed
     passes are queued back to back, as a training loop runs them (the host waits once, at the end); with
     sync_each_pass the host waits for the GPU after every pass, which leaves the GPU idle between passes and so
     lets it hold higher clocks under its power limit than a training loop would."""
     torch.cuda.empty_cache()
     torch.manual_seed(0)
-    block, W = make_block(c, S, P, B, form, compile_parts)
+    block, W = make_block(c, S, P, B, form, compile_parts, init)
     s = S // P
-    x = torch.randn(s, B, c["hidden"], device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(s, B, c["hidden"], device="cuda", dtype=torch.bfloat16)
+    if init == "uniform":  # x and dy in U(-1, 1), as laga's
+        x = (torch.rand(s, B, c["hidden"], device="cuda") * 2 - 1).to(torch.bfloat16).requires_grad_()
+        dy = (torch.rand(s, B, c["hidden"], device="cuda") * 2 - 1).to(torch.bfloat16)
+    else:
+        x = torch.randn(s, B, c["hidden"], device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(s, B, c["hidden"], device="cuda", dtype=torch.bfloat16)
     timed, peaks = [], []
     for it in range(warmup + repeat):
         for t in list(W.values()) + [x]:
@@ -174,7 +185,7 @@ def measure(c, S, P, B, form, compile_parts, warmup, repeat, sync_each_pass=Fals
     fwd_ms = [e0.elapsed_time(e1) for e0, e1, _ in timed]
     bwd_ms = [e1.elapsed_time(e2) for _, e1, e2 in timed]
     # Which kernels ran and their GPU time per pass, from the profiler over `repeat` more passes after `warmup`
-    # (the same sustained regime as the timed passes, so the clocks match): the attention kernels by name, and
+    # (each waited for, so that a pass's kernels fall in its profiler step): the attention kernels by name, and
     # the GPU time per pass by class (attention, GEMM, the rest), to set beside `laga bench --op-profile`.
     kernels, kernel_ms, by_class = set(), {}, {}
     try:
@@ -185,10 +196,8 @@ def measure(c, S, P, B, form, compile_parts, warmup, repeat, sync_each_pass=Fals
                 for t in list(W.values()) + [x]:
                     t.grad = None
                 block(x).backward(dy)
-                if sync_each_pass:
-                    torch.cuda.synchronize()
+                torch.cuda.synchronize()  # each pass's kernels within its profiler step
                 prof.step()
-            torch.cuda.synchronize()
         for ev in prof.key_averages():
             us = getattr(ev, "device_time_total", None)
             if us is None:
@@ -242,6 +251,9 @@ def main():
     ap.add_argument("--compile", default="off", help="off, on, or both")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--init", choices=("randn", "uniform"), default="randn",
+                    help="the data: weights N(0,1) / sqrt(fan_in), unit norm scales, x and dy N(0,1); or laga's: "
+                         "U(-1,1) / sqrt(fan_in) (as torch.nn.Linear's default), 1 + 0.1 U(-1,1), U(-1,1)")
     ap.add_argument("--sync-each-pass", action="store_true",
                     help="wait for the GPU after every timed pass (idle gaps: higher clocks than a training loop)")
     ap.add_argument("--out")
@@ -252,19 +264,20 @@ def main():
            "command": "python3 scripts/peer_torch_block.py " + " ".join(
                f"--{k} {v}" for k, v in [("seq", a.seq), ("sp", a.sp), ("batch", a.batch), ("form", a.form),
                                          ("compile", a.compile), ("warmup", a.warmup), ("repeat", a.repeat)]) +
-               (" --sync-each-pass" if a.sync_each_pass else ""),
+               (" --sync-each-pass" if a.sync_each_pass else "") + (f" --init {a.init}" if a.init != "randn" else ""),
            "machine": {"hostname": platform.node(), "device_name": torch.cuda.get_device_name(),
                        "torch": torch.__version__, "cuda": torch.version.cuda,
                        "cudnn": torch.backends.cudnn.version()},
            "commit": commit, "dirty": dirty, "model": "deepseek-v3", "dtype": "bfloat16", "layout": "a2a",
            "rank": "P-1 of P, exchanges emulated by local copies",
-           "timed_passes": "each pass waited for" if a.sync_each_pass else "queued back to back", "points": []}
+           "timed_passes": "each pass waited for" if a.sync_each_pass else "queued back to back",
+           "init": a.init, "points": []}
     compiles = {"off": [False], "on": [True], "both": [False, True]}[a.compile]
     for S in [int(v) for v in a.seq.split(",")]:
         for form in a.form.split(","):
             for comp in compiles:
                 try:
-                    m = measure(c, S, a.sp, a.batch, form, comp, a.warmup, a.repeat, a.sync_each_pass)
+                    m = measure(c, S, a.sp, a.batch, form, comp, a.warmup, a.repeat, a.sync_each_pass, a.init)
                 except torch.cuda.OutOfMemoryError as e:
                     m = {"error": f"out of memory: {str(e).splitlines()[0][:160]}"}
                 pt = {"seq": S, "sp": a.sp, "batch": a.batch, "form": form, "compile": comp, **m}
