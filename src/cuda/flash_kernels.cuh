@@ -1096,8 +1096,6 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
     reg_fence_all(acc_b);
     __syncthreads();  // (C) dS^T is in; dO_t and D_t are no longer read
     if (tid == 0) wait_counter(dq_count + tile_base + r0 / kBM, unsigned(kblock));  // the key blocks before this one
-    if (t + 1 < n_tiles) load_do(t + 1);
-    cp_async_commit();
 
     // dKV += dS^T Q over the warpgroup's columns; then dQ = dS K by chunks, two accumulators in turn.
     float qa[8][4], qb[8][4], qc[4][4];
@@ -1115,16 +1113,22 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
       warpgroup_mma_ss_tb_async<1, 64, kBM / 16, kBN, kBM>(acc_c, s_dst, 0,
                                                            col(s_q, kBM, kDv));
     }
+    if (t + 1 < n_tiles) load_do(t + 1);  // requested while dS^T Q runs
+    cp_async_commit();
     wgmma_wait<0>();
     reg_fence_all(acc_a);
     reg_fence_all(acc_b);
     reg_fence_all(acc_c);
     __syncthreads();  // (D) Q_t and lse_t are no longer read; this row tile's earlier key blocks have added theirs
+    // dQ's first chunk is issued before Q_{t+1} is requested (the tensor cores start first). The adds choose
+    // store or red without a branch (a divergent path with wgmma in flight serialises them: C7518).
+    if constexpr (kWg == 0)
+      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qa, s_dst, col(s_k, kBN, 0));
+    else
+      warpgroup_mma_tt_n_async<32, kBN / 16, kBN, kBN>(qc, s_dst, col(s_k, kBN, 288));
     if (t + 1 < n_tiles) load_q(t + 1);
     cp_async_commit();
-    // No branch from here to the last wait (a divergent path with wgmma in flight serialises them: C7518).
-    if constexpr (kWg == 0) {  // chunks: qa [0, 64), qb [64, 128), qa [128, 192), qb [192, 256), qc [256, 288)
-      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qa, s_dst, col(s_k, kBN, 0));
+    if constexpr (kWg == 0) {
       warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qb, s_dst, col(s_k, kBN, 64));
       warpgroup_wait<1>(qa);
       add_dq_chunk<0>(dq_tile, t128, first, qa);
@@ -1140,7 +1144,6 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
       warpgroup_wait<0>(qc);
       add_dq_chunk<256>(dq_tile, t128, first, qc);
     } else {  // chunks: qc [288, 320), qa [320, 384), qb [384, 448), qa [448, 512), qb [512, 576)
-      warpgroup_mma_tt_n_async<32, kBN / 16, kBN, kBN>(qc, s_dst, col(s_k, kBN, 288));
       warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qa, s_dst, col(s_k, kBN, 320));
       warpgroup_wait<1>(qc);
       add_dq_chunk<288>(dq_tile, t128, first, qc);
