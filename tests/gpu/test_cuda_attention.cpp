@@ -519,6 +519,7 @@ struct DvInDkParam {
 std::string dv_in_dk_string(const DvInDkParam& p) {
   return std::string(p.c.name) + "_" + kernel_tag(p.kernel) + "_" + dtype_tag(p.dtype) + (p.fused_dq ? "" : "_separate_dq");
 }
+void PrintTo(const DvInDkParam& p, std::ostream* os) { *os << dv_in_dk_string(p); }
 class CudaAttentionDvInDk : public ::testing::TestWithParam<DvInDkParam> {};
 
 TEST_P(CudaAttentionDvInDk, SumMatchesFloat64AndRerunsBitwise) {
