@@ -314,6 +314,8 @@ int main(int argc, char** argv) {
       // 3 ways at 768 rows with unaligned views.
       {"vk_576_512_splits2", 1, 40, 70, 16, 1, 576, 512, 40, false, true, 2, true},
       {"vk_576_512_wide_splits3", 1, 64, 50, 12, 1, 576, 512, 0, true, true, 3, true},
+      // 128 heads (a row tile is half a query's heads), 768 rows in 3 splits.
+      {"vk_576_512_h128", 1, 6, 40, 128, 1, 576, 512, 34, false, true, 3, true},
   };
   int fails = 0;
   for (const auto& c : cases) {
