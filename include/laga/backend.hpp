@@ -125,7 +125,17 @@ struct AttentionBwdParams : AttentionFwdParams {
   std::int64_t dk_token_stride = 0, dk_batch_stride = 0, dk_head_stride = 0;
   void* dv = nullptr;  // like v; overwritten; must not alias dk
   std::int64_t dv_token_stride = 0, dv_batch_stride = 0, dv_head_stride = 0;
+  // V inside K (v is k, with k's strides, d_v <= d_qk: absorbed MLA): dk receives dK + [dV, 0], the gradient of
+  // the tensor both are read from, and dv is not used (may be null). The CUDA backend's 576/512 tensor-core
+  // backward then keeps one accumulator per key and column instead of two.
+  bool dv_in_dk = false;
 };
+
+// Whether v is k's first d_v columns: the same pointer and strides, d_v <= d_qk (what dv_in_dk needs).
+inline bool attention_v_in_k(const AttentionFwdParams& p) {
+  return p.v == p.k && p.v_token_stride == p.k_token_stride && p.v_batch_stride == p.k_batch_stride &&
+         p.v_head_stride == p.k_head_stride && p.d_v <= p.d_qk;
+}
 
 // Ring attention's merge of a partial result into the running one: the same queries attended over another
 // block of keys. Per (query, batch, head) row, with m = max(lse, lse_part):

@@ -344,13 +344,34 @@ void attention_forward(const AttentionFwdParams& p) {
     f32 ? fused_forward<float>(p) : fused_forward<double>(p);
 }
 
+// dv_in_dk: dV into a buffer of its own, then added into dk's first d_v columns.
+template <typename T>
+void backward_dv_in_dk(const AttentionBwdParams& p) {
+  AttentionBwdParams q = p;
+  q.dv_in_dk = false;
+  const i64 pairs = p.batch * p.kv_heads;
+  std::vector<T> dv(static_cast<std::size_t>(p.kv_len * pairs * p.d_v));
+  q.dv = dv.data();
+  q.dv_head_stride = p.d_v, q.dv_batch_stride = p.kv_heads * p.d_v, q.dv_token_stride = pairs * p.d_v;
+  attention_backward(q);
+  T* dk = static_cast<T*>(p.dk);
+  for (i64 j = 0; j < p.kv_len; ++j)
+    for (i64 b = 0; b < p.batch; ++b)
+      for (i64 g = 0; g < p.kv_heads; ++g)
+        for (i64 c = 0; c < p.d_v; ++c)
+          dk[j * p.dk_token_stride + b * p.dk_batch_stride + g * p.dk_head_stride + c] +=
+              dv[static_cast<std::size_t>(j * q.dv_token_stride + b * q.dv_batch_stride + g * q.dv_head_stride + c)];
+}
+
 void attention_backward(const AttentionBwdParams& p) {
   check_common(p, "attention_backward");
-  LAGA_CHECK(p.dout && p.dq && p.dk && p.dv, "attention_backward: dout, dq, dk and dv must be set");
+  LAGA_CHECK(p.dout && p.dq && p.dk && (p.dv || p.dv_in_dk), "attention_backward: dout, dq, dk and dv must be set");
   LAGA_CHECK(p.dk != p.dv, "attention_backward: dk and dv must not alias");
+  LAGA_CHECK(!p.dv_in_dk || attention_v_in_k(p), "attention_backward: dv_in_dk needs v inside k");
   if (p.kernel == AttentionKernel::Fused) LAGA_CHECK(p.o, "attention_backward: the fused kernel needs o");
   if (p.batch == 0) return;
   const bool f32 = p.dtype == DType::F32;
+  if (p.dv_in_dk) return f32 ? backward_dv_in_dk<float>(p) : backward_dv_in_dk<double>(p);
   if (p.kernel == AttentionKernel::Eager)
     f32 ? eager_backward<float>(p) : eager_backward<double>(p);
   else

@@ -9,6 +9,7 @@
 #include "core/softmax.hpp"
 #include "cuda/cuda_gemm.cuh"
 #include "cuda/cuda_ops.cuh"
+#include "cuda/flash_tc.cuh"
 
 namespace laga::cuda {
 namespace {
@@ -351,10 +352,30 @@ void attention_forward(Context& ctx, const AttentionFwdParams& p) {
 
 void attention_backward(Context& ctx, const AttentionBwdParams& p) {
   check_common(p, "attention_backward");
-  LAGA_REQUIRE(p.dout && p.dq && p.dk && p.dv, "attention_backward: dout, dq, dk and dv must be set");
+  LAGA_REQUIRE(p.dout && p.dq && p.dk && (p.dv || p.dv_in_dk), "attention_backward: dout, dq, dk and dv must be set");
   LAGA_REQUIRE(p.dk != p.dv, "attention_backward: dk and dv must not alias");
+  LAGA_REQUIRE(!p.dv_in_dk || attention_v_in_k(p), "attention_backward: dv_in_dk needs v inside k (same pointer and ",
+               "strides, d_v <= d_qk)");
   if (p.kernel == AttentionKernel::Fused) LAGA_REQUIRE(p.o, "attention_backward: the fused kernel needs o");
   if (p.batch == 0) return;
+  if (p.dv_in_dk && !(p.kernel == AttentionKernel::Fused && flash_tc_takes_dv_in_dk(ctx, p))) {
+    // A path that writes dV apart: into scratch, then added into dk's first d_v columns.
+    AttentionBwdParams q = p;
+    q.dv_in_dk = false;
+    const std::int64_t pairs = p.batch * p.kv_heads;
+    q.dv = ctx.scratch.get(ScratchSlot::dv_sum, std::size_t(p.kv_len * pairs * p.d_v) * dtype_size(p.dtype), ctx.stream);
+    q.dv_head_stride = p.d_v, q.dv_batch_stride = p.kv_heads * p.d_v, q.dv_token_stride = pairs * p.d_v;
+    attention_backward(ctx, q);
+    const std::size_t es = dtype_size(p.dtype);
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t g = 0; g < p.kv_heads; ++g)
+        copy_op(ctx, CopyArgs{.dtype = p.dtype, .rows = p.kv_len, .cols = p.d_v,
+                              .src = static_cast<const char*>(q.dv) + std::size_t(b * q.dv_batch_stride + g * p.d_v) * es,
+                              .src_ld = q.dv_token_stride,
+                              .dst = static_cast<char*>(p.dk) + std::size_t(b * p.dk_batch_stride + g * p.dk_head_stride) * es,
+                              .dst_ld = p.dk_token_stride, .mode = CopyMode::Accumulate});
+    return;
+  }
   if (p.kernel == AttentionKernel::Fused) return flash_backward(ctx, p);
   dispatch_compute(p.dtype, "attention", [&](auto z) { eager_backward<decltype(z)>(ctx, p); });
 }

@@ -30,6 +30,7 @@ const char* scratch_slot_name(ScratchSlot s) {
     case ScratchSlot::split_partial: return "split_partial";
     case ScratchSlot::dq_accum: return "dq_accum";
     case ScratchSlot::dq_count: return "dq_count";
+    case ScratchSlot::dv_sum: return "dv_sum";
     case ScratchSlot::norm_partial: return "norm_partial";
     case ScratchSlot::gemm_fallback: return "gemm_fallback";
     case ScratchSlot::cudnn_workspace: return "cudnn_workspace";

@@ -116,8 +116,10 @@ inline unsigned blocks_for(i64 n, int threads) {
 //   dk_accum       eager backward: fp32 dK of one kv head, when its sum is split over chunks
 //   delta          fused backward: D = rowsum(dO * O)
 //   split_partial  fused tensor-core backward, 576/512: the dK/dV partial sums of the row splits
-//   dq_accum       fused tensor-core backward, 192/128: fp32 dQ added up by the dK/dV kernel, 64-row tiles
+//   dq_accum       fused tensor-core backward, 192/128 and 576/512 (V inside K, dv_in_dk): fp32 dQ added up by
+//                  the dK/dV kernel, 64-row tiles
 //   dq_count       its per-tile counters (how many key blocks have added theirs)
+//   dv_sum         attention backward with dv_in_dk on a path that writes dV apart: that dV, added into dK
 //   norm_partial   RMSNorm backward: dgamma partial sums
 //   gemm_fallback  reserved for the GEMM fallback
 //   cudnn_workspace  the cuDNN attention provider's workspace (the largest its plans have asked for)
@@ -130,6 +132,7 @@ enum class ScratchSlot {
   split_partial,
   dq_accum,
   dq_count,
+  dv_sum,
   norm_partial,
   gemm_fallback,
   cudnn_workspace,

@@ -78,6 +78,7 @@ std::string cudnn_attention_rejects(const AttentionFwdParams& p) {
 std::string cudnn_attention_rejects(const AttentionBwdParams& p) {
   std::string why = cudnn_attention_rejects(static_cast<const AttentionFwdParams&>(p));
   if (!why.empty()) return why;
+  if (p.dv_in_dk) return "dv_in_dk (dK and dV summed into dk)";
   const void* ptrs[] = {p.dout, p.dq, p.dk, p.dv};
   for (const void* x : ptrs)
     if (x == nullptr || reinterpret_cast<std::uintptr_t>(x) % 16) return "dout, dq, dk or dv null or not 16-byte aligned";

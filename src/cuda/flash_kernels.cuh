@@ -21,6 +21,8 @@
 //               kernel can split the rows over blocks (fp32 partials, summed in a fixed order by
 //               bwd_dkdv_reduce).
 //   bwd_dq:     a block owns kBlockM rows and walks the visible key tiles: dQ += dS K.
+//   bwd_vk:     576/512 with V inside K, for a caller that takes dK + [dV, 0] (dv_in_dk): one accumulator per key
+//               and column, dQ added up inside it (see its comment).
 //
 // Shared tiles are bf16, XOR-swizzled (flash_warp.cuh: swz for ldmatrix, swz_k64 for wgmma), filled by cp.async
 // (16-byte aligned views) or by 16-byte stores of 2-byte loads (any other strides); rows past the end are
@@ -669,6 +671,14 @@ __host__ __device__ constexpr int dq_accum_offset(int r, int d) {
   return ((mt * 4 + nt) * 256 + tid) * 4 + 2 * h + e_lo;
 }
 
+// The fp32 dQ row tiles of flash_bwd_vk_kernel: 64 rows x d_qk, (row r, column d) at the wgmma accumulator
+// position of the thread that holds it (n tile d / 8, warp r / 16 of a warpgroup), so that a warpgroup's adds of
+// an n tile are 2 KB contiguous whichever warpgroup holds the column.
+__host__ __device__ constexpr int dq_accum_offset_rows(int r, int d) {
+  const int j = d / 8, w4 = r / 16, gid = r % 8, h = (r % 16) / 8, tig = (d % 8) / 2;
+  return (j * 128 + 32 * w4 + 4 * gid + tig) * 4 + 2 * h + d % 2;
+}
+
 template <class Tr, bool kAligned>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     flash_bwd_dkdv_regs_kernel(const AttentionBwdParams p, const float* delta, float* dq_accum, unsigned* dq_count) {
@@ -858,8 +868,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
 // dQ = scale * dq_accum, one block per (row tile, kv head, batch entry) in dq_accum's order; a tile no key
 // block added to (rows that see no key) is zeros. The tile goes through shared memory (kRows x kDqk floats),
-// from the accumulator order to rows.
-template <int kDqk, bool kAligned>
+// from the accumulator order to rows. kRowsLayout: the tiles of flash_bwd_vk_kernel (dq_accum_offset_rows,
+// already scaled) instead of dq_accum_offset's.
+template <int kDqk, bool kAligned, bool kRowsLayout = false>
 __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const AttentionBwdParams p, const float* dq_accum,
                                                                    const unsigned* dq_count) {
   constexpr int kRows = kDqTileRows, kThreads = 256;
@@ -875,15 +886,306 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
   }
   __syncthreads();
   bf16* dq = static_cast<bf16*>(p.dq) + b * p.dq_batch_stride;
-  const float scale = float(p.scale);
+  const float scale = kRowsLayout ? 1.f : float(p.scale);
+  auto offset = [](int r, int d) { return kRowsLayout ? dq_accum_offset_rows(r, d) : dq_accum_offset(r, d); };
   for (int i = threadIdx.x; i < kRows * kDqk / 2; i += kThreads) {
     const int r = i / (kDqk / 2), d = 2 * (i % (kDqk / 2));
     const i64 row = row0 + r;
     if (row >= rows) continue;
-    const float lo = added ? scale * s[dq_accum_offset(r, d)] : 0.f;
-    const float hi = added ? scale * s[dq_accum_offset(r, d + 1)] : 0.f;
+    const float lo = added ? scale * s[offset(r, d)] : 0.f;
+    const float hi = added ? scale * s[offset(r, d + 1)] : 0.f;
     store2<kAligned>(dq + (g * group + rm.head(row)) * p.dq_head_stride + rm.query(row) * p.dq_token_stride + d, lo, hi);
   }
+}
+
+// ================================================================ backward, V inside K: dK + dV in one accumulator
+// The absorbed MQA (576/512, V = K[:, :512]) on wgmma. The caller wants the gradient of the tensor K and V share,
+// dKV = dK + [dV, 0] (AttentionBwdParams::dv_in_dk), so one fp32 accumulator per (key, column) serves both:
+//   dKV[:, :d_v] += P^T dO + dS^T Q[:, :d_v],   dKV[:, d_v:] += dS^T Q[:, d_v:]
+// with dS^T already scaled (scale P^T (dP^T - D)): 576 columns a key, not 1088. A block owns 64 keys and walks
+// the 64-row tiles that see them (from the last one down, as the fused dQ of flash_bwd_dkdv_regs_kernel), two
+// warpgroups, each all 64 keys and half of the columns. Per step: warpgroup 0 computes S^T = K Q^T and P^T
+// (bf16 into shared memory), warpgroup 1 dP^T = V dO^T at the same time; (B) then both issue their P^T dO chains
+// while warpgroup 1 forms dS^T from the shared P^T; (C) dO_{t+1} loads while both issue dS^T Q; (D) Q_{t+1} loads
+// while both form dQ = dS K by 64-column chunks (two accumulators in turn), added to fp32 row tiles with 16-byte
+// reds in the key blocks' order (the counters of the fused dQ above). The row tiles of a key block may split
+// over blocks (fixed ranges of tiles, the same for every key block; fp32 partials summed in split order by
+// flash_bwd_dkdv_reduce_kernel). Columns (64-column slabs of d_qk):
+//   warpgroup 0: dKV [0, 256) n256 and [256, 288) n32;  dQ 4 x n64 over [0, 256), n32 [256, 288)
+//   warpgroup 1: dKV [288, 320) n32, [320, 512) n192, [512, 576) n64 (dS^T Q only);  dQ n32 [288, 320), 4 x n64
+// 144 accumulators a thread for dKV in both warpgroups. Shared memory: K 72 KB, Q 72 KB, dO 64 KB (one stage
+// each), P^T and dS^T 8 KB each, lse and D.
+template <int kDqk_, int kDv_>
+struct BwdVkTraits {
+  static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockN = 64, kBlockM = 64, kThreads = 256;
+  static constexpr int kKBytes = kBlockN * kDqk * 2, kQBytes = kBlockM * kDqk * 2, kDoBytes = kBlockM * kDv * 2;
+  static constexpr int kOffQ = kKBytes, kOffDo = kOffQ + kQBytes, kOffPt = kOffDo + kDoBytes;
+  static constexpr int kOffDst = kOffPt + kBlockN * kBlockM * 2, kOffLse = kOffDst + kBlockN * kBlockM * 2;
+  static constexpr int kSmemBytes = kOffLse + 2 * kBlockM * 4;
+  static_assert(kDqk == 576 && kDv == 512, "the warpgroups' column split is 576/512's");
+  static_assert(kKBytes % 1024 == 0 && kOffDo % 1024 == 0 && kOffPt % 1024 == 0 && kOffDst % 1024 == 0,
+                "1024-aligned wgmma tiles");
+  static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "dKV tiles exceed shared memory");
+};
+
+// The columns [kCol0, kCol0 + 8 NT) of a warpgroup's dKV (rows = its keys from key0) to dk in bf16.
+template <bool kAligned, int kCol0, int NT>
+__device__ __forceinline__ void store_dkv(const AttentionBwdParams& p, bf16* dk, i64 key0, const float (&acc)[NT][4],
+                                          int gid, int tig) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const i64 key = key0 + gid + 8 * h;
+    if (key >= p.kv_len) continue;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      store2<kAligned>(dk + key * p.dk_token_stride + kCol0 + nt * 8 + 2 * tig, acc[nt][2 * h], acc[nt][2 * h + 1]);
+  }
+}
+
+// The same into the fp32 partials of a row split (rows of kDqk floats per key).
+template <int kCol0, int NT>
+__device__ __forceinline__ void store_dkv_partial(const AttentionBwdParams& p, float* part, i64 key0,
+                                                  const float (&acc)[NT][4], int gid, int tig) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const i64 key = key0 + gid + 8 * h;
+    if (key >= p.kv_len) continue;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      *reinterpret_cast<float2*>(part + key * p.d_qk + kCol0 + nt * 8 + 2 * tig) =
+          make_float2(acc[nt][2 * h], acc[nt][2 * h + 1]);
+  }
+}
+
+// A dQ chunk's accumulators (columns [kCol0, kCol0 + 8 NT) of the step's 64 rows) into its fp32 row tile: stored
+// by key block 0, added by the others.
+template <int kCol0, int NT>
+__device__ __forceinline__ void add_dq_chunk(float* tile, int t128, bool first, const float (&acc)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    store_or_add_v4(tile + ((kCol0 / 8 + nt) * 128 + t128) * 4, first, acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+  }
+}
+
+// One warpgroup's part of flash_bwd_vk_kernel (its own loop: the code between each wgmma's issue and wait touches
+// none of the accumulators in flight). The two meet at the same four barriers a step.
+template <int kWg, class Tr, bool kAligned>
+__device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const float* delta, float* dq_accum,
+                                            unsigned* dq_count, int splits, float* partial) {
+  constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv, kThreads = Tr::kThreads;
+  constexpr int kNT = kBM / 8;
+  char* smem = dynamic_smem();
+  const bf16* s_k = reinterpret_cast<const bf16*>(smem);
+  bf16* s_q = reinterpret_cast<bf16*>(smem + Tr::kOffQ);
+  bf16* s_do = reinterpret_cast<bf16*>(smem + Tr::kOffDo);
+  bf16* s_pt = reinterpret_cast<bf16*>(smem + Tr::kOffPt);    // [kBN][kBM]
+  bf16* s_dst = reinterpret_cast<bf16*>(smem + Tr::kOffDst);  // [kBN][kBM], scaled
+  float* s_lse = reinterpret_cast<float*>(smem + Tr::kOffLse);
+  float* s_dd = s_lse + kBM;
+  // Column c of a [kBM][*] (or [kBN][*]) tile in the swz_k64 layout: its slab, plus c % 64 inside it (32 at most).
+  auto col = [](const bf16* s, int rows, int c) { return s + (c / 64) * rows * 64 + c % 64; };
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int t128 = tid & 127, wk0 = 16 * (warp & 3);  // the warp's keys in the block (both warpgroups: all 64)
+  const TileWork w = tile_work(ceil_div(p.kv_len, kBN) * splits, p.kv_heads, p.batch);  // key block * splits + split
+  const int split = int(w.tile % splits);
+  const i64 kblock = w.tile / splits, key0 = kblock * kBN, g = w.g, b = w.b;
+  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
+  const RowMap rm{u32(group)};
+  const i64 r_first = imin(imax(key0 - p.q_offset, 0), p.q_len) * group;  // first row that sees key0
+  // The 64-row tiles (aligned to row 0, the dQ tiles) from the one holding r_first, within split `split` of the
+  // row tiles' `splits` fixed ranges (the same for every key block, so that on each range key block j - 1 walks
+  // the tiles one step ahead of key block j: the dQ order), walked from the range's last tile down.
+  const i64 row_tiles = ceil_div(rows, kBM), per_split = ceil_div(row_tiles, splits);
+  const i64 t_begin = imax(r_first / kBM, split * per_split), t_end = imin((split + 1) * per_split, row_tiles);
+  const int n_tiles = r_first < rows ? int(imax(t_end - t_begin, 0)) : 0;
+  auto step_row0 = [&](int t) { return (t_end - 1 - t) * kBM; };
+  const i64 tile_base = (b * p.kv_heads + g) * row_tiles;
+
+  const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
+  const bf16* dout = static_cast<const bf16*>(p.dout) + b * p.dout_batch_stride;
+  auto load_q = [&](int t) {  // Q and lse of step t
+    const i64 r0 = step_row0(t);
+    auto q_row = [&](int r) -> const bf16* {
+      const i64 row = r0 + r;
+      if (row >= rows) return nullptr;
+      return q + (g * group + rm.head(row)) * p.q_head_stride + rm.query(row) * p.q_token_stride;
+    };
+    load_tile<kBM, kDqk, kThreads, kAligned, decltype(q_row), true>(s_q, q_row, tid);
+    load_row_values<kBM, kThreads>(s_lse, static_cast<const float*>(p.lse), INFINITY, r0, rows, rm, g, b, p);
+  };
+  auto load_do = [&](int t) {  // dO and D of step t
+    const i64 r0 = step_row0(t);
+    auto do_row = [&](int r) -> const bf16* {
+      const i64 row = r0 + r;
+      if (row >= rows) return nullptr;
+      return dout + (g * group + rm.head(row)) * p.dout_head_stride + rm.query(row) * p.dout_token_stride;
+    };
+    load_tile<kBM, kDv, kThreads, kAligned, decltype(do_row), true>(s_do, do_row, tid);
+    load_row_values<kBM, kThreads>(s_dd, delta, 0.f, r0, rows, rm, g, b, p);
+  };
+  {
+    const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
+    auto k_row = [&](int r) -> const bf16* { return key0 + r < p.kv_len ? k + (key0 + r) * p.k_token_stride : nullptr; };
+    load_tile<kBN, kDqk, kThreads, kAligned, decltype(k_row), true>(const_cast<bf16*>(s_k), k_row, tid);
+  }
+  if (n_tiles > 0) load_q(0), load_do(0);
+  cp_async_commit();
+
+  // dKV accumulators: warpgroup 0 [0, 256) and [256, 288); warpgroup 1 [288, 320), [320, 512) and [512, 576).
+  constexpr int kNA = kWg == 0 ? 256 : 192, kColA = kWg == 0 ? 0 : 320, kColB = kWg == 0 ? 256 : 288;
+  float acc_a[1][kNA / 8][4], acc_b[1][4][4], acc_c[1][kWg == 0 ? 1 : 8][4];
+  zero(acc_a);
+  zero(acc_b);
+  zero(acc_c);
+  const float sl2 = float(p.scale) * kLog2e, scale = float(p.scale);
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const i64 r0 = step_row0(t);
+    float* dq_tile = dq_accum + (tile_base + r0 / kBM) * (kBM * kDqk);
+    cp_async_wait<0>();
+    fence_proxy_async();  // wgmma reads what cp.async and the stores wrote
+    __syncthreads();      // (A) Q_t, dO_t, lse_t and D_t are in; every dQ add of step t - 1 is issued
+    if (kWg == 0 && t128 == 0 && t > 0) release_counter(dq_count + tile_base + r0 / kBM + 1);
+
+    float x[1][kNT][4];  // warpgroup 0: S^T, then P^T; warpgroup 1: dP^T
+    if constexpr (kWg == 0) {
+      warpgroup_mma_nt_async<1, kBM, kDqk, kBN>(x, s_k, 0, s_q);
+      warpgroup_wait<0>(x);
+      recompute_pt<kBN>(x, s_lse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<u32*>(s_pt + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) =
+              pack_bf16(x[0][nt][2 * h], x[0][nt][2 * h + 1]);
+      fence_proxy_async();
+    } else {
+      warpgroup_mma_nt_async<1, kBM, kDv, kBN>(x, s_k, 0, s_do);
+      warpgroup_wait<0>(x);
+    }
+    __syncthreads();  // (B) P^T is in
+    // dKV[:, :d_v] += P^T dO over the warpgroup's columns; warpgroup 1 forms dS^T = scale P^T (dP^T - D) from the
+    // bf16 P^T (dS^T is rounded to bf16 for its GEMMs anyway) while its chains run.
+    if constexpr (kWg == 0) {
+      warpgroup_mma_ss_tb_async<1, 256, kBM / 16, kBN, kBM>(acc_a, s_pt, 0,
+                                                            col(s_do, kBM, kColA));
+      warpgroup_mma_ss_tb_async<1, 32, kBM / 16, kBN, kBM>(acc_b, s_pt, 0,
+                                                           col(s_do, kBM, kColB));
+      wgmma_wait<0>();
+    } else {
+      warpgroup_mma_ss_tb_async<1, 32, kBM / 16, kBN, kBM>(acc_b, s_pt, 0,
+                                                           col(s_do, kBM, kColB));
+      warpgroup_mma_ss_tb_async<1, 192, kBM / 16, kBN, kBM>(acc_a, s_pt, 0,
+                                                            col(s_do, kBM, kColA));
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const float d0 = s_dd[nt * 8 + 2 * tig], d1 = s_dd[nt * 8 + 2 * tig + 1];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int off = swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig);
+          const u32 ph = *reinterpret_cast<const u32*>(s_pt + off);
+          *reinterpret_cast<u32*>(s_dst + off) = pack_bf16(scale * lo_bf16(ph) * (x[0][nt][2 * h] - d0),
+                                                           scale * hi_bf16(ph) * (x[0][nt][2 * h + 1] - d1));
+        }
+      }
+      fence_proxy_async();
+      wgmma_wait<0>();
+    }
+    reg_fence_all(acc_a);
+    reg_fence_all(acc_b);
+    __syncthreads();  // (C) dS^T is in; dO_t and D_t are no longer read
+    if (tid == 0) wait_counter(dq_count + tile_base + r0 / kBM, unsigned(kblock));  // the key blocks before this one
+
+    // dKV += dS^T Q over the warpgroup's columns; then dQ = dS K by chunks, two accumulators in turn.
+    float qa[8][4], qb[8][4], qc[4][4];
+    const bool first = kblock == 0;
+    if constexpr (kWg == 0) {
+      warpgroup_mma_ss_tb_async<1, 256, kBM / 16, kBN, kBM>(acc_a, s_dst, 0,
+                                                            col(s_q, kBM, kColA));
+      warpgroup_mma_ss_tb_async<1, 32, kBM / 16, kBN, kBM>(acc_b, s_dst, 0,
+                                                           col(s_q, kBM, kColB));
+    } else {
+      warpgroup_mma_ss_tb_async<1, 32, kBM / 16, kBN, kBM>(acc_b, s_dst, 0,
+                                                           col(s_q, kBM, kColB));
+      warpgroup_mma_ss_tb_async<1, 192, kBM / 16, kBN, kBM>(acc_a, s_dst, 0,
+                                                            col(s_q, kBM, kColA));
+      warpgroup_mma_ss_tb_async<1, 64, kBM / 16, kBN, kBM>(acc_c, s_dst, 0,
+                                                           col(s_q, kBM, kDv));
+    }
+    if (t + 1 < n_tiles) load_do(t + 1);  // requested while dS^T Q runs
+    cp_async_commit();
+    wgmma_wait<0>();
+    reg_fence_all(acc_a);
+    reg_fence_all(acc_b);
+    reg_fence_all(acc_c);
+    __syncthreads();  // (D) Q_t and lse_t are no longer read; this row tile's earlier key blocks have added theirs
+    // dQ's first chunk is issued before Q_{t+1} is requested (the tensor cores start first). The adds choose
+    // store or red without a branch (a divergent path with wgmma in flight serialises them: C7518).
+    if constexpr (kWg == 0)
+      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qa, s_dst, col(s_k, kBN, 0));
+    else
+      warpgroup_mma_tt_n_async<32, kBN / 16, kBN, kBN>(qc, s_dst, col(s_k, kBN, 288));
+    if (t + 1 < n_tiles) load_q(t + 1);
+    cp_async_commit();
+    if constexpr (kWg == 0) {
+      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qb, s_dst, col(s_k, kBN, 64));
+      warpgroup_wait<1>(qa);
+      add_dq_chunk<0>(dq_tile, t128, first, qa);
+      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qa, s_dst, col(s_k, kBN, 128));
+      warpgroup_wait<1>(qb);
+      add_dq_chunk<64>(dq_tile, t128, first, qb);
+      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qb, s_dst, col(s_k, kBN, 192));
+      warpgroup_wait<1>(qa);
+      add_dq_chunk<128>(dq_tile, t128, first, qa);
+      warpgroup_mma_tt_n_async<32, kBN / 16, kBN, kBN>(qc, s_dst, col(s_k, kBN, 256));
+      warpgroup_wait<1>(qb);
+      add_dq_chunk<192>(dq_tile, t128, first, qb);
+      warpgroup_wait<0>(qc);
+      add_dq_chunk<256>(dq_tile, t128, first, qc);
+    } else {  // chunks: qc [288, 320), qa [320, 384), qb [384, 448), qa [448, 512), qb [512, 576)
+      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qa, s_dst, col(s_k, kBN, 320));
+      warpgroup_wait<1>(qc);
+      add_dq_chunk<288>(dq_tile, t128, first, qc);
+      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qb, s_dst, col(s_k, kBN, 384));
+      warpgroup_wait<1>(qa);
+      add_dq_chunk<320>(dq_tile, t128, first, qa);
+      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qa, s_dst, col(s_k, kBN, 448));
+      warpgroup_wait<1>(qb);
+      add_dq_chunk<384>(dq_tile, t128, first, qb);
+      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qb, s_dst, col(s_k, kBN, 512));
+      warpgroup_wait<1>(qa);
+      add_dq_chunk<448>(dq_tile, t128, first, qa);
+      warpgroup_wait<0>(qb);
+      add_dq_chunk<512>(dq_tile, t128, first, qb);
+    }
+  }
+
+  if (splits == 1) {
+    bf16* dk = static_cast<bf16*>(p.dk) + b * p.dk_batch_stride + g * p.dk_head_stride;
+    store_dkv<kAligned, kColA>(p, dk, key0 + wk0, acc_a[0], gid, tig);
+    store_dkv<kAligned, kColB>(p, dk, key0 + wk0, acc_b[0], gid, tig);
+    if constexpr (kWg == 1) store_dkv<kAligned, kDv>(p, dk, key0 + wk0, acc_c[0], gid, tig);
+  } else {  // fp32 partials [split][b][g][key][d_qk], summed in split order by flash_bwd_dkdv_reduce_kernel
+    float* part = partial + ((i64(split) * p.batch + b) * p.kv_heads + g) * p.kv_len * kDqk;
+    store_dkv_partial<kColA>(p, part, key0 + wk0, acc_a[0], gid, tig);
+    store_dkv_partial<kColB>(p, part, key0 + wk0, acc_b[0], gid, tig);
+    if constexpr (kWg == 1) store_dkv_partial<kDv>(p, part, key0 + wk0, acc_c[0], gid, tig);
+  }
+  if (n_tiles > 0) {
+    __syncthreads();  // every thread's adds to the last tile are issued
+    if (kWg == 0 && t128 == 0) release_counter(dq_count + tile_base + step_row0(n_tiles - 1) / kBM);
+  }
+}
+
+template <class Tr, bool kAligned>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_bwd_vk_kernel(const AttentionBwdParams p, const float* delta, float* dq_accum, unsigned* dq_count,
+                        int splits, float* partial) {
+  if (threadIdx.x < 128)
+    bwd_vk_role<0, Tr, kAligned>(p, delta, dq_accum, dq_count, splits, partial);
+  else
+    bwd_vk_role<1, Tr, kAligned>(p, delta, dq_accum, dq_count, splits, partial);
 }
 
 // ================================================================ backward: dK, dV through shared memory
@@ -1057,7 +1359,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
 }
 
-// dK, dV = sum over the splits (in split order) of the partials; one thread per pair of columns.
+// dK, dV = sum over the splits (in split order) of the partials; one thread per pair of columns. kDv = 0: rows of
+// kDqk columns into dk alone (flash_bwd_vk_kernel's dK + [dV, 0]).
 template <int kDqk, int kDv, bool kAligned>
 __global__ void __launch_bounds__(256) flash_bwd_dkdv_reduce_kernel(const AttentionBwdParams p, int splits,
                                                                     const float* partial) {
@@ -1296,6 +1599,7 @@ struct TileConfig {
   // backward dQ: rows x keys per step, warps, S warps along rows, dQ warps along rows
   int dq_m = 0, dq_n = 0, dq_warps = 0, dq_warps_ms = 0, dq_warps_mq = 0, dq_min_blocks = 1;
   bool dq_wgmma = false;
+  bool dkv_sum = false;  // V inside K: flash_bwd_vk_kernel when the caller takes dK + [dV, 0] (dv_in_dk)
 };
 
 // The one place that chooses tiles. v_in_k: V is the first d_v columns of K (absorbed MLA), which halves the
@@ -1316,11 +1620,12 @@ constexpr TileConfig tile_config(int dqk, int dv, bool v_in_k) {
     // Absorbed MQA: 64 rows (queries x heads). Forward with V inside K: two warpgroups on wgmma (S and O's first
     // half; loads and O's second half), flash_fwd_split_kernel. With a separate V: S = Q K^T by 4 x 2 warps, O by
     // 8 warps of 64 columns on mma.sync, P through shared memory. dK/dV: 32 keys, columns split over 8 warps (1088
-    // fp32 accumulators per key).
+    // fp32 accumulators per key). With V inside K and a caller that takes dK + [dV, 0]: flash_bwd_vk_kernel.
     c = {.supported = true, .fwd_m = 64, .fwd_n = v_in_k ? 64 : 32, .fwd_warps = 8, .fwd_warps_ms = 4,
          .fwd_warps_mo = 1, .fwd_pipe = Pipe::paired, .fwd_min_blocks = 1, .fwd_o_split = v_in_k,
          .dkdv_regs = false, .dkdv_n = 32, .dkdv_m = 64, .dkdv_warps = 8, .dkdv_warps_ns = 2, .dkdv_min_blocks = 1,
-         .dq_m = 64, .dq_n = v_in_k ? 32 : 16, .dq_warps = 8, .dq_warps_ms = 4, .dq_warps_mq = 1, .dq_min_blocks = 1};
+         .dq_m = 64, .dq_n = v_in_k ? 32 : 16, .dq_warps = 8, .dq_warps_ms = 4, .dq_warps_mq = 1, .dq_min_blocks = 1,
+         .dkv_sum = v_in_k};
   }
   return c;
 }
@@ -1346,6 +1651,7 @@ struct Kernels {
   using DkdvRegsFusedDq = BwdKvRegTraits<kDqk, kDv, c.dkdv_n, c.dkdv_m, c.dkdv_warps, kVInK, c.dkdv_min_blocks,
                                          c.dkdv_wgmma, c.dq_fused>;
   using DkdvSmem = BwdKvSmemTraits<kDqk, kDv, c.dkdv_n, c.dkdv_m, c.dkdv_warps, c.dkdv_warps_ns, kVInK>;
+  using Vk = BwdVkTraits<kDqk, kDv>;  // only instantiated when c.dkv_sum
   using Dq = BwdQTraits<kDqk, kDv, c.dq_m, c.dq_n, c.dq_warps, c.dq_warps_ms, c.dq_warps_mq, kVInK,
                        c.dq_min_blocks, c.dq_wgmma>;
 };

@@ -10,7 +10,8 @@
 //   void* scratch(LaunchScratch slot, std::size_t bytes)   at least `bytes` bytes, contents undefined
 //   void zero(void* ptr, std::size_t bytes)                 zero-fills, in order with the launches
 //   int multiprocessors()                                   the device's SM count
-//   bool fused_dq()                                         192/128: dQ added up inside the dK/dV kernel
+//   bool fused_dq()                                         192/128: dQ added up inside the dK/dV kernel;
+//                                                           576/512 with V inside K and dv_in_dk: flash_bwd_vk_kernel
 #pragma once
 
 #include <algorithm>
@@ -109,6 +110,42 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
   float* delta = static_cast<float*>(launcher.scratch(LaunchScratch::delta, sizeof(float) * std::size_t(bh_rows)));
   launch_nonempty(launcher, flash_bwd_delta_kernel<kAligned>, "flash_bwd_delta_kernel", ceil_div(bh_rows, 8), 256, 0, p, delta);
   const float* cdelta = delta;
+  if constexpr (c.dkv_sum) {
+    if (p.dv_in_dk) {
+      // dK + [dV, 0] in one accumulator, dQ added up into fp32 row tiles (counters zeroed first), then copied
+      // into dq (flash_bwd_vk_kernel folds the scale into dS).
+      using Tr = typename K::Vk;
+      const i64 tiles = p.batch * p.kv_heads * dq_row_tiles(rows);
+      constexpr std::size_t kTileFloats = std::size_t(kDqTileRows) * Tr::kDqk;
+      float* dq_accum =
+          static_cast<float*>(launcher.scratch(LaunchScratch::dq_accum, sizeof(float) * kTileFloats * std::size_t(tiles)));
+      auto* dq_count =
+          static_cast<unsigned*>(launcher.scratch(LaunchScratch::dq_count, sizeof(unsigned) * std::size_t(tiles)));
+      if (tiles > 0) launcher.zero(dq_count, sizeof(unsigned) * std::size_t(tiles));
+      // Each key block's row tiles split over blocks as the row-split dK/dV kernel's (the first key blocks carry
+      // the most causal work), their dK + dV partials summed in split order.
+      const i64 key_blocks = ceil_div(p.kv_len, Tr::kBlockN);
+      const int splits = dkdv_row_splits(rows, key_blocks, p, Tr::kBlockM, launcher.multiprocessors());
+      float* partial = nullptr;
+      if (splits > 1)
+        partial = static_cast<float*>(launcher.scratch(
+            LaunchScratch::split_partial, sizeof(float) * std::size_t(splits * p.batch * p.kv_heads * p.kv_len * Tr::kDqk)));
+      launch_nonempty(launcher, flash_bwd_vk_kernel<Tr, kAligned>, "flash_bwd_vk_kernel",
+          flash_grid(key_blocks * splits, p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, dq_accum, dq_count,
+          splits, partial);
+      if (splits > 1) {
+        const i64 pairs = p.batch * p.kv_heads * p.kv_len * Tr::kDqk / 2;
+        launch_nonempty(launcher, flash_bwd_dkdv_reduce_kernel<Tr::kDqk, 0, kAligned>, "flash_bwd_dkdv_reduce_kernel",
+            ceil_div(pairs, 256), 256, 0, p, splits, static_cast<const float*>(partial));
+      }
+      LAGA_REQUIRE(tiles <= INT32_MAX, "attention: ", tiles, " dQ tiles exceed the grid limit");
+      launch_nonempty(launcher, flash_bwd_dq_convert_kernel<Tr::kDqk, kAligned, true>, "flash_bwd_dq_convert_kernel",
+          tiles, 256, sizeof(float) * kTileFloats, p, static_cast<const float*>(dq_accum),
+          static_cast<const unsigned*>(dq_count));
+      return;
+    }
+  }
+  LAGA_REQUIRE(!p.dv_in_dk, "attention: dv_in_dk reached a tensor-core backward without the summed dK/dV kernel");
   if constexpr (c.dq_fused) {
     if (launcher.fused_dq()) {
       // dQ added up by the dK/dV kernel into fp32 tiles (their counters zeroed first), then scaled into dq.
@@ -185,6 +222,13 @@ void forward(L& launcher, const AttentionFwdParams& p) {
   dispatch(p, fwd_aligned(p), [&](auto kernels, auto aligned) {
     forward_impl<decltype(kernels), decltype(aligned)::value>(launcher, p);
   });
+}
+
+// Whether backward() writes dK + [dV, 0] itself when p.dv_in_dk (576/512 with V inside K, fused_dq on);
+// otherwise the caller runs it with a dv of its own and adds that into dk.
+template <class L>
+bool takes_dv_in_dk(L& launcher, const AttentionFwdParams& p) {
+  return tc_supported(p) && v_in_k(p) && tile_config(int(p.d_qk), int(p.d_v), true).dkv_sum && launcher.fused_dq();
 }
 
 template <class L>

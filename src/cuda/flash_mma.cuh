@@ -355,6 +355,61 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss_tt(float (&d)[4][4], std::uin
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// The 576/512 backward with V inside K: SS with a transposed B at n32 and n64 (the dK + dV columns that do not
+// fill an n256 chain), and SS with both transposed at n64 (dQ = dS K: A = dS read from the dS^T tile [keys][rows],
+// B = K read from its tile [keys][d]).
+__device__ __forceinline__ void wgmma_m64n32k16_ss_tb(float (&d)[4][4], std::uint64_t desc_a, std::uint64_t desc_b,
+                                                      int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_m64n64k16_ss_tb(float (&d)[8][4], std::uint64_t desc_a, std::uint64_t desc_b,
+                                                      int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_m64n64k16_ss_tt(float (&d)[8][4], std::uint64_t desc_a, std::uint64_t desc_b,
+                                                      int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 // ---------------------------------------------------------------- ordered accumulation in global memory
 // The fused backward adds each key block's dQ contribution to an fp32 buffer, the key blocks of a row tile in
 // a fixed order (a counter per row tile says how many have added theirs), so the sums are reproducible.
@@ -365,6 +420,19 @@ __device__ __forceinline__ void st_global_v4(float* p, float a, float b, float c
 __device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {
   asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
                : "memory");
+}
+// st_global_v4 when `store`, else red_add_v4, as predicated instructions (no branch: the code runs while wgmma
+// groups are in flight, and a branch there makes ptxas serialise them, C7518).
+__device__ __forceinline__ void store_or_add_v4(float* p, bool store, float a, float b, float c, float d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred s;\n"
+      "setp.ne.b32 s, %5, 0;\n"
+      "@s st.global.v4.f32 [%0], {%1, %2, %3, %4};\n"
+      "@!s red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n"
+      "}\n" ::"l"(p),
+      "f"(a), "f"(b), "f"(c), "f"(d), "r"(int(store))
+      : "memory");
 }
 // Waits (one thread) until *counter == value; its acquire orders what the block reads and adds next after what
 // the releasing blocks wrote. Bounded: a counter that never arrives (a bug, not a slow predecessor: a step

@@ -49,6 +49,11 @@ class StreamLauncher {
 
 bool flash_tc_supported(const AttentionFwdParams& p) { return flash::tc_supported(p); }
 
+bool flash_tc_takes_dv_in_dk(Context& ctx, const AttentionFwdParams& p) {
+  StreamLauncher launcher(ctx);
+  return flash::takes_dv_in_dk(launcher, p);
+}
+
 void flash_tc_forward(Context& ctx, const AttentionFwdParams& p) {
   StreamLauncher launcher(ctx);
   flash::forward(launcher, p);

@@ -202,8 +202,13 @@ __device__ __forceinline__ void reg_fence_all(float (&acc)[MT][NT][4]) {
 
 template <int N>
 __device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 8][4], std::uint64_t da, std::uint64_t db, int accumulate) {
-  static_assert(N == 128 || N == 192 || N == 256, "wgmma SS transposed-B shapes in use: n128, n192, n256");
-  if constexpr (N == 128)
+  static_assert(N == 32 || N == 64 || N == 128 || N == 192 || N == 256,
+                "wgmma SS transposed-B shapes in use: n32, n64, n128, n192, n256");
+  if constexpr (N == 32)
+    wgmma_m64n32k16_ss_tb(d, da, db, accumulate);
+  else if constexpr (N == 64)
+    wgmma_m64n64k16_ss_tb(d, da, db, accumulate);
+  else if constexpr (N == 128)
     wgmma_m64n128k16_ss_tb(d, da, db, accumulate);
   else if constexpr (N == 192)
     wgmma_m64n192k16_ss_tb(d, da, db, accumulate);
@@ -300,6 +305,27 @@ __device__ __forceinline__ void warpgroup_mma_tt_async(float (&acc)[4][4], const
   for (int ks = 0; ks < KS; ++ks)
     wgmma_m64n32k16_ss_tt(acc, wgmma_desc_sw128_mn(a0 + u32(ks * 16 * 128), u32(kRows * 128)),
                           wgmma_desc_sw128_mn(b0 + u32(ks * 16 * 128), u32(kRows * 128)), ks > 0 ? 1 : 0);
+  wgmma_commit();
+}
+
+// acc[N/8][4] = A B with A (64 x 16 KS) the transpose of the tile [kRowsA][64] at s_a (as dS from the dS^T tile
+// [keys][rows]) and B (16 KS x N) the tile [kRowsB][*] read transposed from column s_b on (as K [keys][d] in
+// dQ = dS K; s_b may point 32 columns into a slab when N = 32). Issued and committed as one group.
+template <int N, int KS, int kRowsA, int kRowsB>
+__device__ __forceinline__ void warpgroup_mma_tt_n_async(float (&acc)[N / 8][4], const bf16* s_a, const bf16* s_b) {
+  static_assert(N == 32 || N == 64, "wgmma SS both-transposed shapes in use: n32, n64");
+  const u32 a0 = smem_u32(s_a), b0 = smem_u32(s_b);
+  reg_fence_all(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+    const std::uint64_t da = wgmma_desc_sw128_mn(a0 + u32(ks * 16 * 128), u32(kRowsA * 128));
+    const std::uint64_t db = wgmma_desc_sw128_mn(b0 + u32(ks * 16 * 128), u32(kRowsB * 128));
+    if constexpr (N == 32)
+      wgmma_m64n32k16_ss_tt(acc, da, db, ks > 0 ? 1 : 0);
+    else
+      wgmma_m64n64k16_ss_tt(acc, da, db, ks > 0 ? 1 : 0);
+  }
   wgmma_commit();
 }
 

@@ -24,6 +24,7 @@ struct Case {
   i64 batch, q_len, kv_len, q_heads, kv_heads, dqk, dv, q_offset;
   bool wide, v_in_k;
   int splits;  // 576/512: the dK/dV row splits the launch code must choose
+  bool dv_in_dk = false;  // V inside K: dk takes dK + [dV, 0] (flash_bwd_vk_kernel), dv is not written
 };
 
 struct View {
@@ -145,6 +146,7 @@ bool run_case(const Case& c) {
   p.dq = dq.data() + qv.col0, p.dq_token_stride = qv.ts, p.dq_batch_stride = qv.bs, p.dq_head_stride = qv.hs;
   p.dk = dk.data() + kv.col0, p.dk_token_stride = kv.ts, p.dk_batch_stride = kv.bs, p.dk_head_stride = kv.hs;
   p.dv = dv.data() + dvv.col0, p.dv_token_stride = dvv.ts, p.dv_batch_stride = dvv.bs, p.dv_head_stride = dvv.hs;
+  p.dv_in_dk = c.dv_in_dk;
   // The launch code picks the 16-byte path from the pointers and strides: the padded, offset views take the
   // 2-byte loads.
   const bool aligned = bwd_aligned(p);
@@ -167,7 +169,16 @@ bool run_case(const Case& c) {
   const std::vector<std::pair<std::string, i64>> launched = run_bwd(p, true);
   // 576/512: the dK/dV kernel over key blocks x the row splits the case expects, then their reduction.
   long wrong_splits = 0;
-  if (!tile_config(int(c.dqk), int(c.dv), c.v_in_k).dkdv_regs) {
+  if (c.dv_in_dk) {  // the summed kernel (and its split reduction) between delta and the dQ copy
+    long vk = 0, other = 0;
+    bool reduced = false;
+    for (const auto& [name, blocks] : launched) {
+      if (name == "flash_bwd_vk_kernel") vk += blocks == ceil_div(c.kv_len, 64) * c.splits * c.kv_heads * c.batch;
+      other += name == "flash_bwd_dkdv_smem_kernel" || name == "flash_bwd_dq_kernel";
+      reduced = reduced || name == "flash_bwd_dkdv_reduce_kernel";
+    }
+    wrong_splits = (vk != 1) + other + (reduced != (c.splits > 1));
+  } else if (!tile_config(int(c.dqk), int(c.dv), c.v_in_k).dkdv_regs) {
     const i64 key_blocks = ceil_div(c.kv_len, tile_config(int(c.dqk), int(c.dv), c.v_in_k).dkdv_n);
     bool reduced = false;
     for (const auto& [name, blocks] : launched) {
@@ -238,14 +249,20 @@ bool run_case(const Case& c) {
   for (i64 b = 0; b < c.batch; ++b)
     for (i64 g = 0; g < c.kv_heads; ++g)
       for (i64 j = 0; j < c.kv_len; ++j) {
-        for (i64 d = 0; d < c.dqk; ++d) edk.add(bf16_to_float(dk[kv.idx(j, b, g, d)]), rdk[std::size_t(((b * c.kv_heads + g) * c.kv_len + j) * c.dqk + d)]);
-        for (i64 d = 0; d < c.dv; ++d) edv.add(bf16_to_float(dv[dvv.idx(j, b, g, d)]), rdv[std::size_t(((b * c.kv_heads + g) * c.kv_len + j) * c.dv + d)]);
+        const std::size_t kj = std::size_t((b * c.kv_heads + g) * c.kv_len + j);
+        for (i64 d = 0; d < c.dqk; ++d)
+          edk.add(bf16_to_float(dk[kv.idx(j, b, g, d)]), rdk[kj * c.dqk + d] + (c.dv_in_dk && d < c.dv ? rdv[kj * c.dv + d] : 0.0));
+        if (!c.dv_in_dk)
+          for (i64 d = 0; d < c.dv; ++d) edv.add(bf16_to_float(dv[dvv.idx(j, b, g, d)]), rdv[kj * c.dv + d]);
       }
+  long untouched_dv = 0;  // dv_in_dk: every element of dv is still the poison
+  if (c.dv_in_dk)
+    for (const bf16& x : dv) untouched_dv += !std::isnan(bf16_to_float(x));
   const long out_o = count_outside_written(o, ov), out_dq = count_outside_written(dq, qv), out_dk = count_outside_written(dk, kv),
-             out_dv = count_outside_written(dv, dvv);
+             out_dv = count_outside_written(dv, dvv) + untouched_dv;
   const double tol = 1e-2;
   const long out_sep = both ? count_outside_written(dq_sep, qv) : 0;
-  const bool ok = eo.rel() <= tol && edq.rel() <= tol && edk.rel() <= tol && edv.rel() <= tol && (else_.den == 0 || else_.rel() <= 1e-5) &&
+  const bool ok = eo.rel() <= tol && edq.rel() <= tol && edk.rel() <= tol && (c.dv_in_dk || edv.rel() <= tol) && (else_.den == 0 || else_.rel() <= 1e-5) &&
                   bad_empty == 0 && out_o + out_dq + out_dk + out_dv + out_sep == 0 && (!both || edq_sep.rel() <= tol) &&
                   dkdv_bits_differ == 0 && wrong_splits == 0 && wrong_fwd == 0;
   std::printf("%-34s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e | bad_empty %ld outside %ld %ld %ld %ld | %s\n", c.name, eo.rel(),
@@ -254,7 +271,10 @@ bool run_case(const Case& c) {
     std::printf("%-34s separate dQ kernel: dq %.2e outside %ld; dK/dV elements whose bits differ from the fused run: %ld\n", "",
                 edq_sep.rel(), out_sep, dkdv_bits_differ);
   if (wrong_fwd) std::printf("%-34s the forward did not launch %s alone\n", "", fwd_kernel);
-  if (c.splits > 1 || wrong_splits)
+  if (c.dv_in_dk)
+    std::printf("%-34s dk = dK + [dV, 0] by flash_bwd_vk_kernel, %d row split(s): %s\n", "", c.splits,
+                wrong_splits ? "NOT what was launched" : "launched");
+  else if (c.splits > 1 || wrong_splits)
     std::printf("%-34s dK/dV row splits: %d expected, %s\n", "", c.splits, wrong_splits ? "NOT what was launched" : "launched");
   std::fflush(stdout);
   return ok;
@@ -280,6 +300,22 @@ int main(int argc, char** argv) {
       // heads x 32 queries = 512 rows split 2 ways.
       {"mqa_576_512_splits3", 1, 64, 32, 12, 1, 576, 512, 0, false, true, 3},
       {"mqa_576_512_sep_wide_splits2", 1, 32, 16, 16, 1, 576, 512, 7, true, false, 2},
+      // dK + [dV, 0] in one accumulator (flash_bwd_vk_kernel, dQ added into fp32 row tiles in key-block order):
+      // one key block; four key blocks x 3 row tiles with kv_len not a multiple of 64 and the last block's first
+      // rows inside a row tile; a q_offset that is not a multiple of 64 and unaligned views; 16 heads (two queries
+      // a row tile); batch 2 with a negative offset; a block whose keys no row sees.
+      {"vk_576_512_one_block", 1, 20, 20, 3, 1, 576, 512, 0, false, true, 1, true},
+      {"vk_576_512_four_key_blocks", 1, 48, 230, 4, 1, 576, 512, 182, false, true, 1, true},
+      {"vk_576_512_wide_offset", 1, 30, 150, 5, 1, 576, 512, 101, true, true, 1, true},
+      {"vk_576_512_h16", 1, 12, 100, 16, 1, 576, 512, 88, false, true, 1, true},
+      {"vk_576_512_batch2_negative", 2, 40, 70, 2, 1, 576, 512, -5, false, true, 1, true},
+      // Row splits (fp32 partials summed in split order): 16 heads x 40 queries = 640 rows, 10 row tiles in two
+      // ranges of 5, two key blocks (the second's first row in tile 6: its block of the first range has no tile);
+      // 3 ways at 768 rows with unaligned views.
+      {"vk_576_512_splits2", 1, 40, 70, 16, 1, 576, 512, 40, false, true, 2, true},
+      {"vk_576_512_wide_splits3", 1, 64, 50, 12, 1, 576, 512, 0, true, true, 3, true},
+      // 128 heads (a row tile is half a query's heads), 768 rows in 3 splits.
+      {"vk_576_512_h128", 1, 6, 40, 128, 1, 576, 512, 34, false, true, 3, true},
   };
   int fails = 0;
   for (const auto& c : cases) {

@@ -36,6 +36,8 @@ const Case kCases[] = {
     // The bf16 tensor-core kernels' 16-byte-aligned path (dense views): many row tiles of query x head, the
     // MQA dK/dV rows split over blocks (fp32 partials), separate V, GQA, offsets on both sides of zero.
     {"mqa_576_512_absorbed_dense_h16", 1, 96, 96, 16, 1, 576, 512, 0, Layout::dense, true},
+    // 5 key blocks x 75 row tiles: the summed dK/dV kernel's key blocks run concurrently (dQ in key-block order).
+    {"mqa_576_512_absorbed_dense_long", 1, 300, 290, 16, 1, 576, 512, 10, Layout::dense, true},
     {"mqa_576_512_separate_v_dense", 2, 50, 80, 4, 1, 576, 512, 30, Layout::dense, false},
     {"gqa_192_128_dense_multi_tile", 1, 200, 230, 4, 2, 192, 128, 30, Layout::dense, false},
     {"mha_192_128_dense_negative_offset", 2, 70, 70, 2, 2, 192, 128, -5, Layout::dense, false},
@@ -504,6 +506,76 @@ std::vector<Case> cases_192_128() {
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionFusedDq, ::testing::ValuesIn(cases_192_128()),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
+// V inside K with dv_in_dk: dk = dK + [dV, 0] (bf16 fused 576/512: flash_bwd_vk_kernel, one accumulator per key
+// and column; other paths: dV apart, then added), against the float64 dK and dV of the same inputs; dv is not
+// written, dq as without the flag; bitwise on rerun. With LAGA_CUDA_FLASH_DQ=separate semantics
+// (cuda_set_flash_fused_dq false) the 576/512 case takes the old kernels and the add.
+struct DvInDkParam {
+  Case c;
+  AttentionKernel kernel;
+  DType dtype;
+  bool fused_dq;
+};
+std::string dv_in_dk_string(const DvInDkParam& p) {
+  return std::string(p.c.name) + "_" + kernel_tag(p.kernel) + "_" + dtype_tag(p.dtype) + (p.fused_dq ? "" : "_separate_dq");
+}
+void PrintTo(const DvInDkParam& p, std::ostream* os) { *os << dv_in_dk_string(p); }
+class CudaAttentionDvInDk : public ::testing::TestWithParam<DvInDkParam> {};
+
+TEST_P(CudaAttentionDvInDk, SumMatchesFloat64AndRerunsBitwise) {
+  LAGA_REQUIRE_GPU();
+  const DvInDkParam& dp = GetParam();
+  Backends be;
+  Backend& gpu = *be.gpu;
+  cuda_set_flash_fused_dq(gpu, dp.fused_dq);
+  auto rng = rng_for_test();
+  Problem pr(dp.c, dp.kernel, dp.dtype, be, rng);
+  pr.forward();
+  pr.backward(rng);  // dK and dV apart, and their float64 references
+  pr.check_backward();
+  std::vector<double> sum_ref = pr.dk_ref;
+  const Case& c = pr.c;
+  for (i64 t = 0; t < c.kv_len; ++t)
+    for (i64 b = 0; b < c.batch; ++b)
+      for (i64 h = 0; h < c.kv_heads; ++h)
+        for (i64 d = 0; d < c.d_v; ++d)
+          sum_ref[std::size_t(pr.dkv.index(t, b, h, d))] += pr.dv_ref[std::size_t(pr.dvv.index(t, b, h, d))];
+  for (Mirror* m : {&pr.dq, &pr.dk, &pr.dv}) m->poison(gpu);
+  AttentionBwdParams p = pr.params(true);
+  p.dv_in_dk = true;
+  p.dv = nullptr, p.dv_token_stride = p.dv_batch_stride = p.dv_head_stride = 0;
+  cuda_reset_scratch_peak(gpu, /*release=*/true);
+  gpu.attention_backward(p);
+  gpu.synchronize();
+  const double tol = op_tolerance(dp.dtype);
+  expect_output("dq", dp.dtype, pr.dq.download(gpu), pr.dq_ref, pr.dqv.mask(), tol);
+  expect_output("dk + dv", dp.dtype, pr.dk.download(gpu), sum_ref, pr.dkv.mask(), tol);
+  const auto dv_after = pr.dv.download(gpu);
+  EXPECT_EQ(std::count_if(dv_after.begin(), dv_after.end(), [](double x) { return !std::isnan(x); }), 0)
+      << "dv written with dv_in_dk";
+  const bool summed_kernel = dp.kernel == AttentionKernel::Fused && dp.dtype == DType::BF16 && c.d_qk == 576 &&
+                             c.d_v == 512 && dp.fused_dq;
+  EXPECT_EQ(slot_peak(gpu, "dv_sum") > 0, !summed_kernel) << "dV apart exactly when the summed kernel does not run";
+  auto raw = [&](const Mirror& m) { return raw_bytes(gpu, m.dev); };
+  const auto dq1 = raw(pr.dq), dk1 = raw(pr.dk);
+  gpu.attention_backward(p);
+  EXPECT_EQ(raw(pr.dq), dq1) << "dq on rerun";
+  EXPECT_EQ(raw(pr.dk), dk1) << "dk on rerun";
+  std::printf("GPUCHECK dv_in_dk %s summed_kernel=%d\n", dv_in_dk_string(dp).c_str(), int(summed_kernel));
+}
+
+std::vector<DvInDkParam> dv_in_dk_params() {
+  std::vector<DvInDkParam> out;
+  for (const auto& c : kCases) {
+    if (!c.v_aliases_k) continue;
+    for (AttentionKernel k : {AttentionKernel::Eager, AttentionKernel::Fused})
+      for (DType t : {DType::F32, DType::BF16}) out.push_back({c, k, t, true});
+    if (c.d_qk == 576) out.push_back({c, AttentionKernel::Fused, DType::BF16, false});
+  }
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionDvInDk, ::testing::ValuesIn(dv_in_dk_params()),
+                         [](const ::testing::TestParamInfo<DvInDkParam>& i) { return dv_in_dk_string(i.param); });
 
 // ---------------------------------------------------------------- the cuDNN provider
 // Every case above plus all_gather-style offsets, bf16 fused, with --attention-provider cudnn: the cases the

@@ -114,6 +114,8 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
   p.dq = dq.data(), view(dq, s.heads, s.dqk, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
   p.dk = dk.data(), view(dk, s.kv_heads, s.dqk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
   p.dv = dv.data(), view(dv, s.kv_heads, s.dv, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+  // V inside K: the gradient of the shared tensor, dK + [dV, 0] (what absorbed MLA's block takes).
+  if (s.v_in_k) p.dv_in_dk = true, p.dv = nullptr, p.dv_token_stride = p.dv_batch_stride = p.dv_head_stride = 0;
   p.lse = lse.data();
   p.probs = probs.defined() ? probs.data() : nullptr;
   const double pairs = double(S) * double(S + 1) / 2.0 * double(s.heads);
@@ -127,8 +129,9 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
   print(name, fwd, fwd_flops);
   std::snprintf(name, sizeof(name), "%s_%s_bwd", s.name, tag);
   print(name, bwd, bwd_flops);
-  // 192/128 tensor cores: the same backward with the separate dQ kernel, in the same process, for comparison.
-  if (kernel == AttentionKernel::Fused && s.dqk == 192 && s.dv == 128 && cuda_flash_fused_dq(be)) {
+  // 192/128 tensor cores: the same backward with the separate dQ kernel, in the same process, for comparison;
+  // 576/512 with V inside K: the row-split dK/dV kernel, the dQ kernel and dV added into dK.
+  if (kernel == AttentionKernel::Fused && ((s.dqk == 192 && s.dv == 128) || s.v_in_k) && cuda_flash_fused_dq(be)) {
     cuda_set_flash_fused_dq(be, false);
     const double sep = median_ms(be, [&] { be.attention_backward(p); }, reps);
     cuda_set_flash_fused_dq(be, true);

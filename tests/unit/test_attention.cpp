@@ -406,6 +406,36 @@ TEST_P(AttentionKernels, EagerProbsMaskedZeroAndRowsSumToOne) {
 INSTANTIATE_TEST_SUITE_P(Cpu, AttentionKernels, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
+// V inside K with dv_in_dk: dk = dK + [dV, 0] (the sum of the separate run's, the same bits), dv untouched, dq
+// as without the flag; dv_in_dk without V inside K is refused.
+TEST_P(AttentionKernels, DvInDkSumsDvIntoDk) {
+  const Case& c = GetParam();
+  for (AttentionKernel kernel : {AttentionKernel::Eager, AttentionKernel::Fused}) {
+    Problem<double> apart(c, kernel), sum(c, kernel);
+    apart.forward();
+    apart.backward();
+    sum.forward();
+    AttentionBwdParams p = sum.params();
+    p.dv_in_dk = true;
+    p.dv = nullptr;
+    if (!c.v_aliases_k) {
+      EXPECT_THROW(cpu::attention_backward(p), RuntimeError);
+      continue;
+    }
+    cpu::attention_backward(p);
+    EXPECT_TRUE(same_bytes(*sum.dq.buf, *apart.dq.buf)) << "dq";
+    i64 differ = 0;
+    apart.dk.for_each([&](i64 t, i64 b, i64 h, i64 d) {
+      const double want = apart.dk.at(t, b, h, d) + (d < c.d_v ? apart.dv.at(t, b, h, d) : 0.0);
+      differ += sum.dk.at(t, b, h, d) != want;
+    });
+    EXPECT_EQ(differ, 0) << "dk != dK + [dV, 0]";
+    EXPECT_EQ(written_outside(sum.dk), 0) << "dk written outside its view";
+    EXPECT_TRUE(std::all_of(sum.dv.buf->begin(), sum.dv.buf->end(), [](double x) { return std::isnan(x); }))
+        << "dv written with dv_in_dk";
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Input checks.
 

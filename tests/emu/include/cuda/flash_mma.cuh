@@ -435,6 +435,19 @@ inline void wgmma_m64n32k16_ss_tt(float (&d)[4][4], std::uint64_t desc_a, std::u
     }
 }
 inline void wgmma_m64n192k16_ss_tb(float (&d)[24][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<192>(d, a, b, acc); }
+inline void wgmma_m64n32k16_ss_tb(float (&d)[4][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<32>(d, a, b, acc); }
+inline void wgmma_m64n64k16_ss_tb(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<64>(d, a, b, acc); }
+// Both operands MN-major at n64.
+inline void wgmma_m64n64k16_ss_tt(float (&d)[8][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate) {
+  const int t = int(threadIdx.x) % 128, w = t / 32, lane = t % 32;
+  for (int n = 0; n < 8; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * w + lane / 4 + 8 * (e >> 1), col = 8 * n + 2 * (lane % 4) + (e & 1);
+      double acc = 0;
+      for (int k = 0; k < 16; ++k) acc += double(wgmma_elem_mn(desc_a, k, row)) * double(wgmma_elem_mn(desc_b, k, col));
+      d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
+    }
+}
 inline void wgmma_m64n256k16_ss_tb(float (&d)[32][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<256>(d, a, b, acc); }
 }  // namespace laga::cuda::flash
 namespace laga::cuda::flash {
@@ -453,6 +466,12 @@ inline void st_global_v4(float* p, float a, float b, float c, float d) {
 inline void red_add_v4(float* p, float a, float b, float c, float d) {
   EMU_CHECK(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, "red.global.v4 misaligned");
   p[0] += a, p[1] += b, p[2] += c, p[3] += d;
+}
+inline void store_or_add_v4(float* p, bool store, float a, float b, float c, float d) {
+  if (store)
+    st_global_v4(p, a, b, c, d);
+  else
+    red_add_v4(p, a, b, c, d);
 }
 inline void wait_counter(const unsigned* counter, unsigned value) {
   const unsigned v = std::atomic_ref<unsigned>(*const_cast<unsigned*>(counter)).load(std::memory_order_acquire);
