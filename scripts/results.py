@@ -788,7 +788,7 @@ def peer_section(results_dir, schema):
     m = peer["machine"]
     any_doc = next(iter(docs.values()))[1] if docs else None
     cudnn = any_doc["machine"].get("cudnn", {}) if any_doc else {}
-    grad_dtypes = {d["config"].get("grad_dtype") or "float32" for _, d in docs.values()}
+    grad_dtypes = {pt.get("grad_dtype") or "float32" for _, d in docs.values() for pt in d["points"]}
     grad_text = ("in bf16, as the peer's (`--grad-dtype bfloat16`)" if grad_dtypes == {"bfloat16"} else
                  "in " + " and ".join(sorted(grad_dtypes)) + " (the peer's are bf16)")
     md = ["## laga against the PyTorch peer: one a2a rank of DeepSeek-V3", "",
