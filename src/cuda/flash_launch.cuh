@@ -102,6 +102,53 @@ void forward_impl(L& launcher, const AttentionFwdParams& p) {
   }
 }
 
+// The fused dQ's fp32 row tiles (kDqTileRows rows of d_qk) and their counters, zeroed: the dK/dV kernel adds
+// into them in key-block order, flash_bwd_dq_convert_kernel writes dq from them.
+struct DqTiles {
+  float* accum;
+  unsigned* count;
+  i64 tiles;
+};
+template <int kDqk, class L>
+DqTiles dq_tiles(L& launcher, const AttentionFwdParams& p, i64 rows) {
+  const i64 tiles = p.batch * p.kv_heads * dq_row_tiles(rows);
+  LAGA_REQUIRE(tiles <= INT32_MAX, "attention: ", tiles, " dQ tiles exceed the grid limit");
+  constexpr std::size_t kTileFloats = std::size_t(kDqTileRows) * kDqk;
+  DqTiles t{static_cast<float*>(launcher.scratch(LaunchScratch::dq_accum, sizeof(float) * kTileFloats * std::size_t(tiles))),
+            static_cast<unsigned*>(launcher.scratch(LaunchScratch::dq_count, sizeof(unsigned) * std::size_t(tiles))), tiles};
+  if (tiles > 0) launcher.zero(t.count, sizeof(unsigned) * std::size_t(tiles));
+  return t;
+}
+// kRowsLayout: the tiles of flash_bwd_vk_kernel (see flash_bwd_dq_convert_kernel).
+template <int kDqk, bool kAligned, bool kRowsLayout, class L>
+void dq_from_tiles(L& launcher, const AttentionBwdParams& p, const DqTiles& t) {
+  launch_nonempty(launcher, flash_bwd_dq_convert_kernel<kDqk, kAligned, kRowsLayout>, "flash_bwd_dq_convert_kernel", t.tiles,
+                  256, sizeof(float) * std::size_t(kDqTileRows) * kDqk, p, static_cast<const float*>(t.accum),
+                  static_cast<const unsigned*>(t.count));
+}
+
+// Row splits of the 576/512 dK/dV kernels: how many, and the fp32 partials (width columns a key) they write
+// when more than one; reduce_splits sums them in split order into dk (and dv).
+struct RowSplits {
+  int splits;
+  float* partial;
+};
+template <class L>
+RowSplits row_splits(L& launcher, const AttentionFwdParams& p, i64 rows, i64 key_blocks, int block_m, int width) {
+  RowSplits r{dkdv_row_splits(rows, key_blocks, p, block_m, launcher.multiprocessors()), nullptr};
+  if (r.splits > 1)
+    r.partial = static_cast<float*>(launcher.scratch(
+        LaunchScratch::split_partial, sizeof(float) * std::size_t(r.splits * p.batch * p.kv_heads * p.kv_len * width)));
+  return r;
+}
+template <int kDqk, int kDv, bool kAligned, class L>
+void reduce_splits(L& launcher, const AttentionBwdParams& p, const RowSplits& r) {
+  if (r.splits < 2) return;
+  const i64 pairs = p.batch * p.kv_heads * p.kv_len * (kDqk + kDv) / 2;
+  launch_nonempty(launcher, flash_bwd_dkdv_reduce_kernel<kDqk, kDv, kAligned>, "flash_bwd_dkdv_reduce_kernel",
+                  ceil_div(pairs, 256), 256, 0, p, r.splits, static_cast<const float*>(r.partial));
+}
+
 template <class K, bool kAligned, class L>
 void backward_impl(L& launcher, const AttentionBwdParams& p) {
   constexpr TileConfig c = K::c;
@@ -112,57 +159,31 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
   const float* cdelta = delta;
   if constexpr (c.dkv_sum) {
     if (p.dv_in_dk) {
-      // dK + [dV, 0] in one accumulator, dQ added up into fp32 row tiles (counters zeroed first), then copied
-      // into dq (flash_bwd_vk_kernel folds the scale into dS).
+      // dK + [dV, 0] in one accumulator, dQ added up into fp32 row tiles, then copied into dq
+      // (flash_bwd_vk_kernel folds the scale into dS). Each key block's row tiles split over blocks as the
+      // row-split dK/dV kernel's (the first key blocks carry the most causal work).
       using Tr = typename K::Vk;
-      const i64 tiles = p.batch * p.kv_heads * dq_row_tiles(rows);
-      constexpr std::size_t kTileFloats = std::size_t(kDqTileRows) * Tr::kDqk;
-      float* dq_accum =
-          static_cast<float*>(launcher.scratch(LaunchScratch::dq_accum, sizeof(float) * kTileFloats * std::size_t(tiles)));
-      auto* dq_count =
-          static_cast<unsigned*>(launcher.scratch(LaunchScratch::dq_count, sizeof(unsigned) * std::size_t(tiles)));
-      if (tiles > 0) launcher.zero(dq_count, sizeof(unsigned) * std::size_t(tiles));
-      // Each key block's row tiles split over blocks as the row-split dK/dV kernel's (the first key blocks carry
-      // the most causal work), their dK + dV partials summed in split order.
+      const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
       const i64 key_blocks = ceil_div(p.kv_len, Tr::kBlockN);
-      const int splits = dkdv_row_splits(rows, key_blocks, p, Tr::kBlockM, launcher.multiprocessors());
-      float* partial = nullptr;
-      if (splits > 1)
-        partial = static_cast<float*>(launcher.scratch(
-            LaunchScratch::split_partial, sizeof(float) * std::size_t(splits * p.batch * p.kv_heads * p.kv_len * Tr::kDqk)));
+      const RowSplits r = row_splits(launcher, p, rows, key_blocks, Tr::kBlockM, Tr::kDqk);
       launch_nonempty(launcher, flash_bwd_vk_kernel<Tr, kAligned>, "flash_bwd_vk_kernel",
-          flash_grid(key_blocks * splits, p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, dq_accum, dq_count,
-          splits, partial);
-      if (splits > 1) {
-        const i64 pairs = p.batch * p.kv_heads * p.kv_len * Tr::kDqk / 2;
-        launch_nonempty(launcher, flash_bwd_dkdv_reduce_kernel<Tr::kDqk, 0, kAligned>, "flash_bwd_dkdv_reduce_kernel",
-            ceil_div(pairs, 256), 256, 0, p, splits, static_cast<const float*>(partial));
-      }
-      LAGA_REQUIRE(tiles <= INT32_MAX, "attention: ", tiles, " dQ tiles exceed the grid limit");
-      launch_nonempty(launcher, flash_bwd_dq_convert_kernel<Tr::kDqk, kAligned, true>, "flash_bwd_dq_convert_kernel",
-          tiles, 256, sizeof(float) * kTileFloats, p, static_cast<const float*>(dq_accum),
-          static_cast<const unsigned*>(dq_count));
+          flash_grid(key_blocks * r.splits, p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count,
+          r.splits, r.partial);
+      reduce_splits<Tr::kDqk, 0, kAligned>(launcher, p, r);
+      dq_from_tiles<Tr::kDqk, kAligned, true>(launcher, p, dq);
       return;
     }
   }
   LAGA_REQUIRE(!p.dv_in_dk, "attention: dv_in_dk reached a tensor-core backward without the summed dK/dV kernel");
   if constexpr (c.dq_fused) {
     if (launcher.fused_dq()) {
-      // dQ added up by the dK/dV kernel into fp32 tiles (their counters zeroed first), then scaled into dq.
+      // dQ added up by the dK/dV kernel into fp32 tiles, then scaled into dq.
       using Tr = typename K::DkdvRegsFusedDq;
-      const i64 tiles = p.batch * p.kv_heads * dq_row_tiles(rows);
-      constexpr std::size_t kTileFloats = std::size_t(kDqTileRows) * Tr::kDqk;
-      float* dq_accum =
-          static_cast<float*>(launcher.scratch(LaunchScratch::dq_accum, sizeof(float) * kTileFloats * std::size_t(tiles)));
-      auto* dq_count =
-          static_cast<unsigned*>(launcher.scratch(LaunchScratch::dq_count, sizeof(unsigned) * std::size_t(tiles)));
-      if (tiles > 0) launcher.zero(dq_count, sizeof(unsigned) * std::size_t(tiles));
+      const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
       launch_nonempty(launcher, flash_bwd_dkdv_regs_kernel<Tr, kAligned>, "flash_bwd_dkdv_regs_kernel (fused dQ)",
           flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta,
-          dq_accum, dq_count);
-      LAGA_REQUIRE(tiles <= INT32_MAX, "attention: ", tiles, " dQ tiles exceed the grid limit");
-      launch_nonempty(launcher, flash_bwd_dq_convert_kernel<Tr::kDqk, kAligned>, "flash_bwd_dq_convert_kernel", tiles, 256,
-          sizeof(float) * kTileFloats, p, static_cast<const float*>(dq_accum), static_cast<const unsigned*>(dq_count));
+          dq.accum, dq.count);
+      dq_from_tiles<Tr::kDqk, kAligned, false>(launcher, p, dq);
       return;
     }
   }
@@ -174,19 +195,10 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
   } else {
     using Tr = typename K::DkdvSmem;
     const i64 key_blocks = ceil_div(p.kv_len, Tr::kBlockN);
-    const int splits = dkdv_row_splits(rows, key_blocks, p, Tr::kBlockM, launcher.multiprocessors());
-    float* partial = nullptr;
-    if (splits > 1)
-      partial = static_cast<float*>(launcher.scratch(
-          LaunchScratch::split_partial,
-          sizeof(float) * std::size_t(splits * p.batch * p.kv_heads * p.kv_len * (Tr::kDqk + Tr::kDv))));
+    const RowSplits r = row_splits(launcher, p, rows, key_blocks, Tr::kBlockM, Tr::kDqk + Tr::kDv);
     launch_nonempty(launcher, flash_bwd_dkdv_smem_kernel<Tr, kAligned>, "flash_bwd_dkdv_smem_kernel",
-        flash_grid(key_blocks * splits, p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, splits, partial);
-    if (splits > 1) {
-      const i64 pairs = p.batch * p.kv_heads * p.kv_len * (Tr::kDqk + Tr::kDv) / 2;
-      launch_nonempty(launcher, flash_bwd_dkdv_reduce_kernel<Tr::kDqk, Tr::kDv, kAligned>, "flash_bwd_dkdv_reduce_kernel",
-          ceil_div(pairs, 256), 256, 0, p, splits, static_cast<const float*>(partial));
-    }
+        flash_grid(key_blocks * r.splits, p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, r.splits, r.partial);
+    reduce_splits<Tr::kDqk, Tr::kDv, kAligned>(launcher, p, r);
   }
   using Tq = typename K::Dq;
   launch_nonempty(launcher, flash_bwd_dq_kernel<Tq, kAligned>, "flash_bwd_dq_kernel", flash_grid(ceil_div(rows, Tq::kBlockM), p),
