@@ -19,6 +19,8 @@ import glob
 import json
 import math
 import os
+import platform
+import subprocess
 import sys
 import time
 
@@ -180,7 +182,9 @@ def train(args):
         with open(args.out, "w") as f:
             json.dump({"label": label, "mla": args.mla, "form": args.form, "layout": args.layout, "ranks": world,
                        "device": args.device, "dtype": args.dtype, "steps": args.steps, "seq": S, "batch": args.batch,
-                       "losses": losses, "seconds": time.time() - t0}, f)
+                       "losses": losses, "seconds": time.time() - t0, "machine": machine(args.device),
+                       "command": " ".join(["torchrun --nproc_per_node", str(world)] if distributed else ["python3"]) +
+                       " " + " ".join(sys.argv)}, f)
     if distributed:
         dist.destroy_process_group()
 
@@ -206,6 +210,22 @@ def plot(png, paths):
     b.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
+
+
+def machine(device):
+    """Where the run ran and from which code: the host, the device, and the checkout's commit and whether its
+    tracked files had uncommitted changes (None where this is not a git checkout)."""
+    import torch
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def git(*a):
+        r = subprocess.run(["git", "-C", here, *a], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else None
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    name = torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or platform.machine()} (CPU)"
+    return {"host": platform.node(), "device": name, "torch": torch.__version__, "commit": commit or "unknown",
+            "dirty": None if status is None else bool(status)}
 
 
 def main():
