@@ -292,22 +292,6 @@ __device__ __forceinline__ void warpgroup_mma_ss_tb_async(float (&acc)[MT][N / 8
   wgmma_commit();
 }
 
-// A B, A (64 MT x 16 KS) and B (16 KS x 32) both read transposed: A^T the tile [kRows][64 MT] (m tile mt = slab
-// mt), B^T the tile [kRows][64] whose columns start at s_b (which may point 32 columns into the slab). As
-// dQ^T = K^T dS^T over the keys of a block.
-// acc[4][4] = A B for the m tile (64-column slab) mt of A^T only: one group per slab keeps 16 accumulators live.
-template <int KS, int kRows>
-__device__ __forceinline__ void warpgroup_mma_tt_async(float (&acc)[4][4], const bf16* s_a, int mt, const bf16* s_b) {
-  const u32 a0 = smem_u32(s_a) + u32(mt * kRows * 128), b0 = smem_u32(s_b);
-  reg_fence_all(acc);
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < KS; ++ks)
-    wgmma_m64n32k16_ss_tt(acc, wgmma_desc_sw128_mn(a0 + u32(ks * 16 * 128), u32(kRows * 128)),
-                          wgmma_desc_sw128_mn(b0 + u32(ks * 16 * 128), u32(kRows * 128)), ks > 0 ? 1 : 0);
-  wgmma_commit();
-}
-
 // acc[N/8][4] = A B with A (64 x 16 KS) the transpose of the tile [kRowsA][64] at s_a (as dS from the dS^T tile
 // [keys][rows]) and B (16 KS x N) the tile [kRowsB][*] read transposed from column s_b on (as K [keys][d] in
 // dQ = dS K; s_b may point 32 columns into a slab when N = 32). Issued and committed as one group.
@@ -327,6 +311,15 @@ __device__ __forceinline__ void warpgroup_mma_tt_n_async(float (&acc)[N / 8][4],
       wgmma_m64n64k16_ss_tt(acc, da, db, ks > 0 ? 1 : 0);
   }
   wgmma_commit();
+}
+
+// A B, A (64 MT x 16 KS) and B (16 KS x 32) both read transposed: A^T the tile [kRows][64 MT] (m tile mt = slab
+// mt), B^T the tile [kRows][64] whose columns start at s_b (which may point 32 columns into the slab). As
+// dQ^T = K^T dS^T over the keys of a block.
+// acc[4][4] = A B for the m tile (64-column slab) mt of A^T only: one group per slab keeps 16 accumulators live.
+template <int KS, int kRows>
+__device__ __forceinline__ void warpgroup_mma_tt_async(float (&acc)[4][4], const bf16* s_a, int mt, const bf16* s_b) {
+  warpgroup_mma_tt_n_async<32, KS, kRows, kRows>(acc, s_a + mt * kRows * 64, s_b);
 }
 
 // An accumulator [MT][2 KS][4] (fp32) as A fragments [MT][KS][4] (bf16) of the next GEMM, k = its columns.
