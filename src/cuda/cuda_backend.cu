@@ -625,4 +625,12 @@ void cuda_set_flash_fused_dq(Backend& backend, bool fused) {
   as_cuda(backend, "cuda_set_flash_fused_dq").context().flash_fused_dq = fused;
 }
 
+int cuda_flash_row_splits(Backend& backend) { return as_cuda(backend, "cuda_flash_row_splits").context().flash_row_splits; }
+
+void cuda_set_flash_row_splits(Backend& backend, int splits) {
+  LAGA_REQUIRE(splits >= 0 && splits <= 16, "cuda_set_flash_row_splits: splits is ", splits,
+               "; it must be 0 (chosen per shape) or 1 to 16");
+  as_cuda(backend, "cuda_set_flash_row_splits").context().flash_row_splits = splits;
+}
+
 }  // namespace laga

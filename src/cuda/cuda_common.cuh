@@ -193,6 +193,7 @@ struct Context {
   int max_smem_per_block = 0;  // opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin)
   // Tensor-core 192/128 backward: dQ added up inside the dK/dV kernel (else the separate dQ kernel).
   bool flash_fused_dq = true;
+  int flash_row_splits = 0;  // 576/512 dK/dV row splits: 0 chooses (flash::dkdv_row_splits), else this many
 };
 
 }  // namespace laga::cuda

@@ -12,6 +12,7 @@
 //   int multiprocessors()                                   the device's SM count
 //   bool fused_dq()                                         192/128: dQ added up inside the dK/dV kernel;
 //                                                           576/512 with V inside K and dv_in_dk: flash_bwd_vk_kernel
+//   int row_splits()                                        576/512 dK/dV row splits: 0 chooses (dkdv_row_splits)
 #pragma once
 
 #include <algorithm>
@@ -135,7 +136,8 @@ struct RowSplits {
 };
 template <class L>
 RowSplits row_splits(L& launcher, const AttentionFwdParams& p, i64 rows, i64 key_blocks, int block_m, int width) {
-  RowSplits r{dkdv_row_splits(rows, key_blocks, p, block_m, launcher.multiprocessors()), nullptr};
+  const int fixed = launcher.row_splits();
+  RowSplits r{fixed > 0 ? fixed : dkdv_row_splits(rows, key_blocks, p, block_m, launcher.multiprocessors()), nullptr};
   if (r.splits > 1)
     r.partial = static_cast<float*>(launcher.scratch(
         LaunchScratch::split_partial, sizeof(float) * std::size_t(r.splits * p.batch * p.kv_heads * p.kv_len * width)));

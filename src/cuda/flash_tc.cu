@@ -40,6 +40,7 @@ class StreamLauncher {
     return sms;
   }
   bool fused_dq() const { return ctx_.flash_fused_dq; }
+  int row_splits() const { return ctx_.flash_row_splits; }
 
  private:
   Context& ctx_;

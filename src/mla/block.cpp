@@ -441,8 +441,8 @@ struct BlockImpl {
   struct AttnGrads {
     Tensor dq, dk, dv;
   };
-  // dout [Tq, H, d_v]; `a` what the forward saved.
-  AttnGrads attention_backward(const Tensor& dout, const AttnInputs& in, const Attn& a) {
+  // dout [Tq, H, d_v]; `a` what the forward saved. dv_in_dk (V inside K): dk = dK + [dV, 0], no dv.
+  AttnGrads attention_backward(const Tensor& dout, const AttnInputs& in, const Attn& a, bool dv_in_dk = false) {
     const std::int64_t kv_heads = in.kv_heads, d_qk = in.d_qk, d_v = in.d_v;
     AttentionBwdParams p;
     static_cast<AttentionFwdParams&>(p) = attention_params(kv_heads, d_qk, d_v);
@@ -450,15 +450,19 @@ struct BlockImpl {
     AttnGrads g;
     g.dq = empty({Tq, H * d_qk}, "attn.dq");
     g.dk = empty({Tk, kv_heads * d_qk}, "attn.dk");
-    g.dv = empty({Tk, kv_heads * d_v}, "attn.dv");
+    if (!dv_in_dk) g.dv = empty({Tk, kv_heads * d_v}, "attn.dv");
     p.dout = dout.data();
     set_strides(H, d_v, B, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
     p.dq = g.dq.data();
     set_strides(H, d_qk, B, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
     p.dk = g.dk.data();
     set_strides(kv_heads, d_qk, B, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
-    p.dv = g.dv.data();
-    set_strides(kv_heads, d_v, B, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+    if (dv_in_dk) {
+      p.dv_in_dk = true;
+    } else {
+      p.dv = g.dv.data();
+      set_strides(kv_heads, d_v, B, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+    }
     const double per_pair = opts.kernel == AttentionKernel::Fused ? 3.0 * d_qk + 2.0 * d_v : 2.0 * d_qk + 2.0 * d_v;
     stats->flops[int(OpPhase::Attention)] += 2.0 * per_pair * causal_pairs();
     Timer timer{*this, OpPhase::Attention};
@@ -984,13 +988,12 @@ struct BlockImpl {
                                      Tensor& dlat_full) {
     if (opts.absorbed_attention == AbsorbedAttention::Mqa) {
       const Tensor lat_full = ctx.get(Saved::LatentGathered);
+      // V is the latent's first r_kv columns: the backend returns dK + [dV, 0] in dk (dv_in_dk).
       AttnGrads ag = attention_backward(
-          do_lat, {.q = q_abs, .k = lat_full, .k_row = dl, .v_row = dl, .kv_heads = 1, .d_qk = dl, .d_v = rkv}, a);
+          do_lat, {.q = q_abs, .k = lat_full, .k_row = dl, .v_row = dl, .kv_heads = 1, .d_qk = dl, .d_v = rkv}, a,
+          /*dv_in_dk=*/true);
       copy(OpPhase::Attention, CopyArgs{.rows = Tk, .cols = dl, .src = ag.dk.data(), .src_ld = dl, .dst = dlat_full.data(),
                                         .dst_ld = dl, .mode = CopyMode::Accumulate, .dst_dtype = dlat_full.dtype()});
-      copy(OpPhase::Attention, CopyArgs{.rows = Tk, .cols = rkv, .src = ag.dv.data(), .src_ld = rkv,
-                                        .dst = dlat_full.data(), .dst_ld = dl, .mode = CopyMode::Accumulate,
-                                        .dst_dtype = dlat_full.dtype()});
       return ag.dq;
     }
     const Tensor k_exp = ctx.get(Saved::KExpanded), v_exp = ctx.get(Saved::VExpanded);

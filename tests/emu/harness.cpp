@@ -101,6 +101,7 @@ class EmuLauncher {
   void zero(void* ptr, std::size_t bytes) { std::memset(ptr, 0, bytes); }
   int multiprocessors() const { return sms_; }
   bool fused_dq() const { return fused_dq_; }
+  int row_splits() const { return 0; }
   std::vector<std::pair<std::string, i64>> launched;  // kernel names and blocks, in launch order
 
  private:

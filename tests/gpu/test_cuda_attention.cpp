@@ -561,6 +561,22 @@ TEST_P(CudaAttentionDvInDk, SumMatchesFloat64AndRerunsBitwise) {
   gpu.attention_backward(p);
   EXPECT_EQ(raw(pr.dq), dq1) << "dq on rerun";
   EXPECT_EQ(raw(pr.dk), dk1) << "dk on rerun";
+  // The 576/512 tensor-core kernels with fixed row splits (cuda_set_flash_row_splits) instead of the chosen ones:
+  // one block per key block, and more splits than some key blocks have row tiles.
+  if (dp.kernel == AttentionKernel::Fused && dp.dtype == DType::BF16 && c.d_qk == 576 && c.d_v == 512) {
+    for (const int splits : {1, 5}) {
+      cuda_set_flash_row_splits(gpu, splits);
+      for (Mirror* m : {&pr.dq, &pr.dk}) m->poison(gpu);
+      gpu.attention_backward(p);
+      gpu.synchronize();
+      SCOPED_TRACE("row splits " + std::to_string(splits));
+      expect_output("dq", dp.dtype, pr.dq.download(gpu), pr.dq_ref, pr.dqv.mask(), tol);
+      expect_output("dk + dv", dp.dtype, pr.dk.download(gpu), sum_ref, pr.dkv.mask(), tol);
+    }
+    cuda_set_flash_row_splits(gpu, 0);
+    EXPECT_THROW(cuda_set_flash_row_splits(gpu, 17), InvalidArgument);
+    EXPECT_THROW(cuda_set_flash_row_splits(gpu, -1), InvalidArgument);
+  }
   std::printf("GPUCHECK dv_in_dk %s summed_kernel=%d\n", dv_in_dk_string(dp).c_str(), int(summed_kernel));
 }
 

@@ -78,7 +78,9 @@ Tensor tiled_random(Backend& be, DType dt, i64 rows, i64 cols, std::mt19937_64& 
   return t;
 }
 
-void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int reps, std::mt19937_64& rng) {
+// row_splits: the backward again with each of these fixed 576/512 row splits (cuda_set_flash_row_splits).
+void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int reps, std::mt19937_64& rng,
+                    const std::vector<int>& row_splits = {}) {
   const DType dt = DType::BF16;
   const i64 S = s.seq;
   Tensor q = tiled_random(be, dt, S, s.heads * s.dqk, rng);
@@ -138,6 +140,13 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
     std::snprintf(name, sizeof(name), "%s_%s_bwd_separate_dq", s.name, tag);
     print(name, sep, bwd_flops);
   }
+  for (const int splits : row_splits) {
+    cuda_set_flash_row_splits(be, splits);
+    const double ms = median_ms(be, [&] { be.attention_backward(p); }, reps);
+    cuda_set_flash_row_splits(be, 0);
+    std::snprintf(name, sizeof(name), "%s_%s_bwd_splits%d", s.name, tag, splits);
+    print(name, ms, bwd_flops);
+  }
 }
 
 // S = 4096, 16 heads (version 1's table; MQA with a separate V tensor).
@@ -175,6 +184,20 @@ TEST(CudaPerf, DISABLED_AttentionMha192LongSequences) {
 TEST(CudaPerf, DISABLED_AttentionMqa576LongSequences) {
   LAGA_REQUIRE_GPU();
   time_long_sequences(576, 512, /*mqa=*/true, "mqa_576_512");
+}
+
+// The 576/512 backward as absorbed MLA's a2a rank runs it (16 heads, one kv head, V inside K, dK + dV summed) at
+// S = 4k..32k: the row splits chosen per shape (`_bwd`), then each fixed count.
+TEST(CudaPerf, DISABLED_AttentionMqa576RowSplits) {
+  LAGA_REQUIRE_GPU();
+  auto be = make_cuda_backend(0);
+  auto rng = rng_for_test();
+  for (const i64 seq : {4096, 8192, 16384, 32768}) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "mqa_576_512_h16_s%lldk", (long long)(seq / 1024));
+    const AttnShape s{name, seq, 16, 1, 576, 512, /*v_in_k=*/true};
+    time_attention(*be, s, AttentionKernel::Fused, 5, rng, {1, 2, 3, 4, 6, 8});
+  }
 }
 
 }  // namespace
