@@ -23,8 +23,9 @@ struct Case {
   const char* name;
   i64 batch, q_len, kv_len, q_heads, kv_heads, dqk, dv, q_offset;
   bool wide, v_in_k;
-  int splits;  // 576/512: the dK/dV row splits the launch code must choose
+  int splits;  // 576/512: the dK/dV row splits the launch code must choose (or, fixed_splits, is told to use)
   bool dv_in_dk = false;  // V inside K: dk takes dK + [dV, 0] (flash_bwd_vk_kernel), dv is not written
+  bool fixed_splits = false;  // the launcher fixes the row splits at `splits` (as cuda_set_flash_row_splits)
 };
 
 struct View {
@@ -85,7 +86,8 @@ long count_outside_written(const std::vector<bf16>& b, const View& v) {
 // so a kernel that reads scratch nobody wrote fails.
 class EmuLauncher {
  public:
-  EmuLauncher(int multiprocessors, bool fused_dq) : sms_(multiprocessors), fused_dq_(fused_dq) {}
+  EmuLauncher(int multiprocessors, bool fused_dq, int row_splits)
+      : sms_(multiprocessors), fused_dq_(fused_dq), row_splits_(row_splits) {}
   template <class Kernel, class... Args>
   void launch(Kernel kernel, const char* name, i64 blocks, int threads, std::size_t smem, Args... args) {
     EMU_CHECK(blocks > 0 && blocks <= INT32_MAX, "%s: %ld blocks", name, long(blocks));
@@ -101,12 +103,13 @@ class EmuLauncher {
   void zero(void* ptr, std::size_t bytes) { std::memset(ptr, 0, bytes); }
   int multiprocessors() const { return sms_; }
   bool fused_dq() const { return fused_dq_; }
-  int row_splits() const { return 0; }
+  int row_splits() const { return row_splits_; }
   std::vector<std::pair<std::string, i64>> launched;  // kernel names and blocks, in launch order
 
  private:
   int sms_;
   bool fused_dq_;
+  int row_splits_;
   std::vector<float> scratch_[4];
 };
 
@@ -114,12 +117,12 @@ class EmuLauncher {
 constexpr int kMultiprocessors = 132;
 
 std::vector<std::pair<std::string, i64>> run_fwd(const AttentionFwdParams& p) {
-  EmuLauncher launcher(kMultiprocessors, true);
+  EmuLauncher launcher(kMultiprocessors, true, 0);
   forward(launcher, p);
   return launcher.launched;
 }
-std::vector<std::pair<std::string, i64>> run_bwd(const AttentionBwdParams& p, bool fused_dq) {
-  EmuLauncher launcher(kMultiprocessors, fused_dq);
+std::vector<std::pair<std::string, i64>> run_bwd(const AttentionBwdParams& p, bool fused_dq, int row_splits) {
+  EmuLauncher launcher(kMultiprocessors, fused_dq, row_splits);
   backward(launcher, p);
   return launcher.launched;
 }
@@ -160,14 +163,15 @@ bool run_case(const Case& c) {
   // 192/128: the separate dQ kernel first (its dq kept), then the fused dQ into poisoned outputs; dK and dV
   // must be the same bits both ways.
   const bool both = tile_config(int(c.dqk), int(c.dv), c.v_in_k).dq_fused;
+  const int fixed = c.fixed_splits ? c.splits : 0;
   std::vector<bf16> dq_sep, dk_sep, dv_sep;
   if (both) {
-    run_bwd(p, false);
+    run_bwd(p, false, fixed);
     dq_sep = dq, dk_sep = dk, dv_sep = dv;
     const bf16 nan = float_to_bf16(kNan);
     std::fill(dq.begin(), dq.end(), nan), std::fill(dk.begin(), dk.end(), nan), std::fill(dv.begin(), dv.end(), nan);
   }
-  const std::vector<std::pair<std::string, i64>> launched = run_bwd(p, true);
+  const std::vector<std::pair<std::string, i64>> launched = run_bwd(p, true, fixed);
   // 576/512: the dK/dV kernel over key blocks x the row splits the case expects, then their reduction.
   long wrong_splits = 0;
   if (c.dv_in_dk) {  // the summed kernel (and its split reduction) between delta and the dQ copy
@@ -297,9 +301,10 @@ int main(int argc, char** argv) {
       // Four key tiles: both K stages reused, the second warpgroup's loads in the loop; unaligned views.
       {"mqa_576_512_absorbed_four_tiles", 1, 40, 230, 2, 1, 576, 512, 190, true, true, 1},
       // The dK/dV row splits come from the launch code's rule (at least 4 row tiles of 64 per split, enough
-      // splits to fill 132 SMs twice): 12 heads x 64 queries = 768 rows over one key block split 3 ways; 16
-      // heads x 32 queries = 512 rows split 2 ways.
-      {"mqa_576_512_splits3", 1, 64, 32, 12, 1, 576, 512, 0, false, true, 3},
+      // splits to fill 132 SMs twice, rounded down to a power of two): 12 heads x 64 queries = 768 rows over one
+      // key block split 2 ways; 16 heads x 32 queries = 512 rows split 2 ways; 3 ways fixed by the launcher.
+      {"mqa_576_512_splits2", 1, 64, 32, 12, 1, 576, 512, 0, false, true, 2},
+      {"mqa_576_512_fixed_splits3", 1, 64, 32, 12, 1, 576, 512, 0, false, true, 3, false, true},
       {"mqa_576_512_sep_wide_splits2", 1, 32, 16, 16, 1, 576, 512, 7, true, false, 2},
       // dK + [dV, 0] in one accumulator (flash_bwd_vk_kernel, dQ added into fp32 row tiles in key-block order):
       // one key block; four key blocks x 3 row tiles with kv_len not a multiple of 64 and the last block's first
@@ -312,11 +317,11 @@ int main(int argc, char** argv) {
       {"vk_576_512_batch2_negative", 2, 40, 70, 2, 1, 576, 512, -5, false, true, 1, true},
       // Row splits (fp32 partials summed in split order): 16 heads x 40 queries = 640 rows, 10 row tiles in two
       // ranges of 5, two key blocks (the second's first row in tile 6: its block of the first range has no tile);
-      // 3 ways at 768 rows with unaligned views.
+      // 3 ways (fixed) at 768 rows with unaligned views.
       {"vk_576_512_splits2", 1, 40, 70, 16, 1, 576, 512, 40, false, true, 2, true},
-      {"vk_576_512_wide_splits3", 1, 64, 50, 12, 1, 576, 512, 0, true, true, 3, true},
-      // 128 heads (a row tile is half a query's heads), 768 rows in 3 splits.
-      {"vk_576_512_h128", 1, 6, 40, 128, 1, 576, 512, 34, false, true, 3, true},
+      {"vk_576_512_wide_splits3", 1, 64, 50, 12, 1, 576, 512, 0, true, true, 3, true, true},
+      // 128 heads (a row tile is half a query's heads), 768 rows in 2 splits (the rule).
+      {"vk_576_512_h128", 1, 6, 40, 128, 1, 576, 512, 34, false, true, 2, true},
   };
   int fails = 0;
   for (const auto& c : cases) {
