@@ -8,8 +8,10 @@ Per rank (s = S / P local tokens, H / P heads after the exchange), bf16 weights 
   laga:     all-to-all of Q; all-gather of the latent; K, V = up-projection of the gathered latent (own heads)
   o = scaled_dot_product_attention(q, k, v, is_causal=True)   (PyTorch picks the kernel: cuDNN, flash, ...)
   all-to-all of O (heads -> tokens); y = o W_O
-The exchanges are emulated by local copies of the bytes the rank would receive (the rank's own chunk
-repeated), as laga's phantom rank does. Forward and backward (autograd, upstream gradient dy) are timed with
+The exchanges are emulated by local copies, as laga's phantom rank emulates them (`--standin phantom`): chunk p
+of what the rank receives is chunk p of what it sends (its own tokens with rank p's heads for the all-to-all of
+Q, K, V; its head slice of chunk p's queries in head slot p for the all-to-all of O; its own latent for every
+chunk of the all-gather); `--standin repeat` gives every chunk the rank's own head slice of its own tokens. Forward and backward (autograd, upstream gradient dy) are timed with
 CUDA events (median of --repeat after --warmup; the timed passes queued back to back as a training loop runs
 them, or with --sync-each-pass each waited for, which idles the GPU between passes); peak memory is torch.cuda.max_memory_allocated over the
 pass, minus what was allocated before it (weights, x, dy). With --compile the non-attention parts run under
@@ -60,23 +62,29 @@ def rope(x, cos, sin):
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def a2a_tokens_to_heads(t, P):
-    """[s, B, H, d] -> [S, B, H/P, d]: the rank's head slice of every rank's tokens (others' emulated)."""
+def a2a_tokens_to_heads(t, P, standin):
+    """[s, B, H, d] -> [S, B, H/P, d]: the rank's head slice of every rank's tokens (others' emulated: chunk p is
+    the rank's tokens with rank p's heads, as laga's phantom; or with `repeat` its own heads every time)."""
     hp = t.shape[2] // P
-    return torch.cat([t[:, :, :hp]] * P, dim=0)
+    if standin == "repeat":
+        return torch.cat([t[:, :, :hp]] * P, dim=0)
+    return torch.cat([t[:, :, p * hp:(p + 1) * hp] for p in range(P)], dim=0)
 
 
-def a2a_heads_to_tokens(t, P):
-    """[S, B, H/P, d] -> [s, B, H, d]: the rank's tokens of every head slice (others' emulated)."""
+def a2a_heads_to_tokens(t, P, standin):
+    """[S, B, H/P, d] -> [s, B, H, d]: the rank's tokens of every head slice (others' emulated: head slot p is
+    chunk p's rows, as laga's phantom; or with `repeat` chunk 0's every time)."""
     s = t.shape[0] // P
-    return torch.cat([t[:s]] * P, dim=2)
+    if standin == "repeat":
+        return torch.cat([t[:s]] * P, dim=2)
+    return torch.cat([t[p * s:(p + 1) * s] for p in range(P)], dim=2)
 
 
 def all_gather(t, P):
     return torch.cat([t] * P, dim=0)
 
 
-def make_block(c, S, P, B, form, compile_parts, init="randn"):
+def make_block(c, S, P, B, form, compile_parts, init="randn", standin="phantom"):
     s, H, hp = S // P, c["heads"], c["heads"] // P
     d_qk, dn, dr, dv, r_kv = c["d_nope"] + c["d_rope"], c["d_nope"], c["d_rope"], c["d_v"], c["kv_lora"]
     inv_freq, rope_mscale, attn_mscale = yarn_inv_freq_and_mscale(c)
@@ -119,7 +127,7 @@ def make_block(c, S, P, B, form, compile_parts, init="randn"):
     def explicit_kv(q, ckv, kpe):  # K, V for every head of the local tokens, then all-to-all of Q, K, V
         k = torch.cat(((ckv @ W["uk"]).view(s, B, H, dn), kpe.expand(s, B, H, dr)), dim=-1)
         v = (ckv @ W["uv"]).view(s, B, H, dv)
-        return a2a_tokens_to_heads(q, P), a2a_tokens_to_heads(k, P), a2a_tokens_to_heads(v, P)
+        return a2a_tokens_to_heads(q, P, standin), a2a_tokens_to_heads(k, P, standin), a2a_tokens_to_heads(v, P, standin)
 
     def laga_kv(q, ckv, kpe):  # all-to-all of Q, all-gather of the latent, K, V for this rank's heads
         ckv_all, kpe_all = all_gather(ckv, P), all_gather(kpe, P)
@@ -127,10 +135,10 @@ def make_block(c, S, P, B, form, compile_parts, init="randn"):
         uv = W["uv"].view(r_kv, H, dv)[:, :hp].reshape(r_kv, hp * dv)
         k = torch.cat(((ckv_all @ uk).view(S, B, hp, dn), kpe_all.expand(S, B, hp, dr)), dim=-1)
         v = (ckv_all @ uv).view(S, B, hp, dv)
-        return a2a_tokens_to_heads(q, P), k, v
+        return a2a_tokens_to_heads(q, P, standin), k, v
 
     def back(o):  # [S, B, hp, dv] -> y [s, B, hidden]
-        return a2a_heads_to_tokens(o, P).reshape(s, B, H * dv) @ W["o"]
+        return a2a_heads_to_tokens(o, P, standin).reshape(s, B, H * dv) @ W["o"]
 
     pre = explicit_kv if form == "explicit" else laga_kv
     if compile_parts:
@@ -145,14 +153,14 @@ def make_block(c, S, P, B, form, compile_parts, init="randn"):
     return block, W
 
 
-def measure(c, S, P, B, form, compile_parts, warmup, repeat, sync_each_pass=False, init="randn"):
+def measure(c, S, P, B, form, compile_parts, warmup, repeat, sync_each_pass=False, init="randn", standin="phantom"):
     """Forward and backward times (CUDA events) and the peak memory of `repeat` passes after `warmup`. The timed
     passes are queued back to back, as a training loop runs them (the host waits once, at the end); with
     sync_each_pass the host waits for the GPU after every pass, which leaves the GPU idle between passes and so
     lets it hold higher clocks under its power limit than a training loop would."""
     torch.cuda.empty_cache()
     torch.manual_seed(0)
-    block, W = make_block(c, S, P, B, form, compile_parts, init)
+    block, W = make_block(c, S, P, B, form, compile_parts, init, standin)
     s = S // P
     if init == "uniform":  # x and dy in U(-1, 1), as laga's
         x = (torch.rand(s, B, c["hidden"], device="cuda") * 2 - 1).to(torch.bfloat16).requires_grad_()
@@ -254,6 +262,9 @@ def main():
     ap.add_argument("--init", choices=("randn", "uniform"), default="randn",
                     help="the data: weights N(0,1) / sqrt(fan_in), unit norm scales, x and dy N(0,1); or laga's: "
                          "U(-1,1) / sqrt(fan_in) (as torch.nn.Linear's default), 1 + 0.1 U(-1,1), U(-1,1)")
+    ap.add_argument("--standin", choices=("phantom", "repeat"), default="phantom",
+                    help="what the emulated exchanges deliver: laga's phantom's stand-ins (chunk p received = chunk p "
+                         "sent), or the rank's own head slice of its own tokens in every chunk")
     ap.add_argument("--sync-each-pass", action="store_true",
                     help="wait for the GPU after every timed pass (idle gaps: higher clocks than a training loop)")
     ap.add_argument("--out")
@@ -264,20 +275,20 @@ def main():
            "command": "python3 scripts/peer_torch_block.py " + " ".join(
                f"--{k} {v}" for k, v in [("seq", a.seq), ("sp", a.sp), ("batch", a.batch), ("form", a.form),
                                          ("compile", a.compile), ("warmup", a.warmup), ("repeat", a.repeat)]) +
-               (" --sync-each-pass" if a.sync_each_pass else "") + (f" --init {a.init}" if a.init != "randn" else ""),
+               (" --sync-each-pass" if a.sync_each_pass else "") + (f" --init {a.init}" if a.init != "randn" else "") + (" --standin repeat" if a.standin == "repeat" else ""),
            "machine": {"hostname": platform.node(), "device_name": torch.cuda.get_device_name(),
                        "torch": torch.__version__, "cuda": torch.version.cuda,
                        "cudnn": torch.backends.cudnn.version()},
            "commit": commit, "dirty": dirty, "model": "deepseek-v3", "dtype": "bfloat16", "layout": "a2a",
            "rank": "P-1 of P, exchanges emulated by local copies",
            "timed_passes": "each pass waited for" if a.sync_each_pass else "queued back to back",
-           "init": a.init, "points": []}
+           "init": a.init, "standin": a.standin, "points": []}
     compiles = {"off": [False], "on": [True], "both": [False, True]}[a.compile]
     for S in [int(v) for v in a.seq.split(",")]:
         for form in a.form.split(","):
             for comp in compiles:
                 try:
-                    m = measure(c, S, a.sp, a.batch, form, comp, a.warmup, a.repeat, a.sync_each_pass, a.init)
+                    m = measure(c, S, a.sp, a.batch, form, comp, a.warmup, a.repeat, a.sync_each_pass, a.init, a.standin)
                 except torch.cuda.OutOfMemoryError as e:
                     m = {"error": f"out of memory: {str(e).splitlines()[0][:160]}"}
                 pt = {"seq": S, "sp": a.sp, "batch": a.batch, "form": form, "compile": comp, **m}
