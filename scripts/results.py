@@ -791,9 +791,11 @@ def peer_section(results_dir, schema):
     grad_dtypes = {pt.get("grad_dtype") or "float32" for _, d in docs.values() for pt in d["points"]}
     grad_text = ("in bf16, as the peer's (`--grad-dtype bfloat16`)" if grad_dtypes == {"bfloat16"} else
                  "in " + " and ".join(sorted(grad_dtypes)) + " (the peer's are bf16)")
+    standin = ("the same stand-ins in both: chunk p received = chunk p sent" if peer.get("standin") == "phantom" else
+               "PyTorch's chunks all the rank's own head slice, laga's chunk p received = chunk p sent")
     md = ["## laga against the PyTorch peer: one a2a rank of DeepSeek-V3", "",
           f"The same rank (P = {peer['points'][0]['sp']}, rank P-1, bf16, batch 1, exchanges emulated by local "
-          "copies) in laga (`laga bench --device cuda --phantom --layout a2a --kernel fused`, one document per "
+          f"copies, {standin}) in laga (`laga bench --device cuda --phantom --layout a2a --kernel fused`, one document per "
           "`--attention-provider`) and in plain PyTorch (`scripts/peer_torch_block.py`: projections, RMSNorm, RoPE, "
           "`scaled_dot_product_attention`, autograd; eager, and with the parts around attention under "
           "`torch.compile`), measured in one run on "
