@@ -179,10 +179,11 @@ def train(args):
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         label = "pure PyTorch MLA" if args.mla == "torch" else f"laga {args.form} {args.layout} {args.kernel}" + (
             f" +recompute {args.recompute}" if args.recompute else "") + f", {world} rank(s)"
+        where = machine(args.device)  # before the output is opened: it may be a tracked file of this checkout
         with open(args.out, "w") as f:
             json.dump({"label": label, "mla": args.mla, "form": args.form, "layout": args.layout, "ranks": world,
                        "device": args.device, "dtype": args.dtype, "steps": args.steps, "seq": S, "batch": args.batch,
-                       "losses": losses, "seconds": time.time() - t0, "machine": machine(args.device),
+                       "losses": losses, "seconds": time.time() - t0, "machine": where,
                        "command": " ".join(["torchrun --nproc_per_node", str(world)] if distributed else ["python3"]) +
                        " " + " ".join(sys.argv)}, f)
     if distributed:
