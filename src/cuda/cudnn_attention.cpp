@@ -100,9 +100,9 @@ struct Built {
   std::string error;  // non-empty: cuDNN has no plan for this shape (kept, so it is not retried every call)
 };
 
-// Every field of the call that the graph depends on (pointers excluded).
-// backward: 0 forward, 1 deterministic backward, 2 non-deterministic backward.
-std::vector<i64> shape_key(const AttentionFwdParams& p, int backward) {
+// Every field of the call that the graph depends on (pointers excluded): a backward graph also bakes in the
+// gradients' strides (bp). backward: 0 forward, 1 deterministic backward, 2 non-deterministic backward.
+std::vector<i64> shape_key(const AttentionFwdParams& p, const AttentionBwdParams* bp, int backward) {
   i64 scale_bits = 0;
   std::memcpy(&scale_bits, &p.scale, sizeof(double));
   std::vector<i64> k = {backward,         i64(p.dtype),     p.batch,          p.q_len,          p.kv_len,
@@ -110,6 +110,10 @@ std::vector<i64> shape_key(const AttentionFwdParams& p, int backward) {
                         scale_bits,       p.q_token_stride, p.q_batch_stride, p.q_head_stride,  p.k_token_stride,
                         p.k_batch_stride, p.k_head_stride,  p.v_token_stride, p.v_batch_stride, p.v_head_stride,
                         p.o_token_stride, p.o_batch_stride, p.o_head_stride};
+  if (bp)
+    k.insert(k.end(), {bp->dout_token_stride, bp->dout_batch_stride, bp->dout_head_stride, bp->dq_token_stride,
+                       bp->dq_batch_stride, bp->dq_head_stride, bp->dk_token_stride, bp->dk_batch_stride,
+                       bp->dk_head_stride, bp->dv_token_stride, bp->dv_batch_stride, bp->dv_head_stride});
   return k;
 }
 
@@ -150,7 +154,7 @@ struct CudnnAttention::Impl {
   }
 
   Built& graph_for(const AttentionFwdParams& p, const AttentionBwdParams* bp, bool deterministic) {
-    auto key = shape_key(p, bp == nullptr ? 0 : deterministic ? 1 : 2);
+    auto key = shape_key(p, bp, bp == nullptr ? 0 : deterministic ? 1 : 2);
     auto it = graphs.find(key);
     if (it != graphs.end()) return it->second;
     Built& b = graphs[key];

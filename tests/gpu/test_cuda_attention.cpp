@@ -710,6 +710,64 @@ TEST_P(CudaAttentionCudnn, NondeterministicBackwardMatchesCpuFloat64) {
 
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionCudnn, ::testing::ValuesIn(cudnn_cases()), cudnn_case_name);
 
+// A backward graph bakes in the gradients' strides: the same call again with dq, dk and dv at a wider token
+// stride (another graph) writes the same values at the new places and nothing between them.
+TEST(CudaAttentionCudnnGraphs, GradientStridesGetTheirOwnGraph) {
+  LAGA_REQUIRE_GPU();
+  const CudnnInfo info = cuda_cudnn_info();
+  if (!info.loaded) GTEST_SKIP() << "cuDNN not available: " << info.error;
+  Backends be;
+  cuda_set_attention_provider(*be.gpu, AttentionProvider::Cudnn);
+  auto rng = rng_for_test();
+  Problem pr(kCudnnCases[0], AttentionKernel::Fused, DType::BF16, be, rng);
+  pr.forward();
+  pr.backward(rng);
+  pr.check_backward();
+  const i64 pad = 64;  // elements added to each token's row
+  auto widen = [&](const View& v) {
+    View w = v;
+    w.token_stride = v.token_stride + pad;
+    w.size = v.tokens * w.token_stride + v.col0;
+    return w;
+  };
+  const View qv = pr.dqv, kv = pr.dkv, vv = pr.dvv;
+  const View wq = widen(qv), wk = widen(kv), wv = widen(vv);
+  Mirror dq(*be.gpu, DType::BF16, wq.size, "dq_wide"), dk(*be.gpu, DType::BF16, wk.size, "dk_wide"),
+      dv(*be.gpu, DType::BF16, wv.size, "dv_wide");
+  for (Mirror* m : {&dq, &dk, &dv}) m->poison(*be.gpu);
+  AttentionBwdParams p = pr.params(true);
+  auto set = [](void*& ptr, Mirror& m, const View& w, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
+    ptr = static_cast<char*>(m.gpu()) + w.col0 * 2;
+    ts = w.token_stride, bs = w.batch_stride, hs = w.head_stride;
+  };
+  set(p.dq, dq, wq, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
+  set(p.dk, dk, wk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
+  set(p.dv, dv, wv, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+  be.gpu->attention_backward(p);
+  be.gpu->synchronize();
+  EXPECT_EQ(cuda_attention_provider_counts(*be.gpu).cudnn_graphs, 3u) << "forward, backward, backward (wide)";
+  auto same_values = [&](const char* name, const Mirror& narrow, const View& nv, const Mirror& wide, const View& w) {
+    const std::vector<double> a = narrow.download(*be.gpu), b = wide.download(*be.gpu);
+    std::vector<char> inside(b.size(), 0);
+    i64 differ = 0;
+    for (i64 t = 0; t < nv.tokens; ++t)
+      for (i64 bb = 0; bb < nv.batch; ++bb)
+        for (i64 h = 0; h < nv.heads; ++h)
+          for (i64 c = 0; c < nv.dim; ++c) {
+            const double x = a[std::size_t(nv.index(t, bb, h, c))], y = b[std::size_t(w.index(t, bb, h, c))];
+            inside[std::size_t(w.index(t, bb, h, c))] = 1;
+            differ += !(std::abs(x - y) <= 1e-2 * (std::abs(x) + 1e-3));
+          }
+    i64 written_outside = 0;
+    for (std::size_t i = 0; i < b.size(); ++i) written_outside += !inside[i] && !std::isnan(b[i]);
+    EXPECT_EQ(differ, 0) << name << ": values that differ from the first graph's";
+    EXPECT_EQ(written_outside, 0) << name << ": elements written outside the view";
+  };
+  same_values("dq", pr.dq, qv, dq, wq);
+  same_values("dk", pr.dk, kv, dk, wk);
+  same_values("dv", pr.dv, vv, dv, wv);
+}
+
 // laga's provider never calls cuDNN, and float32 under auto runs laga's kernels.
 TEST(CudaAttentionProvider, LagaAndAutoCountTheirCalls) {
   LAGA_REQUIRE_GPU();
