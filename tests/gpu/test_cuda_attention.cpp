@@ -576,6 +576,7 @@ TEST_P(CudaAttentionDvInDk, SumMatchesFloat64AndRerunsBitwise) {
     cuda_set_flash_row_splits(gpu, 0);
     EXPECT_THROW(cuda_set_flash_row_splits(gpu, 17), InvalidArgument);
     EXPECT_THROW(cuda_set_flash_row_splits(gpu, -1), InvalidArgument);
+    EXPECT_EQ(cuda_flash_row_splits(gpu), 0) << "a refused count leaves the setting as it was";
   }
   std::printf("GPUCHECK dv_in_dk %s summed_kernel=%d\n", dv_in_dk_string(dp).c_str(), int(summed_kernel));
 }
@@ -736,13 +737,10 @@ TEST(CudaAttentionCudnnGraphs, GradientStridesGetTheirOwnGraph) {
       dv(*be.gpu, DType::BF16, wv.size, "dv_wide");
   for (Mirror* m : {&dq, &dk, &dv}) m->poison(*be.gpu);
   AttentionBwdParams p = pr.params(true);
-  auto set = [](void*& ptr, Mirror& m, const View& w, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
-    ptr = static_cast<char*>(m.gpu()) + w.col0 * 2;
-    ts = w.token_stride, bs = w.batch_stride, hs = w.head_stride;
-  };
-  set(p.dq, dq, wq, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
-  set(p.dk, dk, wk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
-  set(p.dv, dv, wv, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+  auto at = [](Mirror& m, const View& w) { return static_cast<char*>(m.gpu()) + w.col0 * i64(dtype_size(DType::BF16)); };
+  p.dq = at(dq, wq), Problem::set(wq, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
+  p.dk = at(dk, wk), Problem::set(wk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
+  p.dv = at(dv, wv), Problem::set(wv, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
   be.gpu->attention_backward(p);
   be.gpu->synchronize();
   EXPECT_EQ(cuda_attention_provider_counts(*be.gpu).cudnn_graphs, 3u) << "forward, backward, backward (wide)";
