@@ -625,6 +625,14 @@ void cuda_set_flash_fused_dq(Backend& backend, bool fused) {
   as_cuda(backend, "cuda_set_flash_fused_dq").context().flash_fused_dq = fused;
 }
 
+bool cuda_flash_ws_forward(Backend& backend) {
+  return as_cuda(backend, "cuda_flash_ws_forward").context().flash_ws_forward;
+}
+
+void cuda_set_flash_ws_forward(Backend& backend, bool warp_specialized) {
+  as_cuda(backend, "cuda_set_flash_ws_forward").context().flash_ws_forward = warp_specialized;
+}
+
 int cuda_flash_row_splits(Backend& backend) { return as_cuda(backend, "cuda_flash_row_splits").context().flash_row_splits; }
 
 void cuda_set_flash_row_splits(Backend& backend, int splits) {

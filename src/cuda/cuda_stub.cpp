@@ -40,6 +40,8 @@ bool cuda_flash_fused_dq(Backend&) { no_cuda("cuda_flash_fused_dq"); }
 void cuda_set_flash_fused_dq(Backend&, bool) { no_cuda("cuda_set_flash_fused_dq"); }
 int cuda_flash_row_splits(Backend&) { no_cuda("cuda_flash_row_splits"); }
 void cuda_set_flash_row_splits(Backend&, int) { no_cuda("cuda_set_flash_row_splits"); }
+bool cuda_flash_ws_forward(Backend&) { no_cuda("cuda_flash_ws_forward"); }
+void cuda_set_flash_ws_forward(Backend&, bool) { no_cuda("cuda_set_flash_ws_forward"); }
 
 std::unique_ptr<CommClock> make_cuda_comm_clock(Backend&) { no_cuda("make_cuda_comm_clock"); }
 void cuda_set_attention_provider(Backend&, AttentionProvider) { no_cuda("cuda_set_attention_provider"); }

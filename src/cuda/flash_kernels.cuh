@@ -541,6 +541,221 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
   }
 }
 
+// ================================================================ forward, warp-specialised (192/128)
+// FlashAttention-3's arrangement on cp.async: a block owns 128 rows and walks 128-key tiles with three roles.
+// Warp 8 loads: Q once, then K_t and V_t into two stages each, every tile announced by an mbarrier that its
+// copies complete (cp.async.mbarrier.arrive), every stage handed back by an mbarrier the consumers arrive at (K_t
+// once S_t is computed, V_t once P_t V_t is), so loads run up to two tiles ahead. Warpgroups 0 and 1 each own 64
+// rows: S = Q K^T (SS, n128), the online softmax in registers, O += P V (P from registers, n128). Within a
+// warpgroup, S_t is issued together with O += P_{t-1} V_{t-1}, and the softmax of S_t runs while that product
+// does. Between the two warpgroups, two named barriers make them take turns at issuing their products, so one
+// warpgroup's softmax runs under the other's products (ping-pong). 128 keys a step (against 64 in
+// flash_fwd_kernel) halve the shared-memory reads of Q per multiply-add.
+template <int kDqk_, int kDv_>
+struct FwdWsTraits {
+  static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockM = 128, kBlockN = 128;
+  static constexpr int kConsumerThreads = 256, kThreads = kConsumerThreads + 32;  // two warpgroups + a load warp
+  static constexpr int kQBytes = kBlockM * kDqk * 2, kKBytes = kBlockN * kDqk * 2, kVBytes = kBlockN * kDv * 2;
+  static constexpr int kOffK = kQBytes;                  // K stages 0, 1
+  static constexpr int kOffV = kOffK + 2 * kKBytes;      // V stages 0, 1
+  static constexpr int kOffBar = kOffV + 2 * kVBytes;    // mbarriers: Q, K full x2, K free x2, V full x2, V free x2
+  static constexpr int kSmemBytes = kOffBar + 9 * 8;
+  static_assert(kDqk % 64 == 0 && kDv % 64 == 0 && kDv <= 256, "whole 64-column slabs; O in one n-chain");
+  static_assert(kOffK % 1024 == 0 && kKBytes % 1024 == 0 && kOffV % 1024 == 0 && kVBytes % 1024 == 0,
+                "1024-aligned wgmma tiles");
+  static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "warp-specialised forward tiles exceed shared memory");
+};
+
+// The load warp's copy of kRows x kCols of a global view into a swz_k64 tile: rows past the end are zeroed by
+// cp.async too (aligned views), so that the tile's mbarrier arrival covers them; unaligned views copy with plain
+// loads and stores, which the caller publishes with a fence and an ordinary arrival.
+template <int kRows, int kCols, bool kAligned, class RowSrc>
+__device__ __forceinline__ void load_tile_warp(bf16* s, const RowSrc& src, const void* any_global, int lane) {
+  for (int r = lane; r < kRows; r += 32) {
+    const bf16* g = src(r);
+#pragma unroll 4
+    for (int c = 0; c < kCols / 8; ++c) {
+      bf16* d = s + swz_k64<kRows>(r, c * 8);
+      if constexpr (kAligned) {
+        if (g == nullptr)
+          cp_async16_zero(d, any_global);
+        else
+          cp_async16(d, g + c * 8);
+      } else {
+        if (g == nullptr)
+          store_zero16(d);
+        else
+          copy8_unaligned(d, g + c * 8);
+      }
+    }
+  }
+}
+
+template <class Tr, bool kAligned>
+__global__ void __maxnreg__(224) flash_fwd_ws_kernel(const AttentionFwdParams p) {
+  constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv;
+  char* smem = dynamic_smem();
+  bf16* s_q = reinterpret_cast<bf16*>(smem);
+  auto s_k = [&](int st) { return reinterpret_cast<bf16*>(smem + Tr::kOffK + st * Tr::kKBytes); };
+  auto s_v = [&](int st) { return reinterpret_cast<bf16*>(smem + Tr::kOffV + st * Tr::kVBytes); };
+  std::uint64_t* bar = reinterpret_cast<std::uint64_t*>(smem + Tr::kOffBar);
+  std::uint64_t* q_full = bar;
+  std::uint64_t* k_full = bar + 1;  // [2]
+  std::uint64_t* k_free = bar + 3;  // [2]
+  std::uint64_t* v_full = bar + 5;  // [2]
+  std::uint64_t* v_free = bar + 7;  // [2]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+  const int wg = warp >> 2;  // 0, 1: consumers; 2: the load warp
+  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
+  const RowMap rm{u32(group)};
+  const TileWork w = tile_work(ceil_div(rows, kBM), p.kv_heads, p.batch);
+  const i64 row0 = (ceil_div(rows, kBM) - 1 - w.tile) * kBM;  // the longest rows first
+  const i64 g = w.g, b = w.b;
+  const i64 row_last = imin(row0 + kBM, rows) - 1;
+  const i64 n_full = visible_keys(rm.query(row0), p.q_offset, p.kv_len);  // keys every row of the tile sees
+  const i64 n_end = visible_keys(rm.query(row_last), p.q_offset, p.kv_len);
+  const int n_tiles = int(ceil_div(n_end, kBN));
+
+  if (tid == 0) {
+    mbar_init(q_full, 32);
+    for (int st = 0; st < 2; ++st) {
+      mbar_init(k_full + st, 32), mbar_init(v_full + st, 32);
+      mbar_init(k_free + st, Tr::kConsumerThreads), mbar_init(v_free + st, Tr::kConsumerThreads);
+    }
+  }
+  __syncthreads();  // the only block-wide barrier: the roles meet at mbarriers from here on
+
+  const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
+  const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
+  const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
+  if (wg == 2) {
+    if (n_tiles == 0) return;
+    // Tile t's copies, then the arrival that announces them.
+    auto announce = [&](std::uint64_t* full) {
+      if constexpr (kAligned) {
+        cp_async_mbar_arrive(full);
+      } else {
+        fence_proxy_async();  // plain stores, read next by wgmma
+        mbar_arrive(full);
+      }
+    };
+    auto q_row = [&](int r) -> const bf16* {
+      const i64 row = row0 + r;
+      if (row >= rows) return nullptr;
+      return q + (g * group + rm.head(row)) * p.q_head_stride + rm.query(row) * p.q_token_stride;
+    };
+    load_tile_warp<kBM, kDqk, kAligned>(s_q, q_row, q, lane);
+    announce(q_full);
+    for (int t = 0; t < n_tiles; ++t) {
+      const int st = t & 1;
+      const u32 free_parity = u32((t >> 1) - 1) & 1u;  // the phase in which tile t - 2 left the stage
+      const i64 n0 = i64(t) * kBN;
+      if (t >= 2) mbar_wait(k_free + st, free_parity);
+      auto k_row = [&](int r) -> const bf16* { return n0 + r < p.kv_len ? k + (n0 + r) * p.k_token_stride : nullptr; };
+      load_tile_warp<kBN, kDqk, kAligned>(s_k(st), k_row, k, lane);
+      announce(k_full + st);
+      if (t >= 2) mbar_wait(v_free + st, free_parity);
+      auto v_row = [&](int r) -> const bf16* { return n0 + r < p.kv_len ? v + (n0 + r) * p.v_token_stride : nullptr; };
+      load_tile_warp<kBN, kDv, kAligned>(s_v(st), v_row, v, lane);
+      announce(v_full + st);
+    }
+    cp_async_wait<0>();  // nothing in flight when the warp exits
+    return;
+  }
+
+  // A consumer warpgroup: rows 64 wg.. of the tile; warp w4 of it holds rows 16 w4 + gid (+ 8) of them.
+  const int w4 = warp & 3;
+  const i64 frag_row0 = row0 + 64 * wg + 16 * w4 + gid;
+  float acc_o[1][kDv / 8][4];
+  zero(acc_o);
+  float m_i[1][2], l_i[1][2];
+  online_softmax_init(m_i, l_i);
+  const float sl2 = float(p.scale) * kLog2e;
+  // Turns at the tensor cores: warpgroup wg issues after bar.sync on barrier 1 + wg, then lets the other go.
+  // n_tiles + 1 issue points per warpgroup (S_0; S_t with P_{t-1} V_{t-1}; the last P V); warpgroup 1 lets
+  // warpgroup 0 start and skips its last hand-over, so arrivals and syncs pair up exactly.
+  const int issue_points = n_tiles + 1;
+  int issued = 0;
+  auto my_turn = [&] { named_bar_sync(1 + wg, Tr::kConsumerThreads); };
+  auto pass_turn = [&] {
+    ++issued;
+    if (wg == 0 || issued < issue_points) named_bar_arrive(2 - wg, Tr::kConsumerThreads);
+  };
+  if (wg == 1 && n_tiles > 0) named_bar_arrive(1, Tr::kConsumerThreads);
+
+  // The softmax of tile t's scores in place (masked where some row of the block does not see every key),
+  // corrections of O out.
+  auto softmax = [&](float (&s)[1][kBN / 8][4], int t, float (&corr)[1][2]) {
+    const i64 n0 = i64(t) * kBN;
+    if (n0 + kBN > n_full)
+      mask_scores(s, tig, [&](int, int h) {
+        return visible_keys(rm.query(imin(frag_row0 + 8 * h, row_last)), p.q_offset, p.kv_len) - n0;
+      });
+    float mx[1][2];
+    row_max(mx, s);
+    online_softmax_step(m_i, l_i, s, mx, sl2, corr);
+  };
+
+  if (n_tiles > 0) {
+    u32 pa[1][kBN / 16][4];
+    float s[1][kBN / 8][4];
+    float corr[1][2];
+    mbar_wait(q_full, 0);
+    mbar_wait(k_full, 0);
+    fence_proxy_async();  // cp.async wrote the tiles (generic proxy); wgmma reads them (async proxy)
+    my_turn();
+    warpgroup_mma_nt_async<1, kBN, kDqk, kBM>(s, s_q, 64 * wg, s_k(0));
+    pass_turn();
+    warpgroup_wait<0>(s);
+    mbar_arrive(k_free);
+    softmax(s, 0, corr);
+    acc_to_a(pa, s);
+    for (int t = 1; t < n_tiles; ++t) {
+      const int st = t & 1, pst = st ^ 1;
+      mbar_wait(k_full + st, u32(t >> 1) & 1u);
+      mbar_wait(v_full + pst, u32((t - 1) >> 1) & 1u);
+      fence_proxy_async();
+      my_turn();
+      warpgroup_mma_nt_async<1, kBN, kDqk, kBM>(s, s_q, 64 * wg, s_k(st));
+      warpgroup_mma_rs_tb_async<1, kDv, kBN / 16, kBN>(acc_o, pa, s_v(pst));
+      pass_turn();
+      warpgroup_wait<1>(s);  // S_t is done (groups complete in order); P_{t-1} V_{t-1} may still run
+      mbar_arrive(k_free + st);
+      softmax(s, t, corr);
+      warpgroup_wait<0>(acc_o);
+      mbar_arrive(v_free + pst);
+      rescale_rows(acc_o, corr);
+      acc_to_a(pa, s);
+    }
+    const int last = (n_tiles - 1) & 1;
+    mbar_wait(v_full + last, u32((n_tiles - 1) >> 1) & 1u);
+    fence_proxy_async();
+    my_turn();
+    warpgroup_mma_rs_tb_async<1, kDv, kBN / 16, kBN>(acc_o, pa, s_v(last));
+    pass_turn();
+    warpgroup_wait<0>(acc_o);
+  }
+
+  // O / l and the log-sum-exp; each warp holds whole rows (a quad per row).
+  bf16* o = static_cast<bf16*>(p.o) + b * p.o_batch_stride;
+  float* lse = static_cast<float*>(p.lse);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = quad_sum(l_i[0][h]);
+    const i64 row = frag_row0 + 8 * h;
+    if (row >= rows) continue;
+    const float inv = softmax_inv(l);
+    bf16* out = o + (g * group + rm.head(row)) * p.o_head_stride + rm.query(row) * p.o_token_stride;
+#pragma unroll
+    for (int nt = 0; nt < kDv / 8; ++nt)
+      store2<kAligned>(out + nt * 8 + 2 * tig, acc_o[0][nt][2 * h] * inv, acc_o[0][nt][2 * h + 1] * inv);
+    if (tig == 0)
+      lse[(b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row)] =
+          softmax_lse(m_i[0][h] * float(p.scale), l);
+  }
+}
+
 // ================================================================ backward: D = rowsum(dO * O)
 // One warp per row of [b, h, i]; fp32.
 template <bool kAligned>
@@ -1590,6 +1805,7 @@ struct TileConfig {
   bool fwd_s_wgmma = false;  // S = Q K^T by wgmma
   bool fwd_o_wgmma = false;  // O += P V by wgmma
   bool fwd_o_split = false;  // 576/512 with V inside K: flash_fwd_split_kernel (the fwd_* tiles above unused)
+  bool fwd_ws = false;       // flash_fwd_ws_kernel (FwdWsTraits) unless the launcher asks for flash_fwd_kernel
   // backward dK/dV: keys x rows per step, warps; registers layout (MHA) or shared layout with S^T warps
   // along keys (MQA)
   bool dkdv_regs = true;
@@ -1607,11 +1823,12 @@ struct TileConfig {
 constexpr TileConfig tile_config(int dqk, int dv, bool v_in_k) {
   TileConfig c;
   if (dqk == 192 && dv == 128) {
-    // MHA (explicit MLA / LAGA), every GEMM on wgmma. Forward: 128 rows x 64 keys, one warpgroup (two m64
-    // tiles), P in registers, FlashAttention-2 staging (88 KB: two blocks per SM). dK/dV: 128 keys (two
+    // MHA (explicit MLA / LAGA), every GEMM on wgmma. Forward: flash_fwd_ws_kernel (128 rows x 128 keys, two
+    // consumer warpgroups and a load warp); or 128 rows x 64 keys, one warpgroup (two m64 tiles), P in
+    // registers, FlashAttention-2 staging (88 KB: two blocks per SM). dK/dV: 128 keys (two
     // warpgroups) x 64-row steps, P^T and dS^T through shared memory (194 KB). dQ: 128 rows x 64 keys.
     c = {.supported = true, .fwd_m = 128, .fwd_n = 64, .fwd_warps = 4, .fwd_warps_ms = 4, .fwd_warps_mo = 4,
-         .fwd_pipe = Pipe::split, .fwd_min_blocks = 2, .fwd_s_wgmma = true, .fwd_o_wgmma = true,
+         .fwd_pipe = Pipe::split, .fwd_min_blocks = 2, .fwd_s_wgmma = true, .fwd_o_wgmma = true, .fwd_ws = true,
          .dkdv_regs = true, .dkdv_n = 128, .dkdv_m = 64, .dkdv_warps = 8, .dkdv_warps_ns = 8, .dkdv_min_blocks = 1,
          .dkdv_wgmma = true, .dq_fused = true,
          .dq_m = 128, .dq_n = 64, .dq_warps = 8, .dq_warps_ms = 8, .dq_warps_mq = 8, .dq_min_blocks = 1,
@@ -1645,6 +1862,7 @@ struct Kernels {
   using Fwd = FwdTraits<kDqk, kDv, c.fwd_m, c.fwd_n, c.fwd_warps, c.fwd_warps_ms, c.fwd_warps_mo, c.fwd_pipe,
                         kVInK, c.fwd_min_blocks, c.fwd_s_wgmma, c.fwd_o_wgmma>;
   using FwdSplit = FwdSplitTraits<kDqk, kDv>;
+  using FwdWs = FwdWsTraits<kDqk, kDv>;  // only instantiated when c.fwd_ws
   using DkdvRegs =
       BwdKvRegTraits<kDqk, kDv, c.dkdv_n, c.dkdv_m, c.dkdv_warps, kVInK, c.dkdv_min_blocks, c.dkdv_wgmma>;
   // The same dK/dV kernel with dQ added up inside it (when c.dq_fused; the separate dQ kernel otherwise).

@@ -13,6 +13,7 @@
 //   bool fused_dq()                                         192/128: dQ added up inside the dK/dV kernel;
 //                                                           576/512 with V inside K and dv_in_dk: flash_bwd_vk_kernel
 //   int row_splits()                                        576/512 dK/dV row splits: 0 chooses (dkdv_row_splits)
+//   bool warp_specialized_forward()                         192/128: flash_fwd_ws_kernel, else flash_fwd_kernel
 #pragma once
 
 #include <algorithm>
@@ -102,6 +103,14 @@ void forward_impl(L& launcher, const AttentionFwdParams& p) {
     launch_nonempty(launcher, flash_fwd_split_kernel<Tr, kAligned>, "flash_fwd_split_kernel",
         flash_grid(ceil_div(rows, Tr::kBlockM), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p);
   } else {
+    if constexpr (K::c.fwd_ws) {
+      if (launcher.warp_specialized_forward()) {
+        using Tr = typename K::FwdWs;
+        launch_nonempty(launcher, flash_fwd_ws_kernel<Tr, kAligned>, "flash_fwd_ws_kernel",
+            flash_grid(ceil_div(rows, Tr::kBlockM), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p);
+        return;
+      }
+    }
     using Tr = typename K::Fwd;
     launch_nonempty(launcher, flash_fwd_kernel<Tr, kAligned>, "flash_fwd_kernel", flash_grid(ceil_div(rows, Tr::kBlockM), p),
         Tr::kThreads, std::size_t(Tr::kSmemBytes), p);

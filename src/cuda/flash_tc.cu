@@ -41,6 +41,7 @@ class StreamLauncher {
   }
   bool fused_dq() const { return ctx_.flash_fused_dq; }
   int row_splits() const { return ctx_.flash_row_splits; }
+  bool warp_specialized_forward() const { return ctx_.flash_ws_forward; }
 
  private:
   Context& ctx_;

@@ -173,11 +173,13 @@ __device__ __forceinline__ void warp_mma_ra(float (&acc)[MT][NT][4], const u32 (
 // rows 64 mt + 16 (w % 4).. of each m64 tile in the mma.sync C layout. Every tile is in the swz_k64 layout.
 template <int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t da, std::uint64_t db, int accumulate) {
-  static_assert(N == 32 || N == 64, "wgmma SS shapes in use: n32, n64");
+  static_assert(N == 32 || N == 64 || N == 128, "wgmma SS shapes in use: n32, n64, n128");
   if constexpr (N == 32)
     wgmma_m64n32k16(d, da, db, accumulate);
-  else
+  else if constexpr (N == 64)
     wgmma_m64n64k16(d, da, db, accumulate);
+  else
+    wgmma_m64n128k16(d, da, db, accumulate);
 }
 template <int N>
 __device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 8][4], const u32 (&a)[4], std::uint64_t db, int accumulate) {

@@ -86,8 +86,8 @@ long count_outside_written(const std::vector<bf16>& b, const View& v) {
 // so a kernel that reads scratch nobody wrote fails.
 class EmuLauncher {
  public:
-  EmuLauncher(int multiprocessors, bool fused_dq, int row_splits)
-      : sms_(multiprocessors), fused_dq_(fused_dq), row_splits_(row_splits) {}
+  EmuLauncher(int multiprocessors, bool fused_dq, int row_splits, bool ws_forward = true)
+      : sms_(multiprocessors), fused_dq_(fused_dq), row_splits_(row_splits), ws_forward_(ws_forward) {}
   template <class Kernel, class... Args>
   void launch(Kernel kernel, const char* name, i64 blocks, int threads, std::size_t smem, Args... args) {
     EMU_CHECK(blocks > 0 && blocks <= INT32_MAX, "%s: %ld blocks", name, long(blocks));
@@ -104,20 +104,22 @@ class EmuLauncher {
   int multiprocessors() const { return sms_; }
   bool fused_dq() const { return fused_dq_; }
   int row_splits() const { return row_splits_; }
+  bool warp_specialized_forward() const { return ws_forward_; }
   std::vector<std::pair<std::string, i64>> launched;  // kernel names and blocks, in launch order
 
  private:
   int sms_;
   bool fused_dq_;
   int row_splits_;
+  bool ws_forward_;
   std::vector<float> scratch_[4];
 };
 
 // An H200's SM count: the dK/dV row splits of 576/512 are those the GPU would run.
 constexpr int kMultiprocessors = 132;
 
-std::vector<std::pair<std::string, i64>> run_fwd(const AttentionFwdParams& p) {
-  EmuLauncher launcher(kMultiprocessors, true, 0);
+std::vector<std::pair<std::string, i64>> run_fwd(const AttentionFwdParams& p, bool ws_forward) {
+  EmuLauncher launcher(kMultiprocessors, true, 0, ws_forward);
   forward(launcher, p);
   return launcher.launched;
 }
@@ -155,11 +157,23 @@ bool run_case(const Case& c) {
   // 2-byte loads.
   const bool aligned = bwd_aligned(p);
   EMU_CHECK(aligned == !c.wide, "%s: the launch code took the %s path", c.name, aligned ? "aligned" : "unaligned");
-  // The forward kernel the tile table names: 576/512 with V inside K on two warpgroups, the rest the other one.
-  const std::vector<std::pair<std::string, i64>> fwd_launched = run_fwd(p);
+  // The forward kernel the tile table names: 576/512 with V inside K on two warpgroups, 192/128 the
+  // warp-specialised one (and, first, the single-warpgroup one the launcher can ask for, its o and lse kept),
+  // the rest flash_fwd_kernel.
+  const TileConfig tc = tile_config(int(c.dqk), int(c.dv), c.v_in_k);
+  std::vector<bf16> o_old;
+  std::vector<float> lse_old;
+  long wrong_fwd = 0;
+  if (tc.fwd_ws) {
+    const auto old_launched = run_fwd(p, false);
+    wrong_fwd += old_launched.size() != 1 || old_launched[0].first != "flash_fwd_kernel";
+    o_old = o, lse_old = lse;
+    std::fill(o.begin(), o.end(), float_to_bf16(kNan)), std::fill(lse.begin(), lse.end(), kNan);
+  }
+  const std::vector<std::pair<std::string, i64>> fwd_launched = run_fwd(p, true);
   const char* fwd_kernel =
-      tile_config(int(c.dqk), int(c.dv), c.v_in_k).fwd_o_split ? "flash_fwd_split_kernel" : "flash_fwd_kernel";
-  const long wrong_fwd = fwd_launched.size() != 1 || fwd_launched[0].first != fwd_kernel;
+      tc.fwd_o_split ? "flash_fwd_split_kernel" : tc.fwd_ws ? "flash_fwd_ws_kernel" : "flash_fwd_kernel";
+  wrong_fwd += fwd_launched.size() != 1 || fwd_launched[0].first != fwd_kernel;
   // 192/128: the separate dQ kernel first (its dq kept), then the fused dQ into poisoned outputs; dK and dV
   // must be the same bits both ways.
   const bool both = tile_config(int(c.dqk), int(c.dv), c.v_in_k).dq_fused;
@@ -199,7 +213,7 @@ bool run_case(const Case& c) {
     for (std::size_t i = 0; i < dv.size(); ++i) dkdv_bits_differ += std::memcmp(&dv[i], &dv_sep[i], sizeof(bf16)) != 0;
 
   // float64 reference (from the bf16 inputs; o for D from the GPU's rounded o like FlashAttention? no: exact)
-  Err eo, else_, edq, edk, edv, edq_sep;
+  Err eo, else_, edq, edk, edv, edq_sep, eo_old, else_old;
   long bad_empty = 0;
   std::vector<double> rdk(std::size_t(c.batch * c.kv_heads * c.kv_len * c.dqk), 0.0), rdv(std::size_t(c.batch * c.kv_heads * c.kv_len * c.dv), 0.0);
   for (i64 b = 0; b < c.batch; ++b)
@@ -224,12 +238,20 @@ bool run_case(const Case& c) {
         } else {
           else_.add(got_lse, m + std::log(sum));
         }
+        if (tc.fwd_ws) {
+          const float old_lse = lse_old[std::size_t((b * c.q_heads + h) * c.q_len + i)];
+          if (vis == 0)
+            bad_empty += !(std::isinf(old_lse) && old_lse < 0);
+          else
+            else_old.add(old_lse, m + std::log(sum));
+        }
         std::vector<double> ro(static_cast<std::size_t>(c.dv), 0.0);
         for (i64 d = 0; d < c.dv; ++d) {
           double acc = 0;
           for (i64 j = 0; j < vis; ++j) acc += pr[j] * (c.v_in_k ? get(k, kv, j, b, g, d) : get(v, vv, j, b, g, d));
           ro[d] = acc;
           eo.add(bf16_to_float(o[ov.idx(i, b, h, d)]), acc);
+          if (tc.fwd_ws) eo_old.add(bf16_to_float(o_old[ov.idx(i, b, h, d)]), acc);
         }
         double D = 0;
         for (i64 d = 0; d < c.dv; ++d) D += get(dout, ov, i, b, h, d) * ro[d];
@@ -263,18 +285,22 @@ bool run_case(const Case& c) {
   long untouched_dv = 0;  // dv_in_dk: every element of dv is still the poison
   if (c.dv_in_dk)
     for (const bf16& x : dv) untouched_dv += !std::isnan(bf16_to_float(x));
-  const long out_o = count_outside_written(o, ov), out_dq = count_outside_written(dq, qv), out_dk = count_outside_written(dk, kv),
+  const long out_o = count_outside_written(o, ov) + (tc.fwd_ws ? count_outside_written(o_old, ov) : 0), out_dq = count_outside_written(dq, qv), out_dk = count_outside_written(dk, kv),
              out_dv = count_outside_written(dv, dvv) + untouched_dv;
   const double tol = 1e-2;
   const long out_sep = both ? count_outside_written(dq_sep, qv) : 0;
   const bool ok = eo.rel() <= tol && edq.rel() <= tol && edk.rel() <= tol && (c.dv_in_dk || edv.rel() <= tol) && (else_.den == 0 || else_.rel() <= 1e-5) &&
                   bad_empty == 0 && out_o + out_dq + out_dk + out_dv + out_sep == 0 && (!both || edq_sep.rel() <= tol) &&
-                  dkdv_bits_differ == 0 && wrong_splits == 0 && wrong_fwd == 0;
+                  dkdv_bits_differ == 0 && wrong_splits == 0 && wrong_fwd == 0 &&
+                  (!tc.fwd_ws || (eo_old.rel() <= tol && (else_old.den == 0 || else_old.rel() <= 1e-5)));
   std::printf("%-34s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e | bad_empty %ld outside %ld %ld %ld %ld | %s\n", c.name, eo.rel(),
               else_.den ? else_.rel() : 0.0, edq.rel(), edk.rel(), edv.rel(), bad_empty, out_o, out_dq, out_dk, out_dv, ok ? "OK" : "FAIL");
   if (both)
     std::printf("%-34s separate dQ kernel: dq %.2e outside %ld; dK/dV elements whose bits differ from the fused run: %ld\n", "",
                 edq_sep.rel(), out_sep, dkdv_bits_differ);
+  if (tc.fwd_ws)
+    std::printf("%-34s single-warpgroup forward (flash_fwd_kernel): o %.2e lse %.2e\n", "", eo_old.rel(),
+                else_old.den ? else_old.rel() : 0.0);
   if (wrong_fwd) std::printf("%-34s the forward did not launch %s alone\n", "", fwd_kernel);
   if (c.dv_in_dk)
     std::printf("%-34s dk = dK + [dV, 0] by flash_bwd_vk_kernel, %d row split(s): %s\n", "", c.splits,
@@ -293,6 +319,9 @@ int main(int argc, char** argv) {
       // 3 key blocks x 3 row tiles, the last key block's first rows inside a row tile (fused dQ's counters).
       {"mha_192_128_three_key_blocks", 1, 130, 260, 1, 1, 192, 128, 180, false, false, 1},
       {"gqa_192_128_negative_offset", 2, 40, 45, 4, 2, 192, 128, -3, false, false, 1},
+      // Five 128-key tiles (the warp-specialised forward reuses each K and V stage twice), aligned and unaligned.
+      {"mha_192_128_five_key_tiles", 1, 70, 600, 2, 2, 192, 128, 530, false, false, 1},
+      {"mha_192_128_five_key_tiles_wide", 1, 40, 590, 1, 1, 192, 128, 550, true, false, 1},
       // 17 kv heads x batch 2 = 34 (head, batch) pairs: three groups of the grid order, the last partial.
       {"mha_192_128_head_groups", 2, 24, 24, 17, 17, 192, 128, 0, false, false, 1},
       {"mqa_576_512_absorbed_wide", 1, 70, 70, 4, 1, 576, 512, 0, true, true, 1},

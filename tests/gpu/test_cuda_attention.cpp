@@ -506,6 +506,39 @@ std::vector<Case> cases_192_128() {
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionFusedDq, ::testing::ValuesIn(cases_192_128()),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
+// The 192/128 tensor-core forward on both kernels (cuda_set_flash_ws_forward): the warp-specialised one (the
+// default) and the single-warpgroup one, each against float64 and bitwise on rerun; O of the two within bf16
+// rounding of each other (reported).
+class CudaAttentionWsForward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaAttentionWsForward, BothKernelsMatchFloat64AndRepeatBitwise) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  Problem pr(GetParam(), AttentionKernel::Fused, DType::BF16, be, rng);
+  ASSERT_TRUE(cuda_flash_ws_forward(*be.gpu)) << "the warp-specialised forward is the default";
+  std::vector<double> o_of[2];
+  for (const bool ws : {false, true}) {
+    SCOPED_TRACE(ws ? "warp-specialised forward" : "single-warpgroup forward");
+    cuda_set_flash_ws_forward(*be.gpu, ws);
+    pr.o.poison(*be.gpu), pr.lse.poison(*be.gpu);
+    pr.forward();
+    pr.check_forward();
+    const auto o_bytes = raw_bytes(*be.gpu, pr.o.dev), lse_bytes = raw_bytes(*be.gpu, pr.lse.dev);
+    be.gpu->attention_forward(pr.params(true));
+    EXPECT_EQ(raw_bytes(*be.gpu, pr.o.dev), o_bytes) << "o differs on rerun";
+    EXPECT_EQ(raw_bytes(*be.gpu, pr.lse.dev), lse_bytes) << "lse differs on rerun";
+    o_of[ws] = pr.o.download(*be.gpu);
+  }
+  double num = 0, den = 0;
+  const auto mask = pr.ov.mask();
+  for (std::size_t i = 0; i < mask.size(); ++i)
+    if (mask[i]) num += (o_of[1][i] - o_of[0][i]) * (o_of[1][i] - o_of[0][i]), den += o_of[0][i] * o_of[0][i];
+  std::printf("GPUCHECK ws_forward %s o_ws_vs_single_rel=%.3e\n", GetParam().name, std::sqrt(num / std::max(den, 1e-300)));
+}
+INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionWsForward, ::testing::ValuesIn(cases_192_128()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
 // V inside K with dv_in_dk: dk = dK + [dV, 0] (bf16 fused 576/512: flash_bwd_vk_kernel, one accumulator per key
 // and column; other paths: dV apart, then added), against the float64 dK and dV of the same inputs; dv is not
 // written, dq as without the flag; bitwise on rerun. With LAGA_CUDA_FLASH_DQ=separate semantics

@@ -21,6 +21,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __maxnreg__(n)
 #define __align__(n) alignas(n)
 
 struct EmuDim3 {
@@ -98,11 +99,23 @@ struct Warp {
   std::uint32_t slot[32][8];
   float fslot[32];
 };
+// A named barrier (bar.sync / bar.arrive id, count): the count is given at each use.
+struct NamedBarrier {
+  int arrived = 0;
+  unsigned long gen = 0;
+};
+// Copies announced to an mbarrier by cp.async.mbarrier.arrive, not landed yet, and the barrier they arrive at.
+struct PendingArrival {
+  std::uint64_t* bar;
+  std::vector<Copy> copies;
+};
 struct Block {
   Barrier* bar;
   char* smem;
   std::size_t smem_bytes;
   Warp* warps;
+  NamedBarrier named[16];
+  std::vector<PendingArrival> pending;
 };
 inline thread_local Block* tl_block = nullptr;
 inline thread_local Warp* tl_warp = nullptr;
@@ -238,6 +251,85 @@ inline void cp_async_wait() {
     emu::tl_groups->pop_front();
   }
 }
+inline void cp_async16_zero(void* dst, const void*) {
+  emu::check_smem(dst, 16, 16);
+  static const char kZero[16] = {};
+  emu::tl_open->push_back({dst, kZero, 16});
+}
+// ---------------------------------------------------------------- mbarriers and named barriers
+// The mbarrier's state lives in its 8 bytes of shared memory: arrivals still due, the count, the phase.
+struct EmuMbar {
+  std::int32_t pending;
+  std::uint16_t count;
+  std::uint16_t phase;
+};
+static_assert(sizeof(EmuMbar) == 8);
+inline EmuMbar mbar_load(std::uint64_t* bar) {
+  emu::check_smem(bar, 8, 8);
+  EmuMbar m;
+  std::memcpy(&m, bar, 8);
+  return m;
+}
+inline void mbar_init(std::uint64_t* bar, u32 count) {
+  emu::check_smem(bar, 8, 8);
+  EMU_CHECK(count > 0 && count < 65536, "mbarrier count %u", count);
+  const EmuMbar m{std::int32_t(count), std::uint16_t(count), 0};
+  std::memcpy(bar, &m, 8);
+}
+inline void mbar_arrive(std::uint64_t* bar) {
+  EmuMbar m = mbar_load(bar);
+  EMU_CHECK(m.count > 0, "arrival at an mbarrier that was not initialised");
+  ++emu::tl_progress;
+  if (--m.pending == 0) m.pending = m.count, ++m.phase;
+  std::memcpy(bar, &m, 8);
+}
+// The copies this thread issued, then its arrival. In even blocks they land at once; in odd blocks only when some
+// thread waits on the barrier (as late as the hardware may land them), so that a read of a tile without the wait
+// sees the stage's old contents in one half of the blocks, and a copy into a stage still in use (a missing wait
+// for its release) overwrites it in the other.
+inline void land(const std::vector<emu::Copy>& copies) {
+  for (const auto& c : copies) std::memcpy(c.dst, c.src, std::size_t(c.bytes));
+}
+inline void cp_async_mbar_arrive(std::uint64_t* bar) {
+  std::vector<emu::Copy> copies;
+  for (auto& g : *emu::tl_groups) copies.insert(copies.end(), g.begin(), g.end());
+  emu::tl_groups->clear();
+  copies.insert(copies.end(), emu::tl_open->begin(), emu::tl_open->end());
+  emu::tl_open->clear();
+  if ((blockIdx.x & 1u) == 0) {
+    land(copies);
+    mbar_arrive(bar);
+  } else {
+    emu::tl_block->pending.push_back({bar, std::move(copies)});
+  }
+}
+inline void mbar_wait(std::uint64_t* bar, u32 parity) {
+  while ((mbar_load(bar).phase & 1u) == (parity & 1u)) {
+    auto& pending = emu::tl_block->pending;
+    bool landed = false;
+    for (std::size_t i = 0; i < pending.size();)
+      if (pending[i].bar == bar) {
+        land(pending[i].copies);
+        mbar_arrive(bar);
+        pending.erase(pending.begin() + std::ptrdiff_t(i));
+        landed = true;
+      } else {
+        ++i;
+      }
+    if (!landed) emu::yield();
+  }
+}
+inline void named_bar_arrive(int id, int threads) {
+  EMU_CHECK(id > 0 && id < 16 && threads % 32 == 0, "named barrier %d over %d threads", id, threads);
+  emu::NamedBarrier& b = emu::tl_block->named[id];
+  ++emu::tl_progress;
+  if (++b.arrived == threads) b.arrived = 0, ++b.gen;
+}
+inline void named_bar_sync(int id, int threads) {
+  const unsigned long gen = emu::tl_block->named[id].gen;
+  named_bar_arrive(id, threads);
+  while (emu::tl_block->named[id].gen == gen) emu::yield();
+}
 inline void store_zero16(void* dst) {
   emu::check_smem(dst, 16, 16);
   std::memset(dst, 0, 16);
@@ -327,6 +419,8 @@ void launch(K kernel, EmuDim3 grid, int threads, std::size_t smem_bytes, Args...
           EMU_CHECK(live == 0 || tl_progress != before,
                     "block %u: %d threads wait at barriers that the others never reach", bx, live);
         }
+        EMU_CHECK(blk.pending.empty(), "block %u: %zu cp.async arrivals at mbarriers nobody waited on", bx,
+                  blk.pending.size());
       }
 }
 }  // namespace emu
@@ -365,6 +459,7 @@ inline void emu_wgmma_ss(float (&d)[N / 8][4], std::uint64_t desc_a, std::uint64
 }
 inline void wgmma_m64n64k16(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss<64>(d, a, b, acc); }
 inline void wgmma_m64n32k16(float (&d)[4][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss<32>(d, a, b, acc); }
+inline void wgmma_m64n128k16(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss<128>(d, a, b, acc); }
 }  // namespace laga::cuda::flash
 
 namespace laga::cuda::flash {
