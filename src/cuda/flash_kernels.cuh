@@ -543,7 +543,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
 
 // ================================================================ forward, warp-specialised (192/128)
 // FlashAttention-3's arrangement on cp.async: a block owns 128 rows and walks 128-key tiles with three roles.
-// Warp 8 loads: Q once, then K_t and V_t into two stages each, every tile announced by an mbarrier that its
+// Warpgroup 2 loads (a row a thread): Q once, then K_t and V_t into two stages each, every tile announced by an mbarrier that its
 // copies complete (cp.async.mbarrier.arrive), every stage handed back by an mbarrier the consumers arrive at (K_t
 // once S_t is computed, V_t once P_t V_t is), so loads run up to two tiles ahead. Warpgroups 0 and 1 each own 64
 // rows: S = Q K^T (SS, n128), the online softmax in registers, O += P V (P from registers, n128). Within a
@@ -554,7 +554,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
 template <int kDqk_, int kDv_>
 struct FwdWsTraits {
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockM = 128, kBlockN = 128;
-  static constexpr int kConsumerThreads = 256, kThreads = kConsumerThreads + 32;  // two warpgroups + a load warp
+  // Two computing warpgroups and a loading one. Registers: 168 a thread at launch (384 threads); the loaders give
+  // theirs down to kLoadRegs, the others take kMmaRegs (per register file: 56 x 32 + 2 x 224 x 32 = 16128 of
+  // 16384).
+  static constexpr int kConsumerThreads = 256, kLoadThreads = 128, kThreads = kConsumerThreads + kLoadThreads;
+  static constexpr int kLoadRegs = 56, kMmaRegs = 224;
   static constexpr int kQBytes = kBlockM * kDqk * 2, kKBytes = kBlockN * kDqk * 2, kVBytes = kBlockN * kDv * 2;
   static constexpr int kOffK = kQBytes;                  // K stages 0, 1
   static constexpr int kOffV = kOffK + 2 * kKBytes;      // V stages 0, 1
@@ -566,12 +570,12 @@ struct FwdWsTraits {
   static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "warp-specialised forward tiles exceed shared memory");
 };
 
-// The load warp's copy of kRows x kCols of a global view into a swz_k64 tile: rows past the end are zeroed by
-// cp.async too (aligned views), so that the tile's mbarrier arrival covers them; unaligned views copy with plain
-// loads and stores, which the caller publishes with a fence and an ordinary arrival.
-template <int kRows, int kCols, bool kAligned, class RowSrc>
-__device__ __forceinline__ void load_tile_warp(bf16* s, const RowSrc& src, const void* any_global, int lane) {
-  for (int r = lane; r < kRows; r += 32) {
+// The loading warpgroup's copy of kRows x kCols of a global view into a swz_k64 tile: rows past the end are
+// zeroed by cp.async too (aligned views), so that the tile's mbarrier arrival covers them; unaligned views copy
+// with plain loads and stores, which the caller publishes with a fence and an ordinary arrival.
+template <int kRows, int kCols, int kThreads, bool kAligned, class RowSrc>
+__device__ __forceinline__ void load_tile_async(bf16* s, const RowSrc& src, const void* any_global, int tid) {
+  for (int r = tid; r < kRows; r += kThreads) {
     const bf16* g = src(r);
 #pragma unroll 4
     for (int c = 0; c < kCols / 8; ++c) {
@@ -592,7 +596,7 @@ __device__ __forceinline__ void load_tile_warp(bf16* s, const RowSrc& src, const
 }
 
 template <class Tr, bool kAligned>
-__global__ void __maxnreg__(224) flash_fwd_ws_kernel(const AttentionFwdParams p) {
+__global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const AttentionFwdParams p) {
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv;
   char* smem = dynamic_smem();
   bf16* s_q = reinterpret_cast<bf16*>(smem);
@@ -606,7 +610,7 @@ __global__ void __maxnreg__(224) flash_fwd_ws_kernel(const AttentionFwdParams p)
   std::uint64_t* v_free = bar + 7;  // [2]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
-  const int wg = warp >> 2;  // 0, 1: consumers; 2: the load warp
+  const int wg = warp >> 2;  // 0, 1: consumers; 2: loads
   const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
   const RowMap rm{u32(group)};
   const TileWork w = tile_work(ceil_div(rows, kBM), p.kv_heads, p.batch);
@@ -617,10 +621,11 @@ __global__ void __maxnreg__(224) flash_fwd_ws_kernel(const AttentionFwdParams p)
   const i64 n_end = visible_keys(rm.query(row_last), p.q_offset, p.kv_len);
   const int n_tiles = int(ceil_div(n_end, kBN));
 
+  constexpr int kLoad = Tr::kLoadThreads;
   if (tid == 0) {
-    mbar_init(q_full, 32);
+    mbar_init(q_full, kLoad);
     for (int st = 0; st < 2; ++st) {
-      mbar_init(k_full + st, 32), mbar_init(v_full + st, 32);
+      mbar_init(k_full + st, kLoad), mbar_init(v_full + st, kLoad);
       mbar_init(k_free + st, Tr::kConsumerThreads), mbar_init(v_free + st, Tr::kConsumerThreads);
     }
   }
@@ -630,7 +635,9 @@ __global__ void __maxnreg__(224) flash_fwd_ws_kernel(const AttentionFwdParams p)
   const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
   const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
   if (wg == 2) {
+    setmaxnreg_dec<Tr::kLoadRegs>();
     if (n_tiles == 0) return;
+    const int ltid = tid - Tr::kConsumerThreads;
     // Tile t's copies, then the arrival that announces them.
     auto announce = [&](std::uint64_t* full) {
       if constexpr (kAligned) {
@@ -645,7 +652,7 @@ __global__ void __maxnreg__(224) flash_fwd_ws_kernel(const AttentionFwdParams p)
       if (row >= rows) return nullptr;
       return q + (g * group + rm.head(row)) * p.q_head_stride + rm.query(row) * p.q_token_stride;
     };
-    load_tile_warp<kBM, kDqk, kAligned>(s_q, q_row, q, lane);
+    load_tile_async<kBM, kDqk, kLoad, kAligned>(s_q, q_row, q, ltid);
     announce(q_full);
     for (int t = 0; t < n_tiles; ++t) {
       const int st = t & 1;
@@ -653,11 +660,11 @@ __global__ void __maxnreg__(224) flash_fwd_ws_kernel(const AttentionFwdParams p)
       const i64 n0 = i64(t) * kBN;
       if (t >= 2) mbar_wait(k_free + st, free_parity);
       auto k_row = [&](int r) -> const bf16* { return n0 + r < p.kv_len ? k + (n0 + r) * p.k_token_stride : nullptr; };
-      load_tile_warp<kBN, kDqk, kAligned>(s_k(st), k_row, k, lane);
+      load_tile_async<kBN, kDqk, kLoad, kAligned>(s_k(st), k_row, k, ltid);
       announce(k_full + st);
       if (t >= 2) mbar_wait(v_free + st, free_parity);
       auto v_row = [&](int r) -> const bf16* { return n0 + r < p.kv_len ? v + (n0 + r) * p.v_token_stride : nullptr; };
-      load_tile_warp<kBN, kDv, kAligned>(s_v(st), v_row, v, lane);
+      load_tile_async<kBN, kDv, kLoad, kAligned>(s_v(st), v_row, v, ltid);
       announce(v_full + st);
     }
     cp_async_wait<0>();  // nothing in flight when the warp exits
@@ -665,6 +672,7 @@ __global__ void __maxnreg__(224) flash_fwd_ws_kernel(const AttentionFwdParams p)
   }
 
   // A consumer warpgroup: rows 64 wg.. of the tile; warp w4 of it holds rows 16 w4 + gid (+ 8) of them.
+  setmaxnreg_inc<Tr::kMmaRegs>();
   const int w4 = warp & 3;
   const i64 frag_row0 = row0 + 64 * wg + 16 * w4 + gid;
   float acc_o[1][kDv / 8][4];

@@ -545,6 +545,17 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, u32 parity) {
       "r"(parity)
       : "memory");
 }
+// The warpgroup's registers per thread from here on (a multiple of 8 in 24..256; every thread of the warpgroup
+// executes it): a loading warpgroup gives registers back, computing ones take them (the SM's four register files
+// hold 16384 each, one warp of every warpgroup per file).
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
 // Named barrier `id` (1..15; 0 is __syncthreads') over `threads` threads (a multiple of 32): sync waits until
 // that many have arrived or synced, arrive counts this thread's warp and goes on.
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {

@@ -319,6 +319,14 @@ inline void mbar_wait(std::uint64_t* bar, u32 parity) {
     if (!landed) emu::yield();
   }
 }
+template <int kRegs>
+inline void setmaxnreg_dec() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg takes a multiple of 8 in 24..256");
+}
+template <int kRegs>
+inline void setmaxnreg_inc() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg takes a multiple of 8 in 24..256");
+}
 inline void named_bar_arrive(int id, int threads) {
   EMU_CHECK(id > 0 && id < 16 && threads % 32 == 0, "named barrier %d over %d threads", id, threads);
   emu::NamedBarrier& b = emu::tl_block->named[id];
