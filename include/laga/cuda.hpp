@@ -100,9 +100,9 @@ void cuda_set_flash_fused_dq(Backend& backend, bool fused);
 int cuda_flash_row_splits(Backend& backend);
 void cuda_set_flash_row_splits(Backend& backend, int splits);
 
-// Which tensor-core kernel runs the 192/128 attention forward: `true` (the default) the warp-specialised one
-// (a load warp and two warpgroups taking turns at the tensor cores, 128 x 128 tiles), `false` the single-
-// warpgroup one (128 x 64 tiles, two blocks per SM), kept for comparison. Both write the same O within bf16
+// Which tensor-core kernel runs the 192/128 attention forward: `true` the warp-specialised one
+// (a load warp and two warpgroups taking turns at the tensor cores, 128 x 128 tiles), `false` (the default until the
+// former is measured on a GPU) the single-warpgroup one (128 x 64 tiles, two blocks per SM). Both write the same O within bf16
 // rounding and the same log-sum-exp within float rounding; each is deterministic.
 bool cuda_flash_ws_forward(Backend& backend);
 void cuda_set_flash_ws_forward(Backend& backend, bool warp_specialized);
