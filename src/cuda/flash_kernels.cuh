@@ -81,6 +81,30 @@ struct RowMap {
   __device__ __forceinline__ i64 head(i64 row) const { return group == 1 ? 0 : i64(u32(row) % group); }
 };
 
+// The work of a block of the row-tiled kernels (the forwards, the dQ kernel): kBM rows of kv head g and batch
+// entry b, the longest rows first, and the keys they see: n_full by every row, n_tiles kBN-key tiles by the last.
+template <int kBM, int kBN>
+struct RowTile {
+  i64 group, rows, row0, row_last, g, b, n_full;
+  RowMap rm;
+  int n_tiles;
+  __device__ __forceinline__ explicit RowTile(const AttentionFwdParams& p)
+      : group(p.q_heads / p.kv_heads), rows(p.q_len * group), rm{u32(group)} {
+    const i64 tiles = ceil_div(rows, kBM);
+    const TileWork w = tile_work(tiles, p.kv_heads, p.batch);
+    row0 = (tiles - 1 - w.tile) * kBM, g = w.g, b = w.b;
+    row_last = imin(row0 + kBM, rows) - 1;
+    n_full = visible_keys(rm.query(row0), p.q_offset, p.kv_len);
+    n_tiles = int(ceil_div(visible_keys(rm.query(row_last), p.q_offset, p.kv_len), kBN));
+  }
+  // Row r of the tile in a [head, token] view of the batch entry (base: its first element), null past the end.
+  __device__ __forceinline__ const bf16* row_ptr(const bf16* base, i64 head_stride, i64 token_stride, int r) const {
+    const i64 row = row0 + r;
+    if (row >= rows) return nullptr;
+    return base + (g * group + rm.head(row)) * head_stride + rm.query(row) * token_stride;
+  }
+};
+
 // kRows x kCols of a global view into a swizzled shared tile; src(r) is row r's first element, or null for
 // rows past the end (zero-filled). kAligned: rows start 16-byte aligned (cp.async); else 2-byte loads.
 // kSlab: the wgmma layout (swz_k64) instead of swz. tid: the thread's index among the kThreads that load.
@@ -202,24 +226,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   // First row (in the block) of the warp's m-tile mt of S, and of O.
   auto srow = [&](int mt) { return Tr::kSWgmma ? 64 * mt + 16 * warp : wms * Tr::kRowsS + 16 * mt; };
   auto orow = [&](int mt) { return Tr::kPInRegs ? srow(mt) : wmo * Tr::kRowsO + 16 * mt; };
-  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
-  const RowMap rm{u32(group)};
-  const TileWork w = tile_work(ceil_div(rows, kBM), p.kv_heads, p.batch);
-  const i64 row0 = (ceil_div(rows, kBM) - 1 - w.tile) * kBM;  // the longest rows first
-  const i64 g = w.g, b = w.b;
-  const i64 row_last = imin(row0 + kBM, rows) - 1;
-  const i64 n_full = visible_keys(rm.query(row0), p.q_offset, p.kv_len);  // keys every row of the tile sees
-  const i64 n_end = visible_keys(rm.query(row_last), p.q_offset, p.kv_len);
-  const int n_tiles = int(ceil_div(n_end, kBN));
+  const RowTile<kBM, kBN> rt(p);
+  const auto& [group, rows, row0, row_last, g, b, n_full, rm, n_tiles] = rt;
 
   const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
   const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
   const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
-  auto q_row = [&](int r) -> const bf16* {
-    const i64 row = row0 + r;
-    if (row >= rows) return nullptr;
-    return q + (g * group + rm.head(row)) * p.q_head_stride + rm.query(row) * p.q_token_stride;
-  };
+  auto q_row = [&](int r) { return rt.row_ptr(q, p.q_head_stride, p.q_token_stride, r); };
   load_tile<kBM, kDqk, kThreads, kAligned, decltype(q_row), Tr::kSWgmma>(s_q, q_row);
   auto load_k = [&](int t, bf16* dst) {
     const i64 n0 = i64(t) * kBN;
@@ -424,23 +437,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
   const int wg = warp >> 2;                  // 0: S, softmax, O[:, :kHalf]; 1: loads, O[:, kHalf:]
   const int r_lo = 16 * (warp & 3) + gid;    // the thread's rows r_lo and r_lo + 8 (wgmma's C layout)
-  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
-  const RowMap rm{u32(group)};
-  const TileWork w = tile_work(ceil_div(rows, kBM), p.kv_heads, p.batch);
-  const i64 row0 = (ceil_div(rows, kBM) - 1 - w.tile) * kBM;  // the longest rows first
-  const i64 g = w.g, b = w.b;
-  const i64 row_last = imin(row0 + kBM, rows) - 1;
-  const i64 n_full = visible_keys(rm.query(row0), p.q_offset, p.kv_len);  // keys every row of the tile sees
-  const i64 n_end = visible_keys(rm.query(row_last), p.q_offset, p.kv_len);
-  const int n_tiles = int(ceil_div(n_end, kBN));
+  const RowTile<kBM, kBN> rt(p);
+  const auto& [group, rows, row0, row_last, g, b, n_full, rm, n_tiles] = rt;
 
   const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
   const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
-  auto q_row = [&](int r) -> const bf16* {
-    const i64 row = row0 + r;
-    if (row >= rows) return nullptr;
-    return q + (g * group + rm.head(row)) * p.q_head_stride + rm.query(row) * p.q_token_stride;
-  };
+  auto q_row = [&](int r) { return rt.row_ptr(q, p.q_head_stride, p.q_token_stride, r); };
   const i64 kv_len = p.kv_len, k_ts = p.k_token_stride;
   auto k_rows = [=](int t) {
     const i64 n0 = i64(t) * kBN;
@@ -543,7 +545,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
 
 // ================================================================ forward, warp-specialised (192/128)
 // FlashAttention-3's arrangement on cp.async: a block owns 128 rows and walks 128-key tiles with three roles.
-// Warpgroup 2 loads (a row a thread): Q once, then K_t and V_t into two stages each, every tile announced by an mbarrier that its
+// Warpgroup 2 loads (eight threads a row): Q once, then K_t and V_t into two stages each, every tile announced by an mbarrier that its
 // copies complete (cp.async.mbarrier.arrive), every stage handed back by an mbarrier the consumers arrive at (K_t
 // once S_t is computed, V_t once P_t V_t is), so loads run up to two tiles ahead. Warpgroups 0 and 1 each own 64
 // rows: S = Q K^T (SS, n128), the online softmax in registers, O += P V (P from registers, n128). Within a
@@ -563,7 +565,8 @@ struct FwdWsTraits {
   static constexpr int kOffK = kQBytes;                  // K stages 0, 1
   static constexpr int kOffV = kOffK + 2 * kKBytes;      // V stages 0, 1
   static constexpr int kOffBar = kOffV + 2 * kVBytes;    // mbarriers: Q, K full x2, K free x2, V full x2, V free x2
-  static constexpr int kSmemBytes = kOffBar + 9 * 8;
+  static constexpr int kOffSink = kOffBar + 9 * 8;       // two floats per computing thread (sched_sink)
+  static constexpr int kSmemBytes = kOffSink + kConsumerThreads * 8;
   static_assert(kDqk % 64 == 0 && kDv % 64 == 0 && kDv <= 256, "whole 64-column slabs; O in one n-chain");
   static_assert(kOffK % 1024 == 0 && kKBytes % 1024 == 0 && kOffV % 1024 == 0 && kVBytes % 1024 == 0,
                 "1024-aligned wgmma tiles");
@@ -575,10 +578,16 @@ struct FwdWsTraits {
 // with plain loads and stores, which the caller publishes with a fence and an ordinary arrival.
 template <int kRows, int kCols, int kThreads, bool kAligned, class RowSrc>
 __device__ __forceinline__ void load_tile_async(bf16* s, const RowSrc& src, const void* any_global, int tid) {
-  for (int r = tid; r < kRows; r += kThreads) {
+  // Eight threads a row, 16 bytes each: a warp reads four rows' whole 128-byte lines (a thread a row would
+  // read half of each 32-byte sector it touches per instruction) and writes eight distinct chunks of a
+  // swizzled row per quarter-warp (no bank conflict).
+  constexpr int kPerRow = 8;
+  static_assert(kThreads % kPerRow == 0 && (kCols / 8) % kPerRow == 0, "whole 128-byte lines");
+  for (int r = tid / kPerRow; r < kRows; r += kThreads / kPerRow) {
     const bf16* g = src(r);
-#pragma unroll 4
-    for (int c = 0; c < kCols / 8; ++c) {
+#pragma unroll
+    for (int j = 0; j < kCols / 8 / kPerRow; ++j) {
+      const int c = tid % kPerRow + j * kPerRow;
       bf16* d = s + swz_k64<kRows>(r, c * 8);
       if constexpr (kAligned) {
         if (g == nullptr)
@@ -611,15 +620,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
   const int wg = warp >> 2;  // 0, 1: consumers; 2: loads
-  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
-  const RowMap rm{u32(group)};
-  const TileWork w = tile_work(ceil_div(rows, kBM), p.kv_heads, p.batch);
-  const i64 row0 = (ceil_div(rows, kBM) - 1 - w.tile) * kBM;  // the longest rows first
-  const i64 g = w.g, b = w.b;
-  const i64 row_last = imin(row0 + kBM, rows) - 1;
-  const i64 n_full = visible_keys(rm.query(row0), p.q_offset, p.kv_len);  // keys every row of the tile sees
-  const i64 n_end = visible_keys(rm.query(row_last), p.q_offset, p.kv_len);
-  const int n_tiles = int(ceil_div(n_end, kBN));
+  const RowTile<kBM, kBN> rt(p);
+  const auto& [group, rows, row0, row_last, g, b, n_full, rm, n_tiles] = rt;
 
   constexpr int kLoad = Tr::kLoadThreads;
   if (tid == 0) {
@@ -647,11 +649,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
         mbar_arrive(full);
       }
     };
-    auto q_row = [&](int r) -> const bf16* {
-      const i64 row = row0 + r;
-      if (row >= rows) return nullptr;
-      return q + (g * group + rm.head(row)) * p.q_head_stride + rm.query(row) * p.q_token_stride;
-    };
+    auto q_row = [&](int r) { return rt.row_ptr(q, p.q_head_stride, p.q_token_stride, r); };
     load_tile_async<kBM, kDqk, kLoad, kAligned>(s_q, q_row, q, ltid);
     announce(q_full);
     for (int t = 0; t < n_tiles; ++t) {
@@ -731,6 +729,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
       warpgroup_wait<1>(s);  // S_t is done (groups complete in order); P_{t-1} V_{t-1} may still run
       mbar_arrive(k_free + st);
       softmax(s, t, corr);
+      // The row sums depend on every exp2 of the step: their store keeps the softmax under P_{t-1} V_{t-1}.
+      sched_sink(reinterpret_cast<float*>(smem + Tr::kOffSink) + 2 * tid, l_i[0][0], l_i[0][1]);
       warpgroup_wait<0>(acc_o);
       mbar_arrive(v_free + pst);
       rescale_rows(acc_o, corr);
@@ -1663,32 +1663,17 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
   const int wms = warp / Tr::kWarpsNS, wns = warp % Tr::kWarpsNS;
   const int wmq = warp / Tr::kWarpsNQ, wnq = warp % Tr::kWarpsNQ;
-  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
-  const RowMap rm{u32(group)};
-  const TileWork w = tile_work(ceil_div(rows, kBM), p.kv_heads, p.batch);
-  const i64 row0 = (ceil_div(rows, kBM) - 1 - w.tile) * kBM;  // the longest rows first
-  const i64 g = w.g, b = w.b;
-  const i64 row_last = imin(row0 + kBM, rows) - 1;
-  const i64 n_full = visible_keys(rm.query(row0), p.q_offset, p.kv_len);
-  const i64 n_end = visible_keys(rm.query(row_last), p.q_offset, p.kv_len);
-  const int n_tiles = int(ceil_div(n_end, kBN));
+  const RowTile<kBM, kBN> rt(p);
+  const auto& [group, rows, row0, row_last, g, b, n_full, rm, n_tiles] = rt;
 
   const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
   const bf16* dout = static_cast<const bf16*>(p.dout) + b * p.dout_batch_stride;
   const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
   const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
   constexpr bool kSlab = Tr::kWgmma;
-  auto q_row = [&](int r) -> const bf16* {
-    const i64 row = row0 + r;
-    if (row >= rows) return nullptr;
-    return q + (g * group + rm.head(row)) * p.q_head_stride + rm.query(row) * p.q_token_stride;
-  };
+  auto q_row = [&](int r) { return rt.row_ptr(q, p.q_head_stride, p.q_token_stride, r); };
   load_tile<kBM, kDqk, kThreads, kAligned, decltype(q_row), kSlab>(s_q, q_row);
-  auto do_row = [&](int r) -> const bf16* {
-    const i64 row = row0 + r;
-    if (row >= rows) return nullptr;
-    return dout + (g * group + rm.head(row)) * p.dout_head_stride + rm.query(row) * p.dout_token_stride;
-  };
+  auto do_row = [&](int r) { return rt.row_ptr(dout, p.dout_head_stride, p.dout_token_stride, r); };
   load_tile<kBM, kDv, kThreads, kAligned, decltype(do_row), kSlab>(s_do, do_row);
   load_row_values<kBM, kThreads>(s_lse, static_cast<const float*>(p.lse), INFINITY, row0, rows, rm, g, b, p);
   load_row_values<kBM, kThreads>(s_dd, delta, 0.f, row0, rows, rm, g, b, p);

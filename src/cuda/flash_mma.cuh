@@ -76,6 +76,21 @@ __device__ __forceinline__ void wgmma_wait() {
 // Shared memory written by ordinary stores or cp.async and read next by wgmma (the async proxy): each writing
 // thread fences before the barrier.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// 2^x on the SFU alone (ex2.approx.ftz.f32: at most 2 ulp off, results below 2^-126 flushed to zero). exp2f
+// costs four instructions (a range test and two multiplies around the same SFU op, for subnormal results that
+// no probability or rescale factor needs), which made up a third of the 192/128 forward's loop.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// A shared-memory store of two values, as a fence for ptxas's scheduler: ptxas moves a wgmma wait above plain
+// arithmetic that has no part in it (the forward's softmax went below the wait for P V, so that nothing ran
+// under the product), but not above a memory access. Storing values that depend on the arithmetic to a slot of
+// the thread's own keeps that arithmetic ahead of the next wait.
+__device__ __forceinline__ void sched_sink(float* slot, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_u32(slot)), "f"(a), "f"(b) : "memory");
+}
 // Keeps the compiler from moving accesses of an accumulator register across wgmma issue and wait.
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 

@@ -20,6 +20,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 // The column (within the warp's columns) of fragment element [.][nt][2 h + e].
 __device__ __forceinline__ int frag_col(int nt, int tig, int e) { return nt * 8 + 2 * tig + e; }
 
+// A count of visible columns as the bound of a 32-bit compare: every fragment column or row is below 1024, so
+// clamping to [0, 1024] keeps each comparison's result and makes it one instruction instead of a 64-bit pair.
+__device__ __forceinline__ int col_bound(i64 v) { return int(v < 0 ? 0 : v > 1024 ? 1024 : v); }
+
 // The causal mask: s = -inf where the row does not see the key. vis(mt, h): how many of the warp's columns, from
 // its first, fragment row (mt, h) sees (core/causal.hpp's visible_keys of the row's query, less the key of the
 // warp's first column; may be <= 0 or past the tile).
@@ -29,7 +33,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], int tig, Vis 
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const i64 v = vis(mt, h);
+      const int v = col_bound(vis(mt, h));
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -47,12 +51,12 @@ __device__ __forceinline__ void probs_from_lse(float (&s)[MT][NT][4], float sl2,
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float l2 = lse2(mt, h);
-      const i64 v = vis(mt, h);
+      const int v = col_bound(vis(mt, h));
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pv = exp2f(fmaf(s[mt][nt][2 * h + e], sl2, -l2));
+          const float pv = exp2_approx(fmaf(s[mt][nt][2 * h + e], sl2, -l2));
           s[mt][nt][2 * h + e] = frag_col(nt, tig, e) < v ? pv : 0.f;
         }
     }
@@ -68,12 +72,12 @@ __device__ __forceinline__ void probs_from_lse_t(float (&pt)[MT][NT][4], float s
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const float l2 = lse2(nt, e);
-      const i64 v = vis(nt, e);
+      const int v = col_bound(vis(nt, e));
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float pv = exp2f(fmaf(pt[mt][nt][2 * h + e], sl2, -l2));
+          const float pv = exp2_approx(fmaf(pt[mt][nt][2 * h + e], sl2, -l2));
           pt[mt][nt][2 * h + e] = mt * 16 + gid + 8 * h < v ? pv : 0.f;
         }
     }
@@ -126,14 +130,14 @@ __device__ __forceinline__ void online_softmax_step(float (&m)[MT][2], float (&l
     for (int h = 0; h < 2; ++h) {
       const float m_new = fmaxf(m[mt][h], mx[mt][h]);
       const float ms = m_new == -INFINITY ? 0.f : m_new * sl2;  // a row with nothing visible yet stays empty
-      corr[mt][h] = exp2f(m[mt][h] * sl2 - ms);
+      corr[mt][h] = exp2_approx(m[mt][h] * sl2 - ms);
       m[mt][h] = m_new;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pv = exp2f(fmaf(s[mt][nt][2 * h + e], sl2, -ms));
+          const float pv = exp2_approx(fmaf(s[mt][nt][2 * h + e], sl2, -ms));
           s[mt][nt][2 * h + e] = pv;
           sum += pv;
         }

@@ -217,6 +217,14 @@ __device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 8][4], std::uint64_t 
   else
     wgmma_m64n256k16_ss_tb(d, da, db, accumulate);
 }
+// The descriptor of the same operand `bytes` further on (a k step, an m tile, a slab): the start address is the
+// descriptor's low 14 bits in 16-byte units and no shared-memory address reaches their top, so an add to the low
+// word never carries. A wgmma's descriptors then cost an add each rather than the address's mask, shift and merge
+// (which were a quarter of the 192/128 forward's loop).
+__device__ __forceinline__ std::uint64_t desc_advance(std::uint64_t desc, u32 bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | u32(u32(desc) + (bytes >> 4));
+}
+
 // Waits until at most kPending wgmma groups of this warpgroup are in flight; acc (of a finished group) is ready.
 // acc: an accumulator array [MT][NT][4] or [NT][4].
 template <int kPending, class Acc>
@@ -231,16 +239,17 @@ template <int MT, int N, int kK, int kRowsA>
 __device__ __forceinline__ void warpgroup_mma_nt_async(float (&acc)[MT][N / 8][4], const bf16* s_a, int m0,
                                                        const bf16* s_b) {
   static_assert(kK % 64 == 0, "whole 64-column slabs");
-  const u32 a0 = smem_u32(s_a), b0 = smem_u32(s_b);
+  const std::uint64_t da0 = wgmma_desc_sw128(smem_u32(s_a) + u32(m0 * 128));
+  const std::uint64_t db0 = wgmma_desc_sw128(smem_u32(s_b));
   reg_fence_all(acc);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk) {
-    const std::uint64_t db = wgmma_desc_sw128(b0 + u32((kk / 4) * N * 128 + (kk % 4) * 32));
+    const std::uint64_t db = desc_advance(db0, u32((kk / 4) * N * 128 + (kk % 4) * 32));
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
-      wgmma_ss<N>(acc[mt], wgmma_desc_sw128(a0 + u32((kk / 4) * kRowsA * 128 + (m0 + mt * 64) * 128 + (kk % 4) * 32)),
-                  db, kk > 0 ? 1 : 0);
+      wgmma_ss<N>(acc[mt], desc_advance(da0, u32((kk / 4) * kRowsA * 128 + mt * 64 * 128 + (kk % 4) * 32)), db,
+                  kk > 0 ? 1 : 0);
   }
   wgmma_commit();
 }
@@ -256,12 +265,12 @@ __device__ __forceinline__ void warpgroup_mma_nt(float (&acc)[MT][N / 8][4], con
 template <int MT, int N, int KS, int kRowsB>
 __device__ __forceinline__ void warpgroup_mma_rs_tb_async(float (&acc)[MT][N / 8][4], const u32 (&a)[MT][KS][4],
                                                           const bf16* s_b) {
-  const u32 b0 = smem_u32(s_b);
+  const std::uint64_t db0 = wgmma_desc_sw128_mn(smem_u32(s_b), u32(kRowsB * 128));
   reg_fence_all(acc);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks) {
-    const std::uint64_t db = wgmma_desc_sw128_mn(b0 + u32(ks * 16 * 128), u32(kRowsB * 128));
+    const std::uint64_t db = desc_advance(db0, u32(ks * 16 * 128));
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) wgmma_rs_tb<N>(acc[mt], a[mt][ks], db, 1);
   }
@@ -279,17 +288,16 @@ __device__ __forceinline__ void warpgroup_mma_rs_tb(float (&acc)[MT][N / 8][4], 
 template <int MT, int N, int KS, int kRowsA, int kRowsB>
 __device__ __forceinline__ void warpgroup_mma_ss_tb_async(float (&acc)[MT][N / 8][4], const bf16* s_a, int m0,
                                                           const bf16* s_b) {
-  const u32 a0 = smem_u32(s_a), b0 = smem_u32(s_b);
+  const std::uint64_t da0 = wgmma_desc_sw128(smem_u32(s_a) + u32(m0 * 128));
+  const std::uint64_t db0 = wgmma_desc_sw128_mn(smem_u32(s_b), u32(kRowsB * 128));
   reg_fence_all(acc);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks) {
-    const std::uint64_t db = wgmma_desc_sw128_mn(b0 + u32(ks * 16 * 128), u32(kRowsB * 128));
+    const std::uint64_t db = desc_advance(db0, u32(ks * 16 * 128));
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
-      wgmma_ss_tb<N>(acc[mt],
-                     wgmma_desc_sw128(a0 + u32((ks / 4) * kRowsA * 128 + (m0 + mt * 64) * 128 + (ks % 4) * 32)), db,
-                     1);
+      wgmma_ss_tb<N>(acc[mt], desc_advance(da0, u32((ks / 4) * kRowsA * 128 + mt * 64 * 128 + (ks % 4) * 32)), db, 1);
   }
   wgmma_commit();
 }
@@ -300,13 +308,14 @@ __device__ __forceinline__ void warpgroup_mma_ss_tb_async(float (&acc)[MT][N / 8
 template <int N, int KS, int kRowsA, int kRowsB>
 __device__ __forceinline__ void warpgroup_mma_tt_n_async(float (&acc)[N / 8][4], const bf16* s_a, const bf16* s_b) {
   static_assert(N == 32 || N == 64, "wgmma SS both-transposed shapes in use: n32, n64");
-  const u32 a0 = smem_u32(s_a), b0 = smem_u32(s_b);
+  const std::uint64_t da0 = wgmma_desc_sw128_mn(smem_u32(s_a), u32(kRowsA * 128));
+  const std::uint64_t db0 = wgmma_desc_sw128_mn(smem_u32(s_b), u32(kRowsB * 128));
   reg_fence_all(acc);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks) {
-    const std::uint64_t da = wgmma_desc_sw128_mn(a0 + u32(ks * 16 * 128), u32(kRowsA * 128));
-    const std::uint64_t db = wgmma_desc_sw128_mn(b0 + u32(ks * 16 * 128), u32(kRowsB * 128));
+    const std::uint64_t da = desc_advance(da0, u32(ks * 16 * 128));
+    const std::uint64_t db = desc_advance(db0, u32(ks * 16 * 128));
     if constexpr (N == 32)
       wgmma_m64n32k16_ss_tt(acc, da, db, ks > 0 ? 1 : 0);
     else

@@ -444,6 +444,11 @@ inline void wgmma_commit() {}
 template <int kPending>
 inline void wgmma_wait() {}
 inline void fence_proxy_async() {}
+inline float exp2_approx(float x) {  // ex2.approx.ftz.f32: subnormal results flushed to zero
+  const float y = std::exp2(x);
+  return std::fpclassify(y) == FP_SUBNORMAL ? 0.f : y;
+}
+inline void sched_sink(float* slot, float a, float b) { slot[0] = a, slot[1] = b; }
 inline void reg_fence(float&) {}
 // Element (row, k) of a K-major operand in the 128-byte swizzle: address bits 4-6 XOR bits 7-9.
 inline float wgmma_elem(std::uint64_t desc, int row, int k) {
