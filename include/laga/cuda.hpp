@@ -100,10 +100,10 @@ void cuda_set_flash_fused_dq(Backend& backend, bool fused);
 int cuda_flash_row_splits(Backend& backend);
 void cuda_set_flash_row_splits(Backend& backend, int splits);
 
-// Which tensor-core kernel runs the 192/128 attention forward: `true` the warp-specialised one
-// (a load warp and two warpgroups taking turns at the tensor cores, 128 x 128 tiles), `false` (the default until the
-// former is measured on a GPU) the single-warpgroup one (128 x 64 tiles, two blocks per SM). Both write the same O within bf16
-// rounding and the same log-sum-exp within float rounding; each is deterministic.
+// Which tensor-core kernel runs the 192/128 attention forward: `true` (the default) the warp-specialised one
+// (a loading warpgroup and two computing warpgroups taking turns at the tensor cores, 128 x 128 tiles; 1.5-1.6x
+// the other on an H200), `false` the single-warpgroup one (128 x 64 tiles, two blocks per SM). Both write the same
+// O within bf16 rounding and the same log-sum-exp within float rounding; each is deterministic.
 bool cuda_flash_ws_forward(Backend& backend);
 void cuda_set_flash_ws_forward(Backend& backend, bool warp_specialized);
 

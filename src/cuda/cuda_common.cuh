@@ -194,7 +194,7 @@ struct Context {
   // Tensor-core 192/128 backward: dQ added up inside the dK/dV kernel (else the separate dQ kernel).
   bool flash_fused_dq = true;
   int flash_row_splits = 0;  // 576/512 dK/dV row splits: 0 chooses (flash::dkdv_row_splits), else this many
-  bool flash_ws_forward = false;  // 192/128 forward: the warp-specialised kernel (else flash_fwd_kernel)
+  bool flash_ws_forward = true;  // 192/128 forward: the warp-specialised kernel (else flash_fwd_kernel)
 };
 
 }  // namespace laga::cuda

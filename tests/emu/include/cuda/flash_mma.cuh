@@ -256,6 +256,12 @@ inline void cp_async16_zero(void* dst, const void*) {
   static const char kZero[16] = {};
   emu::tl_open->push_back({dst, kZero, 16});
 }
+inline void cp_async16_fill(void* dst, const void* src, bool valid) {
+  if (valid)
+    cp_async16(dst, src);
+  else
+    cp_async16_zero(dst, src);
+}
 // ---------------------------------------------------------------- mbarriers and named barriers
 // The mbarrier's state lives in its 8 bytes of shared memory: arrivals still due, the count, the phase.
 struct EmuMbar {
