@@ -545,8 +545,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
 
 // ================================================================ forward, warp-specialised (192/128)
 // FlashAttention-3's arrangement on cp.async: a block owns 128 rows and walks 128-key tiles with three roles.
-// Warpgroup 2 loads (eight threads a row): Q once, then K_t and V_t into two stages each, every tile announced by an mbarrier that its
-// copies complete (cp.async.mbarrier.arrive), every stage handed back by an mbarrier the consumers arrive at (K_t
+// Warpgroup 2 loads (eight threads a row): Q once, then K_t and V_t into two stages each, every tile announced by
+// an mbarrier that its copies complete (cp.async.mbarrier.arrive), every stage handed back by an mbarrier the
+// consumers arrive at (K_t
 // once S_t is computed, V_t once P_t V_t is), so loads run up to two tiles ahead. Warpgroups 0 and 1 each own 64
 // rows: S = Q K^T (SS, n128), the online softmax in registers, O += P V (P from registers, n128). Within a
 // warpgroup, S_t is issued together with O += P_{t-1} V_{t-1}, and the softmax of S_t runs while that product
@@ -678,18 +679,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
       const u32 free_parity = u32((t >> 1) - 1) & 1u;  // the phase in which tile t - 2 left the stage
       const i64 n0 = i64(t) * kBN;
       if (t >= 2) mbar_wait(k_free + st, free_parity);
+      const i64 valid = p.kv_len - n0;  // keys of the tile that exist
       if constexpr (kAligned) {
-        load_rows_async<kBN, kDqk, kLoad>(s_k(st), k + n0 * p.k_token_stride, p.k_token_stride, p.kv_len - n0, ltid);
+        load_rows_async<kBN, kDqk, kLoad>(s_k(st), k + n0 * p.k_token_stride, p.k_token_stride, valid, ltid);
       } else {
-        auto k_row = [&](int r) -> const bf16* { return n0 + r < p.kv_len ? k + (n0 + r) * p.k_token_stride : nullptr; };
+        auto k_row = [&](int r) -> const bf16* { return r < valid ? k + (n0 + r) * p.k_token_stride : nullptr; };
         load_tile_async<kBN, kDqk, kLoad, kAligned>(s_k(st), k_row, k, ltid);
       }
       announce(k_full + st);
       if (t >= 2) mbar_wait(v_free + st, free_parity);
       if constexpr (kAligned) {
-        load_rows_async<kBN, kDv, kLoad>(s_v(st), v + n0 * p.v_token_stride, p.v_token_stride, p.kv_len - n0, ltid);
+        load_rows_async<kBN, kDv, kLoad>(s_v(st), v + n0 * p.v_token_stride, p.v_token_stride, valid, ltid);
       } else {
-        auto v_row = [&](int r) -> const bf16* { return n0 + r < p.kv_len ? v + (n0 + r) * p.v_token_stride : nullptr; };
+        auto v_row = [&](int r) -> const bf16* { return r < valid ? v + (n0 + r) * p.v_token_stride : nullptr; };
         load_tile_async<kBN, kDv, kLoad, kAligned>(s_v(st), v_row, v, ltid);
       }
       announce(v_full + st);
