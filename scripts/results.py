@@ -867,20 +867,22 @@ def peer_section(results_dir, schema):
                    "2 (d_qk + d_v), backward 2 (3 d_qk + 2 d_v) per unmasked (query, key, head). From "
                    "[bench/attention-providers.json](../bench/attention-providers.json) (`" + table["command"] +
                    "`, commit `" + table["commit"][:10] + "`" + dirty_text({"dirty": table.get("dirty")}) + "), the table `--attention-provider auto` chooses from.",
-                   "`auto` takes the faster by forward + backward where cuDNN's workspace (its deterministic "
-                   "backward's, last column) fits the scratch cap (1 GiB by default), else laga's kernels.", "",
-                   "Under `--nondeterministic` it compares with cuDNN's non-deterministic backward (its workspace: "
-                   "4 bytes per head, query and d_qk).", "",
+                   "`auto` takes the faster provider for each pass (forward, backward), cuDNN's backward only "
+                   "where its workspace (its deterministic backward's, last but one column) fits the scratch cap "
+                   "(1 GiB by default), else laga's kernels.", "",
+                   "Under `--nondeterministic` it compares with cuDNN's non-deterministic backward (its workspace, "
+                   "last column: 4 bytes per head, query and d_qk).", "",
                    "| layout | S | heads | q_len x kv_len | laga fwd | cuDNN fwd | laga bwd | cuDNN bwd | "
-                   "cuDNN bwd, non-deterministic | faster | faster, non-deterministic | cuDNN workspace | "
+                   "cuDNN bwd, non-deterministic | auto fwd / bwd | auto bwd, non-deterministic | cuDNN workspace | "
                    "non-deterministic |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for p in table["points"]:
                 def tf(key):
                     return f"{p[key]:.0f}" if key in p else "-"
                 md.append(f"| {p['layout']} | {p['S'] // 1024}k | {p['heads']} | {p['q_len']} x {p['kv_len']} | "
                           f"{tf('laga_fwd_tflops')} | {tf('cudnn_fwd_tflops')} | {tf('laga_bwd_tflops')} | "
-                          f"{tf('cudnn_bwd_tflops')} | {tf('cudnn_nondeterministic_bwd_tflops')} | {p['faster']} | "
-                          f"{p.get('faster_nondeterministic', '-')} | {human(p.get('cudnn_workspace_bytes', 0))} | "
+                          f"{tf('cudnn_bwd_tflops')} | {tf('cudnn_nondeterministic_bwd_tflops')} | "
+                          f"{p['auto_fwd']} / {p['auto_bwd']} | "
+                          f"{p.get('auto_bwd_nondeterministic', '-')} | {human(p.get('cudnn_workspace_bytes', 0))} | "
                           f"{human(p.get('cudnn_nondeterministic_workspace_bytes', 0))} |")
             md.append("")
     return md

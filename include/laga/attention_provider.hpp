@@ -2,8 +2,10 @@
 // CUDA backend asks per call (laga/cuda.hpp: cuda_set_attention_provider).
 //   laga   the project's own kernels (eager, fused 192/128 and 576/512 on tensor cores, FMA otherwise)
 //   cudnn  cuDNN's fused attention through its graph API (192/128 MHA, bf16, causal with q_offset >= 0)
-//   auto   per shape, the faster of the two by the table of measured times below; laga where cuDNN cannot
-//          run the shape or the table has nothing close
+//   auto   per shape and pass (forward, backward), the faster of the two by the table of measured times
+//          below; laga where cuDNN cannot run the shape or the table has nothing close. The passes choose on
+//          their own: laga's forward may feed cuDNN's backward, both keeping the same log-sum-exp (the natural
+//          log of the sum of exp of the scaled scores, float32 [batch, heads, q_len])
 // The table is data kept in the repo (bench/attention-providers.json, embedded at build time) and
 // regenerated on the GPU by `laga bench-attention --out bench/attention-providers.json`.
 #pragma once
@@ -17,6 +19,7 @@
 namespace laga {
 
 enum class AttentionProvider { Automatic, Laga, Cudnn };
+enum class AttentionPass { Forward, Backward };
 
 // "auto", "laga", "cudnn".
 const char* attention_provider_name(AttentionProvider);
@@ -41,9 +44,9 @@ struct AttentionTiming {
   // cuDNN's non-deterministic backward (optional fields; 0: not measured).
   double cudnn_nondeterministic_bwd_ms = 0;
   std::int64_t cudnn_nondeterministic_workspace_bytes = 0;
-  // By forward + backward; laga on a tie or without cuDNN. deterministic = false compares with cuDNN's
-  // non-deterministic backward where the point has it.
-  AttentionProvider faster(bool deterministic = true) const;
+  // The faster provider for one pass; laga on a tie or without cuDNN. deterministic = false compares the
+  // backward with cuDNN's non-deterministic one where the point has it.
+  AttentionProvider faster(AttentionPass pass, bool deterministic = true) const;
 };
 
 struct AttentionProviderTable {
@@ -56,9 +59,10 @@ struct AttentionProviderTable {
   // a point. deterministic = false: the non-deterministic backward's, scaled by heads x q_len (0 where the
   // point has none).
   std::int64_t cudnn_workspace(const AttentionShape& s, bool deterministic = true) const;
-  // `auto`'s choice for `s`: the nearest point's faster provider, but laga when cuDNN's workspace for `s` would
-  // exceed `max_workspace` bytes, and laga when there is no such point.
-  AttentionProvider choose(const AttentionShape& s, std::int64_t max_workspace = INT64_MAX,
+  // `auto`'s choice for one pass of `s`: the nearest point's faster provider for that pass, laga when there is
+  // no such point, and for the backward laga when cuDNN's workspace for `s` would exceed `max_workspace` bytes
+  // (the forward's is small and not measured).
+  AttentionProvider choose(const AttentionShape& s, AttentionPass pass, std::int64_t max_workspace = INT64_MAX,
                            bool deterministic = true) const;
 
   // The JSON document: {"points": [{"dtype", "d_qk", "d_v", "heads", "q_len", "kv_len", "laga_fwd_ms",

@@ -81,7 +81,7 @@ class MultiheadLatentAttention(nn.Module):
     ``kv_grad_reduce_fp32``: explicit's all_gather sums its K/V gradients in float32 (bf16 only).
     ``overlap``: collectives start as soon as their input exists and run under the compute that does not need
     them (results bitwise the same). ``attention_provider``: who runs the fused attention on CUDA, ``"auto"``
-    (per shape, from laga's table of measured times), ``"laga"`` (laga's kernels) or ``"cudnn"`` (cuDNN's graph
+    (per shape and pass, from laga's table of measured times), ``"laga"`` (laga's kernels) or ``"cudnn"`` (cuDNN's graph
     API where it supports the shape, deterministic backward); CPU tensors always run laga's. ``timing``: laga
     times each op on the device's queue and waits for the queue at the end of forward and of backward to read
     the times (``last_step``'s seconds); off (the default) it never waits, as any PyTorch op.

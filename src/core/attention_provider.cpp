@@ -27,10 +27,11 @@ AttentionProvider parse_attention_provider(const std::string& text) {
   throw InvalidArgument(detail::concat("attention provider = '", text, "': must be one of auto, laga, cudnn"));
 }
 
-AttentionProvider AttentionTiming::faster(bool deterministic) const {
+AttentionProvider AttentionTiming::faster(AttentionPass pass, bool deterministic) const {
   if (!(cudnn_fwd_ms > 0 && cudnn_bwd_ms > 0)) return AttentionProvider::Laga;
   const double bwd = !deterministic && cudnn_nondeterministic_bwd_ms > 0 ? cudnn_nondeterministic_bwd_ms : cudnn_bwd_ms;
-  return cudnn_fwd_ms + bwd < laga_fwd_ms + laga_bwd_ms ? AttentionProvider::Cudnn : AttentionProvider::Laga;
+  const bool cudnn = pass == AttentionPass::Forward ? cudnn_fwd_ms < laga_fwd_ms : bwd < laga_bwd_ms;
+  return cudnn ? AttentionProvider::Cudnn : AttentionProvider::Laga;
 }
 
 const AttentionTiming* AttentionProviderTable::nearest(const AttentionShape& s) const {
@@ -59,10 +60,11 @@ std::int64_t AttentionProviderTable::cudnn_workspace(const AttentionShape& s, bo
   return std::int64_t(std::ceil(double(bytes) * scale));
 }
 
-AttentionProvider AttentionProviderTable::choose(const AttentionShape& s, std::int64_t max_workspace,
+AttentionProvider AttentionProviderTable::choose(const AttentionShape& s, AttentionPass pass, std::int64_t max_workspace,
                                                  bool deterministic) const {
   const AttentionTiming* t = nearest(s);
-  if (!t || t->faster(deterministic) != AttentionProvider::Cudnn) return AttentionProvider::Laga;
+  if (!t || t->faster(pass, deterministic) != AttentionProvider::Cudnn) return AttentionProvider::Laga;
+  if (pass == AttentionPass::Forward) return AttentionProvider::Cudnn;
   return cudnn_workspace(s, deterministic) <= max_workspace ? AttentionProvider::Cudnn : AttentionProvider::Laga;
 }
 

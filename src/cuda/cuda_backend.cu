@@ -423,13 +423,14 @@ class CudaBackend final : public Backend {
   std::int64_t scratch_cap() const {
     return ctx_.eager_scratch_cap > std::size_t(INT64_MAX) ? INT64_MAX : std::int64_t(ctx_.eager_scratch_cap);
   }
-  // `auto`'s choice from the table. cuDNN's deterministic backward keeps a workspace of 2 bytes per (head, query,
-  // key): auto takes it only under the backend's scratch cap, like eager attention's scores. The
-  // non-deterministic one's workspace is O(heads x queries); its backward call checks the workspace cuDNN asks
-  // for (pick_cudnn).
-  bool auto_prefers_cudnn(const AttentionFwdParams& p) const {
+  // `auto`'s choice from the table, for the call's pass. cuDNN's deterministic backward keeps a workspace of 2
+  // bytes per (head, query, key): auto takes it only under the backend's scratch cap, like eager attention's
+  // scores. The non-deterministic one's workspace is O(heads x queries); its backward call checks the workspace
+  // cuDNN asks for (pick_cudnn).
+  bool auto_prefers_cudnn(const AttentionFwdParams& p, bool backward) const {
     const AttentionShape shape{p.dtype, p.d_qk, p.d_v, p.q_heads, p.kv_heads, p.q_len, p.kv_len};
-    return builtin_attention_provider_table().choose(shape, deterministic_ ? scratch_cap() : INT64_MAX,
+    return builtin_attention_provider_table().choose(shape, backward ? AttentionPass::Backward : AttentionPass::Forward,
+                                                     deterministic_ ? scratch_cap() : INT64_MAX,
                                                      deterministic_) == AttentionProvider::Cudnn;
   }
   // Whether cuDNN runs this call (and then it has been queued). `laga`: never. `cudnn`: always, or an
@@ -444,7 +445,7 @@ class CudaBackend final : public Backend {
                             ", d_v ", p.d_v, ", heads ", p.q_heads, "/", p.kv_heads, ", q_len ", p.q_len, ", kv_len ",
                             p.kv_len, ", q_offset ", p.q_offset);
     };
-    if (!forced && !auto_prefers_cudnn(p)) return false;
+    if (!forced && !auto_prefers_cudnn(p, backward)) return false;
     const cuda::CudnnStatus& st = cuda::cudnn_status();
     std::string why = st.loaded ? (backward ? cuda::cudnn_attention_rejects(*bp) : cuda::cudnn_attention_rejects(p))
                                 : "cuDNN is not available: " + st.error;

@@ -708,6 +708,33 @@ TEST_P(CudaAttentionCudnn, MatchesCpuFloat64AndRerunsBitwise) {
   std::printf("GPUCHECK %s cudnn_workspace %zu bytes\n", GetParam().name, slot->peak_bytes);
 }
 
+// The passes mixed, as `auto` may run them: laga's forward, then cuDNN's backward from its O and log-sum-exp,
+// and the other way round; the gradients against float64 either way.
+TEST_P(CudaAttentionCudnn, EitherProvidersBackwardFollowsTheOthersForward) {
+  auto rng = rng_for_test();
+  for (const bool laga_first : {true, false}) {
+    SCOPED_TRACE(laga_first ? "laga forward, cuDNN backward" : "cuDNN forward, laga backward");
+    Backends be;
+    Problem pr(GetParam(), AttentionKernel::Fused, DType::BF16, be, rng);
+    const AttentionBwdParams p0 = pr.params(true);
+    if (!cuda::cudnn_attention_rejects(static_cast<const AttentionFwdParams&>(p0)).empty() ||
+        GetParam().d_qk != 192 || GetParam().d_v != 128)
+      GTEST_SKIP() << "MLA's 192/128 shapes that cuDNN takes";
+    const AttentionProvider first = laga_first ? AttentionProvider::Laga : AttentionProvider::Cudnn;
+    const AttentionProvider second = laga_first ? AttentionProvider::Cudnn : AttentionProvider::Laga;
+    cuda_set_attention_provider(*be.gpu, first);
+    pr.forward();
+    pr.check_forward();
+    cuda_set_attention_provider(*be.gpu, second);
+    pr.backward(rng);
+    pr.check_backward();
+    const AttentionProviderCounts n = cuda_attention_provider_counts(*be.gpu);
+    EXPECT_EQ(laga_first ? n.laga_forward : n.cudnn_forward, 1u);
+    EXPECT_EQ(laga_first ? n.cudnn_backward : n.laga_backward, 1u);
+    EXPECT_EQ(laga_first ? n.cudnn_forward + n.laga_backward : n.laga_forward + n.cudnn_backward, 0u);
+  }
+}
+
 // cuDNN's non-deterministic backward (cuda_set_attention_deterministic false, --nondeterministic): the same
 // float64 bars as the deterministic one; its own graph (the forward's is shared).
 TEST_P(CudaAttentionCudnn, NondeterministicBackwardMatchesCpuFloat64) {

@@ -42,45 +42,53 @@ TEST(AttentionProvider, NamesRoundTripAndBadNamesAreRefused) {
   }
 }
 
-TEST(AttentionProvider, AutoTakesTheNearestPointsFasterProvider) {
+TEST(AttentionProvider, AutoTakesTheNearestPointsFasterProviderPerPass) {
   const auto t = AttentionProviderTable::from_json(kTable);
   ASSERT_EQ(t.points.size(), 3u);
-  // At a measured point, and near it (S 6000 is nearer 4k than 32k in log terms).
-  EXPECT_EQ(t.choose(mha(16, 4096, 4096)), AttentionProvider::Cudnn);
-  EXPECT_EQ(t.choose(mha(16, 6000, 6000)), AttentionProvider::Cudnn);
-  // all_gather-like shape: laga's total 3.0 ms < cuDNN's 3.5 ms.
-  EXPECT_EQ(t.choose(mha(128, 2048, 16384)), AttentionProvider::Laga);
+  constexpr AttentionPass F = AttentionPass::Forward, B = AttentionPass::Backward;
+  constexpr AttentionProvider kLaga = AttentionProvider::Laga, kCudnn = AttentionProvider::Cudnn;
+  // At a measured point, and near it (S 6000 is nearer 4k than 32k in log terms): cuDNN is faster both ways.
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096), F), kCudnn);
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096), B), kCudnn);
+  EXPECT_EQ(t.choose(mha(16, 6000, 6000), B), kCudnn);
+  // all_gather-like shape: laga's forward 1.0 ms < cuDNN's 1.5; the deterministic backwards tie (laga).
+  EXPECT_EQ(t.choose(mha(128, 2048, 16384), F), kLaga);
+  EXPECT_EQ(t.choose(mha(128, 2048, 16384), B), kLaga);
   // cuDNN did not run the nearest point: laga.
-  EXPECT_EQ(t.choose(mha(16, 32768, 32768)), AttentionProvider::Laga);
+  EXPECT_EQ(t.choose(mha(16, 32768, 32768), F), kLaga);
+  EXPECT_EQ(t.choose(mha(16, 32768, 32768), B), kLaga);
   // Head dims, dtype or MQA the table does not cover: laga.
   AttentionShape other = mha(16, 4096, 4096);
   other.d_qk = 576, other.d_v = 512;
   EXPECT_EQ(t.nearest(other), nullptr);
-  EXPECT_EQ(t.choose(other), AttentionProvider::Laga);
   AttentionShape f32 = mha(16, 4096, 4096);
   f32.dtype = DType::F32;
-  EXPECT_EQ(t.choose(f32), AttentionProvider::Laga);
   AttentionShape mqa = mha(16, 4096, 4096);
   mqa.kv_heads = 1;
-  EXPECT_EQ(t.choose(mqa), AttentionProvider::Laga);
-  // cuDNN's workspace scales with heads x q_len x kv_len; auto keeps it under the cap it is given.
+  for (const AttentionShape& s : {other, f32, mqa})
+    for (const AttentionPass pass : {F, B}) EXPECT_EQ(t.choose(s, pass), kLaga);
+  // cuDNN's workspace scales with heads x q_len x kv_len; auto keeps the backward's under the cap it is given,
+  // and the forward is not held to it.
   EXPECT_EQ(t.cudnn_workspace(mha(16, 4096, 4096)), 536870912);
   EXPECT_EQ(t.cudnn_workspace(mha(16, 8192, 8192)), 4 * 536870912LL);
-  EXPECT_EQ(t.choose(mha(16, 4096, 4096), 536870912), AttentionProvider::Cudnn);
-  EXPECT_EQ(t.choose(mha(16, 4096, 4096), 536870911), AttentionProvider::Laga);
-  EXPECT_EQ(t.choose(mha(16, 6000, 6000), 1LL << 30), AttentionProvider::Laga);  // 1.07 GiB > 1 GiB
-  // Non-deterministic: cuDNN's non-deterministic backward where the point has it (1.5 + 1.0 < 3.0), its
-  // workspace scaled by heads x q_len only; the deterministic choice and workspace stay as they were.
-  EXPECT_EQ(t.choose(mha(128, 2048, 16384), INT64_MAX, false), AttentionProvider::Cudnn);
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096), B, 536870912), kCudnn);
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096), B, 536870911), kLaga);
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096), F, 0), kCudnn);
+  EXPECT_EQ(t.choose(mha(16, 6000, 6000), B, 1LL << 30), kLaga);  // 1.07 GiB > 1 GiB
+  // Non-deterministic: cuDNN's non-deterministic backward where the point has it (1.0 < 2.0), its workspace
+  // scaled by heads x q_len only, beside laga's forward; the deterministic choice and workspace stay as they were.
+  EXPECT_EQ(t.choose(mha(128, 2048, 16384), B, INT64_MAX, false), kCudnn);
+  EXPECT_EQ(t.choose(mha(128, 2048, 16384), F, INT64_MAX, false), kLaga);
   EXPECT_EQ(t.cudnn_workspace(mha(128, 2048, 16384), false), 201326592);
   EXPECT_EQ(t.cudnn_workspace(mha(128, 2048, 32768), false), 201326592);
   EXPECT_EQ(t.cudnn_workspace(mha(128, 4096, 32768), false), 2 * 201326592LL);
   EXPECT_EQ(t.cudnn_workspace(mha(128, 4096, 32768)), 4 * 8589934592LL);
-  EXPECT_EQ(t.choose(mha(128, 2048, 16384), 201326591, false), AttentionProvider::Laga);
+  EXPECT_EQ(t.choose(mha(128, 2048, 16384), B, 201326591, false), kLaga);
   EXPECT_EQ(t.cudnn_workspace(mha(16, 4096, 4096), false), 0) << "not measured at that point";
-  EXPECT_EQ(t.choose(mha(16, 4096, 4096), INT64_MAX, false), AttentionProvider::Cudnn) << "deterministic times";
+  EXPECT_EQ(t.choose(mha(16, 4096, 4096), B, INT64_MAX, false), kCudnn) << "deterministic times";
   // An empty table: laga everywhere.
-  EXPECT_EQ(AttentionProviderTable{}.choose(mha(16, 4096, 4096)), AttentionProvider::Laga);
+  EXPECT_EQ(AttentionProviderTable{}.choose(mha(16, 4096, 4096), F), kLaga);
+  EXPECT_EQ(AttentionProviderTable{}.choose(mha(16, 4096, 4096), B), kLaga);
 }
 
 TEST(AttentionProvider, MalformedTablesNameTheField) {

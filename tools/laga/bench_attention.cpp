@@ -199,12 +199,13 @@ json time_shape(Backend& be, const CudnnInfo& cudnn, const Shape& s, i64 d_qk, i
             {"cudnn_nondeterministic_bwd_ms", t.cudnn_nondeterministic_bwd_ms},
             {"cudnn_nondeterministic_workspace_bytes", t.cudnn_nondeterministic_workspace_bytes},
             {"laga_fwd_tflops", fwd_flops / t.laga_fwd_ms * 1e-9}, {"laga_bwd_tflops", bwd_flops / t.laga_bwd_ms * 1e-9},
-            {"faster", attention_provider_name(t.faster())}};
+            {"auto_fwd", attention_provider_name(t.faster(AttentionPass::Forward))},
+            {"auto_bwd", attention_provider_name(t.faster(AttentionPass::Backward))}};
   if (t.cudnn_fwd_ms > 0) {
     j["cudnn_fwd_tflops"] = fwd_flops / t.cudnn_fwd_ms * 1e-9;
     j["cudnn_bwd_tflops"] = bwd_flops / t.cudnn_bwd_ms * 1e-9;
     j["cudnn_nondeterministic_bwd_tflops"] = bwd_flops / t.cudnn_nondeterministic_bwd_ms * 1e-9;
-    j["faster_nondeterministic"] = attention_provider_name(t.faster(false));
+    j["auto_bwd_nondeterministic"] = attention_provider_name(t.faster(AttentionPass::Backward, false));
   }
   if (!cudnn_error.empty()) j["cudnn_error"] = cudnn_error;
   auto tf = [&](double f, double ms) { return ms > 0 ? fmt("%.0f", f / ms * 1e-9) : std::string("-"); };
@@ -215,7 +216,9 @@ json time_shape(Backend& be, const CudnnInfo& cudnn, const Shape& s, i64 d_qk, i
              tf(fwd_flops, t.laga_fwd_ms) + " / " + tf(bwd_flops, t.laga_bwd_ms),
              tf(fwd_flops, t.cudnn_fwd_ms) + " / " + tf(bwd_flops, t.cudnn_bwd_ms) + " / " +
                  tf(bwd_flops, t.cudnn_nondeterministic_bwd_ms),
-             attention_provider_name(t.faster()), attention_provider_name(t.faster(false))});
+             std::string(attention_provider_name(t.faster(AttentionPass::Forward))) + " / " +
+                 attention_provider_name(t.faster(AttentionPass::Backward)),
+             attention_provider_name(t.faster(AttentionPass::Backward, false))});
   std::printf("done: %s S=%ld P=%d%s\n", s.layout.c_str(), long(s.S), s.P,
               cudnn_error.empty() ? "" : (" (cuDNN: " + cudnn_error + ")").c_str());
   std::fflush(stdout);
@@ -236,10 +239,10 @@ std::string joined(const std::vector<T>& values) {
 void write_document(const BenchAttentionOptions& o, const json& points) {
   json doc = {{"about", "Median forward and backward milliseconds of each attention provider per shape (bf16, causal, "
                         "batch 1, FLOPs 2 (d_qk + d_v) forward and 2 (3 d_qk + 2 d_v) backward per unmasked (query, "
-                        "key, head)): the table `--attention-provider auto` chooses from, by forward + backward of "
-                        "the nearest point (cudnn_nondeterministic_*: cuDNN's non-deterministic backward, which "
-                        "`auto` compares with under --nondeterministic). Regenerate on the GPU with the command "
-                        "below."},
+                        "key, head)): the table `--attention-provider auto` chooses from, each pass by the nearest "
+                        "point's faster provider for it (auto_fwd, auto_bwd; cudnn_nondeterministic_*: cuDNN's "
+                        "non-deterministic backward, which `auto` compares with under --nondeterministic, "
+                        "auto_bwd_nondeterministic). Regenerate on the GPU with the command below."},
               {"command", "laga bench-attention --model " + o.model + " --seq " + joined(o.seq) + " --sp " +
                               joined(o.sp) + " --layout " + joined(o.layout) + " --repeat " +
                               std::to_string(o.repeat) + " --warmup " + std::to_string(o.warmup) + " --out FILE"},
@@ -271,8 +274,8 @@ int run_bench_attention(const BenchAttentionOptions& o) {
   std::mt19937_64 rng(1);
   json points = json::array();
   Table table({"layout", "S", "P", "heads", "q_len", "kv_len", "laga fwd ms", "laga bwd ms", "cudnn fwd ms",
-               "cudnn bwd ms", "nondet bwd ms", "TFLOP/s laga f/b", "TFLOP/s cudnn f/b/nondet b", "auto",
-               "auto nondet"});
+               "cudnn bwd ms", "nondet bwd ms", "TFLOP/s laga f/b", "TFLOP/s cudnn f/b/nondet b", "auto f/b",
+               "auto nondet b"});
   for (const Shape& s : shapes) points.push_back(time_shape(*be, cudnn, s, d_qk, d_v, rng, o, table));
   table.print();
   if (!o.out.empty()) write_document(o, points);
