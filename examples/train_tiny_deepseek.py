@@ -187,6 +187,10 @@ def train(args):
                        "command": " ".join(["torchrun --nproc_per_node", str(world)] if distributed else ["python3"]) +
                        " " + " ".join(sys.argv)}, f)
     if distributed:
+        # Every rank reaches here before any tears the group down: a gloo group destroyed on one rank while another
+        # is still at work (rank 0 writing the output above) aborts the process now and then, laga or not
+        # ("terminate called without an active exception", torch 2.11).
+        dist.barrier()
         dist.destroy_process_group()
 
 
