@@ -107,6 +107,13 @@ void cuda_set_flash_row_splits(Backend& backend, int splits);
 bool cuda_flash_ws_forward(Backend& backend);
 void cuda_set_flash_ws_forward(Backend& backend, bool warp_specialized);
 
+// Which kernel runs the 192/128 tensor-core backward with dQ fused, for MHA on 16-byte aligned views: `true` (the
+// default) the warp-specialised one (a loading warpgroup whose loads run a step ahead, dQ added by bulk reductions
+// from shared memory), `false` flash_bwd_dkdv_regs_kernel. The same dK and dV bits either way, dQ within float
+// rounding; each is deterministic.
+bool cuda_flash_ws_backward(Backend& backend);
+void cuda_set_flash_ws_backward(Backend& backend, bool warp_specialized);
+
 // ---- attention providers (laga/attention_provider.hpp) ----
 // Who runs the backend's fused attention calls: laga's kernels, cuDNN, or `auto` (per call, by the built-in
 // table of measured times; laga where cuDNN cannot run the shape or is not available, and where cuDNN's

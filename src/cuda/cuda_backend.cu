@@ -634,6 +634,14 @@ void cuda_set_flash_ws_forward(Backend& backend, bool warp_specialized) {
   as_cuda(backend, "cuda_set_flash_ws_forward").context().flash_ws_forward = warp_specialized;
 }
 
+bool cuda_flash_ws_backward(Backend& backend) {
+  return as_cuda(backend, "cuda_flash_ws_backward").context().flash_ws_backward;
+}
+
+void cuda_set_flash_ws_backward(Backend& backend, bool warp_specialized) {
+  as_cuda(backend, "cuda_set_flash_ws_backward").context().flash_ws_backward = warp_specialized;
+}
+
 int cuda_flash_row_splits(Backend& backend) { return as_cuda(backend, "cuda_flash_row_splits").context().flash_row_splits; }
 
 void cuda_set_flash_row_splits(Backend& backend, int splits) {

@@ -195,6 +195,7 @@ struct Context {
   bool flash_fused_dq = true;
   int flash_row_splits = 0;  // 576/512 dK/dV row splits: 0 chooses (flash::dkdv_row_splits), else this many
   bool flash_ws_forward = true;  // 192/128 forward: the warp-specialised kernel (else flash_fwd_kernel)
+  bool flash_ws_backward = true;  // 192/128 fused-dQ backward, MHA: flash_bwd_ws_kernel (else the dK/dV kernel)
 };
 
 }  // namespace laga::cuda

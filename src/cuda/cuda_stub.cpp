@@ -42,6 +42,8 @@ int cuda_flash_row_splits(Backend&) { no_cuda("cuda_flash_row_splits"); }
 void cuda_set_flash_row_splits(Backend&, int) { no_cuda("cuda_set_flash_row_splits"); }
 bool cuda_flash_ws_forward(Backend&) { no_cuda("cuda_flash_ws_forward"); }
 void cuda_set_flash_ws_forward(Backend&, bool) { no_cuda("cuda_set_flash_ws_forward"); }
+bool cuda_flash_ws_backward(Backend&) { no_cuda("cuda_flash_ws_backward"); }
+void cuda_set_flash_ws_backward(Backend&, bool) { no_cuda("cuda_set_flash_ws_backward"); }
 
 std::unique_ptr<CommClock> make_cuda_comm_clock(Backend&) { no_cuda("make_cuda_comm_clock"); }
 void cuda_set_attention_provider(Backend&, AttentionProvider) { no_cuda("cuda_set_attention_provider"); }

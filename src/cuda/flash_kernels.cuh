@@ -933,6 +933,17 @@ __host__ __device__ constexpr int dq_accum_offset_rows(int r, int d) {
   return (j * 128 + 32 * w4 + 4 * gid + tig) * 4 + 2 * h + d % 2;
 }
 
+// The fp32 dQ row tiles of flash_bwd_ws_kernel: per 64-column slab s of d and warpgroup wg (rows 32 wg..), 8 KB
+// in the order of the warpgroup's dQ^T accumulators (one 16-byte vector per thread and n tile), so that each is
+// one bulk operation from shared memory.
+__host__ __device__ constexpr int dq_accum_offset_ws(int r, int d) {
+  const int wg = r / 32, nt = (r % 32) / 8, tig = (r % 8) / 2, e_lo = r % 2;
+  const int s = d / 64, w4 = (d % 64) / 16, h = (d % 16) / 8, gid = d % 8;
+  return (((s * 2 + wg) * 4 + nt) * 128 + 32 * w4 + 4 * gid + tig) * 4 + 2 * h + e_lo;
+}
+// Which of the layouts above a dq_accum buffer has (flash_bwd_dq_convert_kernel).
+enum class DqLayout { fused, rows, ws };
+
 template <class Tr, bool kAligned>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     flash_bwd_dkdv_regs_kernel(const AttentionBwdParams p, const float* delta, float* dq_accum, unsigned* dq_count) {
@@ -1122,9 +1133,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
 // dQ = scale * dq_accum, one block per (row tile, kv head, batch entry) in dq_accum's order; a tile no key
 // block added to (rows that see no key) is zeros. The tile goes through shared memory (kRows x kDqk floats),
-// from the accumulator order to rows. kRowsLayout: the tiles of flash_bwd_vk_kernel (dq_accum_offset_rows,
-// already scaled) instead of dq_accum_offset's.
-template <int kDqk, bool kAligned, bool kRowsLayout = false>
+// from the accumulator order to rows, whose layout kLayout names (DqLayout).
+template <int kDqk, bool kAligned, DqLayout kLayout = DqLayout::fused>
 __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const AttentionBwdParams p, const float* dq_accum,
                                                                    const unsigned* dq_count) {
   constexpr int kRows = kDqTileRows, kThreads = 256;
@@ -1140,8 +1150,12 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
   }
   __syncthreads();
   bf16* dq = static_cast<bf16*>(p.dq) + b * p.dq_batch_stride;
-  const float scale = kRowsLayout ? 1.f : float(p.scale);
-  auto offset = [](int r, int d) { return kRowsLayout ? dq_accum_offset_rows(r, d) : dq_accum_offset(r, d); };
+  const float scale = kLayout == DqLayout::rows ? 1.f : float(p.scale);
+  auto offset = [](int r, int d) {
+    if constexpr (kLayout == DqLayout::rows) return dq_accum_offset_rows(r, d);
+    if constexpr (kLayout == DqLayout::ws) return dq_accum_offset_ws(r, d);
+    return dq_accum_offset(r, d);
+  };
   for (int i = threadIdx.x; i < kRows * kDqk / 2; i += kThreads) {
     const int r = i / (kDqk / 2), d = 2 * (i % (kDqk / 2));
     const i64 row = row0 + r;
@@ -1150,6 +1164,241 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
     const float hi = added ? scale * s[offset(r, d + 1)] : 0.f;
     store2<kAligned>(dq + (g * group + rm.head(row)) * p.dq_head_stride + rm.query(row) * p.dq_token_stride + d, lo, hi);
   }
+}
+
+// ================================================================ backward, warp-specialised (192/128, MHA)
+// flash_bwd_dkdv_regs_kernel's arithmetic with dQ fused (the same 128 keys a block, 64-row steps walked from
+// the last row tile down, the same wgmma chains and the same dK, dV bits), its roles split as in
+// FlashAttention-3's backward: two computing warpgroups (keys 64 wg..) and a third that gives its registers
+// away and feeds them. Its first two warps load K and V once and then Q, dO, lse and D a step ahead into two
+// stages announced by mbarriers (the computing warps neither issue copies nor wait at block barriers for
+// them); its third warp writes dQ: the computing warpgroups store each 64-column slab of dQ^T to shared
+// memory (registers free at once, where a 16-byte red held them until it had read them) and that warp adds
+// it to the fp32 row tile by one bulk reduction, in the key blocks' order (it waits for the tile's counter
+// before the step's first slab and releases it once the step's six slabs are written). The computing
+// warpgroups meet once a step, when both halves of dS^T are in shared memory (dQ^T reads all 128 keys); dS^T
+// has two buffers, so the next step's writes do not wait for the other warpgroup's dQ^T. Rows are queries
+// of one head (MHA) and the views 16-byte aligned; other problems take flash_bwd_dkdv_regs_kernel.
+template <int kDqk_, int kDv_>
+struct BwdWsTraits {
+  static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockN = 128, kBlockM = 64;
+  static constexpr int kConsumerThreads = 256, kLoadThreads = 64, kThreads = 384;
+  // 168 a thread at launch; per register file 24 x 32 + 2 x 240 x 32 = 16128 of 16384.
+  static constexpr int kLoadRegs = 40, kMmaRegs = 232;
+  static constexpr int kKBytes = kBlockN * kDqk * 2, kVBytes = kBlockN * kDv * 2;
+  static constexpr int kQBytes = kBlockM * kDqk * 2, kDoBytes = kBlockM * kDv * 2;
+  static constexpr int kStageBytes = (kQBytes + kDoBytes + 2 * kBlockM * 4 + 1023) / 1024 * 1024;  // Q | dO | lse | D
+  static constexpr int kPtBytes = kBlockN * kBlockM * 2;        // P^T or dS^T, bf16 [keys][rows]
+  static constexpr int kDqSlabBytes = kBlockM / 2 * 64 * 4;     // a warpgroup's dQ^T slab: 64 columns x 32 rows
+  static constexpr int kOffV = kKBytes;
+  static constexpr int kOffStage = kOffV + kVBytes;            // stages 0, 1
+  static constexpr int kOffPt = kOffStage + 2 * kStageBytes;   // P^T
+  static constexpr int kOffDst = kOffPt + kPtBytes;            // dS^T, buffers 0, 1
+  static constexpr int kOffDq = kOffDst + 2 * kPtBytes;        // dQ^T slabs of warpgroups 0, 1
+  static constexpr int kOffBar = kOffDq + 2 * kDqSlabBytes;    // mbarriers: K/V full, stage full x2, stage free x2
+  static constexpr int kSmemBytes = kOffBar + 5 * 8;
+  // Named barriers: 1 both halves of dS^T written; 2 + wg a dQ^T slab of warpgroup wg stored; 4 + wg its buffer
+  // read by the bulk reduction (each over the warpgroup and the dQ warp).
+  static constexpr int kBarDs = 1, kBarDqFull = 2, kBarDqFree = 4, kDqBarThreads = 128 + 32;
+  static_assert(kDqk == 192 && kDv == 128, "three dQ^T slabs interleaved with dV and dK, as the fused kernel");
+  static_assert(kOffStage % 1024 == 0 && kStageBytes % 1024 == 0 && kOffPt % 1024 == 0 && kOffDst % 1024 == 0 &&
+                    kQBytes % 1024 == 0,
+                "1024-aligned wgmma tiles");
+  static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "warp-specialised backward tiles exceed shared memory");
+};
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_bwd_ws_kernel(const AttentionBwdParams p, const float* delta, float* dq_accum, unsigned* dq_count) {
+  constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv;
+  char* smem = dynamic_smem();
+  bf16* s_k = reinterpret_cast<bf16*>(smem);
+  bf16* s_v = reinterpret_cast<bf16*>(smem + Tr::kOffV);
+  auto s_q = [&](int st) { return reinterpret_cast<bf16*>(smem + Tr::kOffStage + st * Tr::kStageBytes); };
+  auto s_do = [&](int st) { return s_q(st) + kBM * kDqk; };
+  auto s_lse = [&](int st) { return reinterpret_cast<float*>(s_do(st) + kBM * kDv); };
+  auto s_dd = [&](int st) { return s_lse(st) + kBM; };
+  bf16* s_pt = reinterpret_cast<bf16*>(smem + Tr::kOffPt);
+  auto s_dst = [&](int buf) { return reinterpret_cast<bf16*>(smem + Tr::kOffDst + buf * Tr::kPtBytes); };
+  auto s_dq = [&](int wg) { return reinterpret_cast<float*>(smem + Tr::kOffDq + wg * Tr::kDqSlabBytes); };
+  std::uint64_t* bar = reinterpret_cast<std::uint64_t*>(smem + Tr::kOffBar);
+  std::uint64_t* kv_full = bar;
+  std::uint64_t* stage_full = bar + 1;  // [2]
+  std::uint64_t* stage_free = bar + 3;  // [2]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+  const int wg = warp >> 2;  // 0, 1: keys 64 wg..; 2: loads and dQ
+  const TileWork w = tile_work(ceil_div(p.kv_len, kBN), p.kv_heads, p.batch);
+  const i64 key0 = w.tile * kBN, g = w.g, b = w.b;
+  const i64 rows = p.q_len;  // MHA: a row is a query
+  const RowMap rm{1u};
+  const i64 r_first = imin(imax(key0 - p.q_offset, 0), p.q_len);  // first row that sees key0
+  const i64 row_tiles = ceil_div(rows, kBM);
+  const int n_tiles = r_first < rows ? int(row_tiles - r_first / kBM) : 0;
+  auto step_row0 = [&](int t) { return (row_tiles - 1 - t) * kBM; };
+  const i64 tile_base = (b * p.kv_heads + g) * row_tiles;
+
+  if (tid == 0) {
+    mbar_init(kv_full, Tr::kLoadThreads);
+    for (int st = 0; st < 2; ++st) mbar_init(stage_full + st, Tr::kLoadThreads), mbar_init(stage_free + st, Tr::kConsumerThreads);
+  }
+  __syncthreads();  // the only block-wide barrier
+  if (n_tiles == 0) {  // no row sees these keys: dK = dV = 0, nothing added to dQ
+    if (wg < 2) {
+      float acc_dk[1][kDqk / 8][4], acc_dv[1][kDv / 8][4];
+      zero(acc_dk), zero(acc_dv);
+      store_dkdv<true>(p, b, g, key0 + warp * 16, 0, 0, acc_dk, acc_dv, gid, tig);
+    }
+    return;
+  }
+
+  if (wg == 2) {
+    setmaxnreg_dec<Tr::kLoadRegs>();
+    const int ltid = tid - Tr::kConsumerThreads;
+    if (ltid < Tr::kLoadThreads) {
+      const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
+      const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
+      load_rows_async<kBN, kDqk, Tr::kLoadThreads>(s_k, k + key0 * p.k_token_stride, p.k_token_stride, p.kv_len - key0, ltid);
+      load_rows_async<kBN, kDv, Tr::kLoadThreads>(s_v, v + key0 * p.v_token_stride, p.v_token_stride, p.kv_len - key0, ltid);
+      cp_async_mbar_arrive(kv_full);
+      const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride + g * p.q_head_stride;
+      const bf16* dout = static_cast<const bf16*>(p.dout) + b * p.dout_batch_stride + g * p.dout_head_stride;
+      const i64 lse0 = (b * p.q_heads + g) * p.q_len;  // this head's first lse and D
+      for (int t = 0; t < n_tiles; ++t) {
+        const int st = t & 1;
+        if (t >= 2) mbar_wait(stage_free + st, u32((t >> 1) - 1) & 1u);
+        const i64 r0 = step_row0(t);
+        load_rows_async<kBM, kDqk, Tr::kLoadThreads>(s_q(st), q + r0 * p.q_token_stride, p.q_token_stride, rows - r0, ltid);
+        load_rows_async<kBM, kDv, Tr::kLoadThreads>(s_do(st), dout + r0 * p.dout_token_stride, p.dout_token_stride,
+                                                    rows - r0, ltid);
+        // Rows past the end: lse = D = 0, so P^T = 1 against zero Q and dO rows, and their dS^T, dV and dK terms
+        // are 0 (dQ of those rows is never written out).
+        static_assert(kBM == Tr::kLoadThreads, "a row's lse and D per loading thread");
+        const bool in = r0 + ltid < rows;
+        const i64 r = in ? r0 + ltid : 0;
+        cp_async4_fill(s_lse(st) + ltid, static_cast<const float*>(p.lse) + lse0 + r, in);
+        cp_async4_fill(s_dd(st) + ltid, delta + lse0 + r, in);
+        cp_async_mbar_arrive(stage_full + st);
+      }
+      cp_async_wait<0>();
+    } else if (ltid < Tr::kLoadThreads + 32) {
+      // dQ: per step, wait for the row tile's counter, then each warpgroup's three slabs as they come, by one
+      // bulk operation each (a store for key block 0, an add after it); the buffer goes back once read.
+      float* tiles = dq_accum + tile_base * (kBM * kDqk);
+      constexpr u32 kSlab = Tr::kDqSlabBytes;
+      constexpr int kSlabFloats = Tr::kDqSlabBytes / 4;
+      named_bar_arrive(Tr::kBarDqFree, Tr::kDqBarThreads);  // both buffers start empty
+      named_bar_arrive(Tr::kBarDqFree + 1, Tr::kDqBarThreads);
+      for (int t = 0; t < n_tiles; ++t) {
+        const i64 tile = step_row0(t) / kBM;
+        float* dst = tiles + tile * (kBM * kDqk);
+        if (lane == 0) {
+          wait_counter(dq_count + tile_base + tile, unsigned(w.tile));
+          fence_proxy_async_global();
+        }
+        for (int s = 0; s < 3; ++s) {
+          for (int h = 0; h < 2; ++h) {
+            named_bar_sync(Tr::kBarDqFull + h, Tr::kDqBarThreads);
+            if (lane == 0) {
+              if (w.tile == 0)
+                bulk_store(dst + (s * 2 + h) * kSlabFloats, s_dq(h), kSlab);
+              else
+                bulk_reduce_add(dst + (s * 2 + h) * kSlabFloats, s_dq(h), kSlab);
+              bulk_commit();
+            }
+          }
+          const bool last = t == n_tiles - 1 && s == 2;  // no slab follows: arrivals and syncs pair up
+          if (lane == 0) bulk_wait_read<1>();
+          __syncwarp();
+          if (!last) named_bar_arrive(Tr::kBarDqFree, Tr::kDqBarThreads);
+          if (lane == 0) bulk_wait_read<0>();
+          __syncwarp();
+          if (!last) named_bar_arrive(Tr::kBarDqFree + 1, Tr::kDqBarThreads);
+        }
+        if (lane == 0) {
+          bulk_wait<0>();  // the tile's six slabs are written
+          fence_proxy_async_global();
+          release_counter(dq_count + tile_base + tile);
+        }
+      }
+    }
+    return;
+  }
+
+  // A computing warpgroup: keys 64 wg.. of the block; warp w of it keys 16 w + gid (+ 8).
+  setmaxnreg_inc<Tr::kMmaRegs>();
+  const int wk0 = warp * 16, m0 = 64 * wg, wtid = tid & 127;
+  float acc_dk[1][kDqk / 8][4], acc_dv[1][kDv / 8][4];
+  zero(acc_dk);
+  zero(acc_dv);
+  const float sl2 = float(p.scale) * kLog2e;
+  mbar_wait(kv_full, 0);
+  for (int t = 0; t < n_tiles; ++t) {
+    const int st = t & 1;
+    const i64 r0 = step_row0(t);
+    mbar_wait(stage_full + st, u32(t >> 1) & 1u);
+    fence_proxy_async();  // cp.async wrote the tiles (generic proxy); wgmma reads them (async proxy)
+    const bf16* sq = s_q(st);
+    const bf16* sdo = s_do(st);
+    const float* slse = s_lse(st);
+    const float* sdd = s_dd(st);
+    bf16* sdst = s_dst(t & 1);
+
+    // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e) (bf16, into shared memory); dP^T = V dO^T;
+    // dS^T = P^T (dP^T - D) (bf16, into this step's dS^T buffer).
+    float pt[1][kBM / 8][4], ds[1][kBM / 8][4];
+    warpgroup_mma_nt_async<1, kBM, kDqk, kBN>(pt, s_k, m0, sq);
+    warpgroup_wait<0>(pt);
+    recompute_pt<kBN>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
+    u32 ph[kBM / 8][2];
+#pragma unroll
+    for (int nt = 0; nt < kBM / 8; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        ph[nt][h] = pack_bf16(pt[0][nt][2 * h], pt[0][nt][2 * h + 1]);
+        *reinterpret_cast<u32*>(s_pt + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) = ph[nt][h];
+      }
+    warpgroup_mma_nt<1, kBM, kDv, kBN>(ds, s_v, m0, sdo);
+#pragma unroll
+    for (int nt = 0; nt < kBM / 8; ++nt) {
+      const float d0 = sdd[nt * 8 + 2 * tig], d1 = sdd[nt * 8 + 2 * tig + 1];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<u32*>(sdst + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) =
+            pack_bf16(lo_bf16(ph[nt][h]) * (ds[0][nt][2 * h] - d0), hi_bf16(ph[nt][h]) * (ds[0][nt][2 * h + 1] - d1));
+    }
+    fence_proxy_async();
+    named_bar_sync(Tr::kBarDs, Tr::kConsumerThreads);  // both warpgroups' P^T and dS^T rows are in
+
+    // dQ^T (d_qk x 32 rows per warpgroup) = K^T dS^T a 64-column slab at a time, interleaved with dV and dK;
+    // each slab to shared memory for the dQ warp.
+    float acc_dq[4][4];
+    auto store_slab = [&] {
+      named_bar_sync(Tr::kBarDqFree + wg, Tr::kDqBarThreads);
+      float* d = s_dq(wg) + wtid * 4;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+        st_shared_v4(d + nt * 128 * 4, acc_dq[nt][0], acc_dq[nt][1], acc_dq[nt][2], acc_dq[nt][3]);
+      fence_proxy_async();  // the bulk reduction (async proxy) reads what these stores wrote
+      named_bar_arrive(Tr::kBarDqFull + wg, Tr::kDqBarThreads);
+    };
+    const bf16* s_dst_wg = sdst + 32 * wg;
+    warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq, s_k, 0, s_dst_wg);
+    warpgroup_mma_ss_tb_async<1, kDv, kBM / 16, kBN, kBM>(acc_dv, s_pt, m0, sdo);
+    warpgroup_wait<1>(acc_dq);  // slab 0 done; dV in flight
+    store_slab();
+    warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq, s_k, 1, s_dst_wg);
+    warpgroup_wait<1>(acc_dv);  // dV done; slab 1 in flight
+    warpgroup_mma_ss_tb_async<1, kDqk, kBM / 16, kBN, kBM>(acc_dk, sdst, m0, sq);
+    warpgroup_wait<1>(acc_dq);  // slab 1 done; dK in flight
+    store_slab();
+    warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq, s_k, 2, s_dst_wg);
+    warpgroup_wait<0>(acc_dq);  // dK and slab 2 done: this stage's Q and dO are read
+    reg_fence_all(acc_dk);
+    mbar_arrive(stage_free + st);
+    store_slab();
+  }
+  store_dkdv<true>(p, b, g, key0 + wk0, 0, 0, acc_dk, acc_dv, gid, tig);
 }
 
 // ================================================================ backward, V inside K: dK + dV in one accumulator
@@ -1836,6 +2085,8 @@ struct TileConfig {
   int dkdv_n = 0, dkdv_m = 0, dkdv_warps = 0, dkdv_warps_ns = 0, dkdv_min_blocks = 1;
   bool dkdv_wgmma = false;  // registers layout only (then FlashAttention-3's arrangement, 64-row steps)
   bool dq_fused = false;    // wgmma registers layout only: dQ added up inside the dK/dV kernel (no dQ kernel)
+  bool dkdv_ws = false;     // with dq_fused: flash_bwd_ws_kernel (BwdWsTraits) for MHA on aligned views, unless
+                            // the launcher asks for flash_bwd_dkdv_regs_kernel
   // backward dQ: rows x keys per step, warps, S warps along rows, dQ warps along rows
   int dq_m = 0, dq_n = 0, dq_warps = 0, dq_warps_ms = 0, dq_warps_mq = 0, dq_min_blocks = 1;
   bool dq_wgmma = false;
@@ -1850,11 +2101,13 @@ constexpr TileConfig tile_config(int dqk, int dv, bool v_in_k) {
     // MHA (explicit MLA / LAGA), every GEMM on wgmma. Forward: flash_fwd_ws_kernel (128 rows x 128 keys, two
     // consumer warpgroups and a load warp); or 128 rows x 64 keys, one warpgroup (two m64 tiles), P in
     // registers, FlashAttention-2 staging (88 KB: two blocks per SM). dK/dV: 128 keys (two
-    // warpgroups) x 64-row steps, P^T and dS^T through shared memory (194 KB). dQ: 128 rows x 64 keys.
+    // warpgroups) x 64-row steps, P^T and dS^T through shared memory (194 KB); for MHA on aligned views the
+    // warp-specialised flash_bwd_ws_kernel (the same steps, a loading warpgroup and a dQ warp). dQ: 128 rows x
+    // 64 keys.
     c = {.supported = true, .fwd_m = 128, .fwd_n = 64, .fwd_warps = 4, .fwd_warps_ms = 4, .fwd_warps_mo = 4,
          .fwd_pipe = Pipe::split, .fwd_min_blocks = 2, .fwd_s_wgmma = true, .fwd_o_wgmma = true, .fwd_ws = true,
          .dkdv_regs = true, .dkdv_n = 128, .dkdv_m = 64, .dkdv_warps = 8, .dkdv_warps_ns = 8, .dkdv_min_blocks = 1,
-         .dkdv_wgmma = true, .dq_fused = true,
+         .dkdv_wgmma = true, .dq_fused = true, .dkdv_ws = true,
          .dq_m = 128, .dq_n = 64, .dq_warps = 8, .dq_warps_ms = 8, .dq_warps_mq = 8, .dq_min_blocks = 1,
          .dq_wgmma = true};
   } else if (dqk == 576 && dv == 512) {
@@ -1892,6 +2145,7 @@ struct Kernels {
   // The same dK/dV kernel with dQ added up inside it (when c.dq_fused; the separate dQ kernel otherwise).
   using DkdvRegsFusedDq = BwdKvRegTraits<kDqk, kDv, c.dkdv_n, c.dkdv_m, c.dkdv_warps, kVInK, c.dkdv_min_blocks,
                                          c.dkdv_wgmma, c.dq_fused>;
+  using DkdvWs = BwdWsTraits<kDqk, kDv>;  // only instantiated when c.dkdv_ws
   using DkdvSmem = BwdKvSmemTraits<kDqk, kDv, c.dkdv_n, c.dkdv_m, c.dkdv_warps, c.dkdv_warps_ns, kVInK>;
   using Vk = BwdVkTraits<kDqk, kDv>;  // only instantiated when c.dkv_sum
   using Dq = BwdQTraits<kDqk, kDv, c.dq_m, c.dq_n, c.dq_warps, c.dq_warps_ms, c.dq_warps_mq, kVInK,

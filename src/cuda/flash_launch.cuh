@@ -14,6 +14,8 @@
 //                                                           576/512 with V inside K and dv_in_dk: flash_bwd_vk_kernel
 //   int row_splits()                                        576/512 dK/dV row splits: 0 chooses (dkdv_row_splits)
 //   bool warp_specialized_forward()                         192/128: flash_fwd_ws_kernel, else flash_fwd_kernel
+//   bool warp_specialized_backward()                        192/128 with fused dQ, MHA, aligned views:
+//                                                           flash_bwd_ws_kernel, else flash_bwd_dkdv_regs_kernel
 #pragma once
 
 #include <algorithm>
@@ -134,10 +136,10 @@ DqTiles dq_tiles(L& launcher, const AttentionFwdParams& p, i64 rows) {
   if (tiles > 0) launcher.zero(t.count, sizeof(unsigned) * std::size_t(tiles));
   return t;
 }
-// kRowsLayout: the tiles of flash_bwd_vk_kernel (see flash_bwd_dq_convert_kernel).
-template <int kDqk, bool kAligned, bool kRowsLayout, class L>
+// kLayout: which kernel's tiles (see flash_bwd_dq_convert_kernel).
+template <int kDqk, bool kAligned, DqLayout kLayout, class L>
 void dq_from_tiles(L& launcher, const AttentionBwdParams& p, const DqTiles& t) {
-  launch_nonempty(launcher, flash_bwd_dq_convert_kernel<kDqk, kAligned, kRowsLayout>, "flash_bwd_dq_convert_kernel", t.tiles,
+  launch_nonempty(launcher, flash_bwd_dq_convert_kernel<kDqk, kAligned, kLayout>, "flash_bwd_dq_convert_kernel", t.tiles,
                   256, sizeof(float) * std::size_t(kDqTileRows) * kDqk, p, static_cast<const float*>(t.accum),
                   static_cast<const unsigned*>(t.count));
 }
@@ -186,12 +188,23 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
           flash_grid(key_blocks * r.splits, p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count,
           r.splits, r.partial);
       reduce_splits<Tr::kDqk, 0, kAligned>(launcher, p, r);
-      dq_from_tiles<Tr::kDqk, kAligned, true>(launcher, p, dq);
+      dq_from_tiles<Tr::kDqk, kAligned, DqLayout::rows>(launcher, p, dq);
       return;
     }
   }
   LAGA_REQUIRE(!p.dv_in_dk, "attention: dv_in_dk reached a tensor-core backward without the summed dK/dV kernel");
   if constexpr (c.dq_fused) {
+    if constexpr (c.dkdv_ws && kAligned) {
+      if (launcher.fused_dq() && launcher.warp_specialized_backward() && group == 1) {
+        using Tr = typename K::DkdvWs;
+        const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
+        launch_nonempty(launcher, flash_bwd_ws_kernel<Tr>, "flash_bwd_ws_kernel",
+            flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta,
+            dq.accum, dq.count);
+        dq_from_tiles<Tr::kDqk, kAligned, DqLayout::ws>(launcher, p, dq);
+        return;
+      }
+    }
     if (launcher.fused_dq()) {
       // dQ added up by the dK/dV kernel into fp32 tiles, then scaled into dq.
       using Tr = typename K::DkdvRegsFusedDq;
@@ -199,7 +212,7 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
       launch_nonempty(launcher, flash_bwd_dkdv_regs_kernel<Tr, kAligned>, "flash_bwd_dkdv_regs_kernel (fused dQ)",
           flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta,
           dq.accum, dq.count);
-      dq_from_tiles<Tr::kDqk, kAligned, false>(launcher, p, dq);
+      dq_from_tiles<Tr::kDqk, kAligned, DqLayout::fused>(launcher, p, dq);
       return;
     }
   }

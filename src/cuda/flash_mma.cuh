@@ -589,6 +589,43 @@ __device__ __forceinline__ void cp_async16_fill(void* dst, const void* src, bool
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0));
 }
 
+// 4 bytes from src when `valid`, else 4 zeros (src not read).
+__device__ __forceinline__ void cp_async4_fill(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+
+// ---------------------------------------------------------------- bulk copies from shared memory to global
+// One thread moves `bytes` (a multiple of 16; both addresses 16-byte aligned) of shared memory into global memory
+// by the bulk-copy engine, as a store or as an fp32 add in L2; the operations of a thread form groups
+// (bulk_commit) that it waits for: until their shared memory has been read (bulk_wait_read: the buffer may be
+// written again) or until their writes are done (bulk_wait).
+__device__ __forceinline__ void bulk_store(float* dst, const float* src, u32 bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(smem_u32(src)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, u32 bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_u32(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void st_shared_v4(float* p, float a, float b, float c, float d) {
+  *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// Orders this thread's global accesses through the generic proxy with those through the async proxy (the bulk
+// copies): after waiting for a bulk group, before the release that publishes its writes; after the acquire, before
+// the bulk operations that build on them.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
 __device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 // Whether p holds on any lane of the (full) warp.
 __device__ __forceinline__ bool warp_any(bool p) { return __any_sync(0xffffffffu, p); }

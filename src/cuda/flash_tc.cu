@@ -42,6 +42,7 @@ class StreamLauncher {
   bool fused_dq() const { return ctx_.flash_fused_dq; }
   int row_splits() const { return ctx_.flash_row_splits; }
   bool warp_specialized_forward() const { return ctx_.flash_ws_forward; }
+  bool warp_specialized_backward() const { return ctx_.flash_ws_backward; }
 
  private:
   Context& ctx_;

@@ -86,8 +86,9 @@ long count_outside_written(const std::vector<bf16>& b, const View& v) {
 // so a kernel that reads scratch nobody wrote fails.
 class EmuLauncher {
  public:
-  EmuLauncher(int multiprocessors, bool fused_dq, int row_splits, bool ws_forward = true)
-      : sms_(multiprocessors), fused_dq_(fused_dq), row_splits_(row_splits), ws_forward_(ws_forward) {}
+  EmuLauncher(int multiprocessors, bool fused_dq, int row_splits, bool ws_forward = true, bool ws_backward = true)
+      : sms_(multiprocessors), fused_dq_(fused_dq), row_splits_(row_splits), ws_forward_(ws_forward),
+        ws_backward_(ws_backward) {}
   template <class Kernel, class... Args>
   void launch(Kernel kernel, const char* name, i64 blocks, int threads, std::size_t smem, Args... args) {
     EMU_CHECK(blocks > 0 && blocks <= INT32_MAX, "%s: %ld blocks", name, long(blocks));
@@ -105,6 +106,7 @@ class EmuLauncher {
   bool fused_dq() const { return fused_dq_; }
   int row_splits() const { return row_splits_; }
   bool warp_specialized_forward() const { return ws_forward_; }
+  bool warp_specialized_backward() const { return ws_backward_; }
   std::vector<std::pair<std::string, i64>> launched;  // kernel names and blocks, in launch order
 
  private:
@@ -112,6 +114,7 @@ class EmuLauncher {
   bool fused_dq_;
   int row_splits_;
   bool ws_forward_;
+  bool ws_backward_;
   std::vector<float> scratch_[4];
 };
 
@@ -123,8 +126,9 @@ std::vector<std::pair<std::string, i64>> run_fwd(const AttentionFwdParams& p, bo
   forward(launcher, p);
   return launcher.launched;
 }
-std::vector<std::pair<std::string, i64>> run_bwd(const AttentionBwdParams& p, bool fused_dq, int row_splits) {
-  EmuLauncher launcher(kMultiprocessors, fused_dq, row_splits);
+std::vector<std::pair<std::string, i64>> run_bwd(const AttentionBwdParams& p, bool fused_dq, int row_splits,
+                                                 bool ws_backward = true) {
+  EmuLauncher launcher(kMultiprocessors, fused_dq, row_splits, true, ws_backward);
   backward(launcher, p);
   return launcher.launched;
 }
@@ -174,18 +178,35 @@ bool run_case(const Case& c) {
   const char* fwd_kernel =
       tc.fwd_o_split ? "flash_fwd_split_kernel" : tc.fwd_ws ? "flash_fwd_ws_kernel" : "flash_fwd_kernel";
   wrong_fwd += fwd_launched.size() != 1 || fwd_launched[0].first != fwd_kernel;
-  // 192/128: the separate dQ kernel first (its dq kept), then the fused dQ into poisoned outputs; dK and dV
-  // must be the same bits both ways.
+  // 192/128: the separate dQ kernel first (its dq kept), then (MHA on aligned views) the fused dQ without warp
+  // specialisation (its dq kept), then the default into poisoned outputs; dK and dV must be the same bits every
+  // way.
   const bool both = tile_config(int(c.dqk), int(c.dv), c.v_in_k).dq_fused;
+  const bool ws_bwd = both && tile_config(int(c.dqk), int(c.dv), c.v_in_k).dkdv_ws && aligned && group == 1;
   const int fixed = c.fixed_splits ? c.splits : 0;
-  std::vector<bf16> dq_sep, dk_sep, dv_sep;
+  std::vector<bf16> dq_sep, dk_sep, dv_sep, dq_regs, dk_regs, dv_regs;
+  const bf16 nan = float_to_bf16(kNan);
+  auto poison = [&] {
+    std::fill(dq.begin(), dq.end(), nan), std::fill(dk.begin(), dk.end(), nan), std::fill(dv.begin(), dv.end(), nan);
+  };
   if (both) {
     run_bwd(p, false, fixed);
     dq_sep = dq, dk_sep = dk, dv_sep = dv;
-    const bf16 nan = float_to_bf16(kNan);
-    std::fill(dq.begin(), dq.end(), nan), std::fill(dk.begin(), dk.end(), nan), std::fill(dv.begin(), dv.end(), nan);
+    poison();
+  }
+  long wrong_bwd = 0;
+  if (ws_bwd) {
+    const auto regs_launched = run_bwd(p, true, fixed, false);
+    for (const auto& kv : regs_launched) wrong_bwd += kv.first == "flash_bwd_ws_kernel";
+    dq_regs = dq, dk_regs = dk, dv_regs = dv;
+    poison();
   }
   const std::vector<std::pair<std::string, i64>> launched = run_bwd(p, true, fixed);
+  if (both) {
+    bool ws_ran = false;
+    for (const auto& kv : launched) ws_ran = ws_ran || kv.first == "flash_bwd_ws_kernel";
+    wrong_bwd += ws_ran != ws_bwd;
+  }
   // 576/512: the dK/dV kernel over key blocks x the row splits the case expects, then their reduction.
   long wrong_splits = 0;
   if (c.dv_in_dk) {  // the summed kernel (and its split reduction) between delta and the dQ copy
@@ -211,9 +232,13 @@ bool run_case(const Case& c) {
     for (std::size_t i = 0; i < dk.size(); ++i) dkdv_bits_differ += std::memcmp(&dk[i], &dk_sep[i], sizeof(bf16)) != 0;
   if (both)
     for (std::size_t i = 0; i < dv.size(); ++i) dkdv_bits_differ += std::memcmp(&dv[i], &dv_sep[i], sizeof(bf16)) != 0;
+  if (ws_bwd) {
+    for (std::size_t i = 0; i < dk.size(); ++i) dkdv_bits_differ += std::memcmp(&dk[i], &dk_regs[i], sizeof(bf16)) != 0;
+    for (std::size_t i = 0; i < dv.size(); ++i) dkdv_bits_differ += std::memcmp(&dv[i], &dv_regs[i], sizeof(bf16)) != 0;
+  }
 
   // float64 reference (from the bf16 inputs; o for D from the GPU's rounded o like FlashAttention? no: exact)
-  Err eo, else_, edq, edk, edv, edq_sep, eo_old, else_old;
+  Err eo, else_, edq, edk, edv, edq_sep, edq_regs, eo_old, else_old;
   long bad_empty = 0;
   std::vector<double> rdk(std::size_t(c.batch * c.kv_heads * c.kv_len * c.dqk), 0.0), rdv(std::size_t(c.batch * c.kv_heads * c.kv_len * c.dv), 0.0);
   for (i64 b = 0; b < c.batch; ++b)
@@ -266,6 +291,7 @@ bool run_case(const Case& c) {
           for (i64 j = 0; j < vis; ++j) acc += dp[j] * get(k, kv, j, b, g, d);
           edq.add(bf16_to_float(dq[qv.idx(i, b, h, d)]), acc * p.scale);
           if (both) edq_sep.add(bf16_to_float(dq_sep[qv.idx(i, b, h, d)]), acc * p.scale);
+          if (ws_bwd) edq_regs.add(bf16_to_float(dq_regs[qv.idx(i, b, h, d)]), acc * p.scale);
         }
         for (i64 j = 0; j < vis; ++j) {
           for (i64 d = 0; d < c.dqk; ++d) rdk[std::size_t(((b * c.kv_heads + g) * c.kv_len + j) * c.dqk + d)] += p.scale * dp[j] * get(q, qv, i, b, h, d);
@@ -288,9 +314,9 @@ bool run_case(const Case& c) {
   const long out_o = count_outside_written(o, ov) + (tc.fwd_ws ? count_outside_written(o_old, ov) : 0), out_dq = count_outside_written(dq, qv), out_dk = count_outside_written(dk, kv),
              out_dv = count_outside_written(dv, dvv) + untouched_dv;
   const double tol = 1e-2;
-  const long out_sep = both ? count_outside_written(dq_sep, qv) : 0;
+  const long out_sep = (both ? count_outside_written(dq_sep, qv) : 0) + (ws_bwd ? count_outside_written(dq_regs, qv) : 0);
   const bool ok = eo.rel() <= tol && edq.rel() <= tol && edk.rel() <= tol && (c.dv_in_dk || edv.rel() <= tol) && (else_.den == 0 || else_.rel() <= 1e-5) &&
-                  bad_empty == 0 && out_o + out_dq + out_dk + out_dv + out_sep == 0 && (!both || edq_sep.rel() <= tol) &&
+                  bad_empty == 0 && out_o + out_dq + out_dk + out_dv + out_sep == 0 && (!both || edq_sep.rel() <= tol) && (!ws_bwd || edq_regs.rel() <= tol) && wrong_bwd == 0 &&
                   dkdv_bits_differ == 0 && wrong_splits == 0 && wrong_fwd == 0 &&
                   (!tc.fwd_ws || (eo_old.rel() <= tol && (else_old.den == 0 || else_old.rel() <= 1e-5)));
   std::printf("%-34s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e | bad_empty %ld outside %ld %ld %ld %ld | %s\n", c.name, eo.rel(),
@@ -298,6 +324,11 @@ bool run_case(const Case& c) {
   if (both)
     std::printf("%-34s separate dQ kernel: dq %.2e outside %ld; dK/dV elements whose bits differ from the fused run: %ld\n", "",
                 edq_sep.rel(), out_sep, dkdv_bits_differ);
+  if (ws_bwd)
+    std::printf("%-34s warp-specialised backward (flash_bwd_ws_kernel) %s; without it: dq %.2e\n", "",
+                wrong_bwd ? "NOT launched as expected" : "launched", edq_regs.rel());
+  else if (wrong_bwd)
+    std::printf("%-34s flash_bwd_ws_kernel launched where it does not apply\n", "");
   if (tc.fwd_ws)
     std::printf("%-34s single-warpgroup forward (flash_fwd_kernel): o %.2e lse %.2e\n", "", eo_old.rel(),
                 else_old.den ? else_old.rel() : 0.0);

@@ -538,6 +538,50 @@ TEST_P(CudaAttentionWsForward, BothKernelsMatchFloat64AndRepeatBitwise) {
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionWsForward, ::testing::ValuesIn(cases_192_128()),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
+// The 192/128 tensor-core backward with fused dQ on both kernels (cuda_set_flash_ws_backward): the warp-specialised
+// one (the default; MHA on aligned views) and flash_bwd_dkdv_regs_kernel, each against float64 and bitwise on
+// rerun (dQ's bulk additions keep the key blocks' order); dK and dV the same bits both ways, dQ of the two within
+// float rounding of each other (reported).
+class CudaAttentionWsBackward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaAttentionWsBackward, BothKernelsMatchFloat64AndRepeatBitwise) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  Problem pr(GetParam(), AttentionKernel::Fused, DType::BF16, be, rng);
+  pr.forward();
+  auto raw = [&](const Mirror& m) { return raw_bytes(*be.gpu, m.dev); };
+  std::vector<std::uint8_t> dk_of[2], dv_of[2];
+  std::vector<double> dq_of[2];
+  for (const bool ws : {false, true}) {
+    SCOPED_TRACE(ws ? "warp-specialised backward" : "flash_bwd_dkdv_regs_kernel");
+    cuda_set_flash_ws_backward(*be.gpu, ws);
+    for (Mirror* m : {&pr.dq, &pr.dk, &pr.dv}) m->poison(*be.gpu);
+    if (ws)
+      be.gpu->attention_backward(pr.params(true));
+    else
+      pr.backward(rng);
+    pr.check_backward();
+    const auto dq_bytes = raw(pr.dq);
+    dk_of[ws] = raw(pr.dk), dv_of[ws] = raw(pr.dv);
+    be.gpu->attention_backward(pr.params(true));
+    EXPECT_EQ(raw(pr.dq), dq_bytes) << "dq differs on rerun";
+    EXPECT_EQ(raw(pr.dk), dk_of[ws]) << "dk differs on rerun";
+    EXPECT_EQ(raw(pr.dv), dv_of[ws]) << "dv differs on rerun";
+    dq_of[ws] = pr.dq.download(*be.gpu);
+  }
+  cuda_set_flash_ws_backward(*be.gpu, true);
+  EXPECT_EQ(dk_of[1], dk_of[0]) << "dK differs between the two kernels";
+  EXPECT_EQ(dv_of[1], dv_of[0]) << "dV differs between the two kernels";
+  double num = 0, den = 0;
+  const auto mask = pr.dqv.mask();
+  for (std::size_t i = 0; i < mask.size(); ++i)
+    if (mask[i]) num += (dq_of[1][i] - dq_of[0][i]) * (dq_of[1][i] - dq_of[0][i]), den += dq_of[0][i] * dq_of[0][i];
+  std::printf("GPUCHECK ws_backward %s dq_ws_vs_regs_rel=%.3e\n", GetParam().name, std::sqrt(num / std::max(den, 1e-300)));
+}
+INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionWsBackward, ::testing::ValuesIn(cases_192_128()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
 // V inside K with dv_in_dk: dk = dK + [dV, 0] (bf16 fused 576/512: flash_bwd_vk_kernel, one accumulator per key
 // and column; other paths: dV apart, then added), against the float64 dK and dV of the same inputs; dv is not
 // written, dq as without the flag; bitwise on rerun. With LAGA_CUDA_FLASH_DQ=separate semantics

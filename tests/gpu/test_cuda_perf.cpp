@@ -140,6 +140,15 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
     std::snprintf(name, sizeof(name), "%s_%s_fwd_%s", s.name, tag, was ? "single_warpgroup" : "warp_specialized");
     print(name, other, fwd_flops);
   }
+  // 192/128 tensor cores: the backward on the other fused-dQ kernel (warp-specialised or not), in the same process.
+  if (kernel == AttentionKernel::Fused && s.dqk == 192 && s.dv == 128 && s.kv_heads == s.heads) {
+    const bool was = cuda_flash_ws_backward(be);
+    cuda_set_flash_ws_backward(be, !was);
+    const double other = median_ms(be, [&] { be.attention_backward(p); }, reps);
+    cuda_set_flash_ws_backward(be, was);
+    std::snprintf(name, sizeof(name), "%s_%s_bwd_%s", s.name, tag, was ? "dkdv_regs" : "warp_specialized");
+    print(name, other, bwd_flops);
+  }
   // 192/128 tensor cores: the same backward with the separate dQ kernel, in the same process, for comparison;
   // 576/512 with V inside K: the row-split dK/dV kernel, the dQ kernel and dV added into dK.
   if (kernel == AttentionKernel::Fused && ((s.dqk == 192 && s.dv == 128) || s.v_in_k) && cuda_flash_fused_dq(be)) {

@@ -132,6 +132,7 @@ inline void check_smem(const void* p, int bytes, int align) {
 }  // namespace emu
 
 inline void __syncthreads() { emu::tl_block->bar->arrive_and_wait(); }
+inline void __syncwarp() { emu::tl_warp->bar.arrive_and_wait(); }
 
 namespace laga::cuda::flash {
 
@@ -262,6 +263,39 @@ inline void cp_async16_fill(void* dst, const void* src, bool valid) {
   else
     cp_async16_zero(dst, src);
 }
+inline void cp_async4_fill(void* dst, const void* src, bool valid) {
+  if (valid) {
+    cp_async4(dst, src);
+  } else {
+    emu::check_smem(dst, 4, 4);
+    static const char kZero[4] = {};
+    emu::tl_open->push_back({dst, kZero, 4});
+  }
+}
+// Bulk copies from shared memory: done at once (the waits are no-ops); the checks are the hardware's rules.
+inline void bulk_check(const float* dst, const float* src, u32 bytes) {
+  emu::check_smem(src, int(bytes), 16);
+  EMU_CHECK(bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(dst) % 16 == 0, "bulk copy of %u bytes to %p", bytes,
+            static_cast<const void*>(dst));
+}
+inline void bulk_store(float* dst, const float* src, u32 bytes) {
+  bulk_check(dst, src, bytes);
+  std::memcpy(dst, src, bytes);
+}
+inline void bulk_reduce_add(float* dst, const float* src, u32 bytes) {
+  bulk_check(dst, src, bytes);
+  for (u32 i = 0; i < bytes / 4; ++i) dst[i] += src[i];
+}
+inline void st_shared_v4(float* p, float a, float b, float c, float d) {
+  emu::check_smem(p, 16, 16);
+  p[0] = a, p[1] = b, p[2] = c, p[3] = d;
+}
+inline void bulk_commit() {}
+template <int kPending>
+inline void bulk_wait_read() {}
+template <int kPending>
+inline void bulk_wait() {}
+inline void fence_proxy_async_global() {}
 // ---------------------------------------------------------------- mbarriers and named barriers
 // The mbarrier's state lives in its 8 bytes of shared memory: arrivals still due, the count, the phase.
 struct EmuMbar {
