@@ -1184,16 +1184,15 @@ struct BwdWsTraits {
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockN = 128, kBlockM = 64;
   static constexpr int kConsumerThreads = 256, kLoadThreads = 64, kThreads = 384;
   // 168 a thread at launch; per register file 24 x 32 + 2 x 240 x 32 = 16128 of 16384.
-  static constexpr int kLoadRegs = 40, kMmaRegs = 232;
+  static constexpr int kLoadRegs = 24, kMmaRegs = 240;
   static constexpr int kKBytes = kBlockN * kDqk * 2, kVBytes = kBlockN * kDv * 2;
   static constexpr int kQBytes = kBlockM * kDqk * 2, kDoBytes = kBlockM * kDv * 2;
   static constexpr int kStageBytes = (kQBytes + kDoBytes + 2 * kBlockM * 4 + 1023) / 1024 * 1024;  // Q | dO | lse | D
-  static constexpr int kPtBytes = kBlockN * kBlockM * 2;        // P^T or dS^T, bf16 [keys][rows]
+  static constexpr int kPtBytes = kBlockN * kBlockM * 2;        // dS^T, bf16 [keys][rows]
   static constexpr int kDqSlabBytes = kBlockM / 2 * 64 * 4;     // a warpgroup's dQ^T slab: 64 columns x 32 rows
   static constexpr int kOffV = kKBytes;
   static constexpr int kOffStage = kOffV + kVBytes;            // stages 0, 1
-  static constexpr int kOffPt = kOffStage + 2 * kStageBytes;   // P^T
-  static constexpr int kOffDst = kOffPt + kPtBytes;            // dS^T, buffers 0, 1
+  static constexpr int kOffDst = kOffStage + 2 * kStageBytes;  // dS^T, buffers 0, 1
   static constexpr int kOffDq = kOffDst + 2 * kPtBytes;        // dQ^T slabs of warpgroups 0, 1
   static constexpr int kOffBar = kOffDq + 2 * kDqSlabBytes;    // mbarriers: K/V full, stage full x2, stage free x2
   static constexpr int kSmemBytes = kOffBar + 5 * 8;
@@ -1201,7 +1200,7 @@ struct BwdWsTraits {
   // read by the bulk reduction (each over the warpgroup and the dQ warp).
   static constexpr int kBarDs = 1, kBarDqFull = 2, kBarDqFree = 4, kDqBarThreads = 128 + 32;
   static_assert(kDqk == 192 && kDv == 128, "three dQ^T slabs interleaved with dV and dK, as the fused kernel");
-  static_assert(kOffStage % 1024 == 0 && kStageBytes % 1024 == 0 && kOffPt % 1024 == 0 && kOffDst % 1024 == 0 &&
+  static_assert(kOffStage % 1024 == 0 && kStageBytes % 1024 == 0 && kOffDst % 1024 == 0 &&
                     kQBytes % 1024 == 0,
                 "1024-aligned wgmma tiles");
   static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "warp-specialised backward tiles exceed shared memory");
@@ -1218,7 +1217,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto s_do = [&](int st) { return s_q(st) + kBM * kDqk; };
   auto s_lse = [&](int st) { return reinterpret_cast<float*>(s_do(st) + kBM * kDv); };
   auto s_dd = [&](int st) { return s_lse(st) + kBM; };
-  bf16* s_pt = reinterpret_cast<bf16*>(smem + Tr::kOffPt);
   auto s_dst = [&](int buf) { return reinterpret_cast<bf16*>(smem + Tr::kOffDst + buf * Tr::kPtBytes); };
   auto s_dq = [&](int wg) { return reinterpret_cast<float*>(smem + Tr::kOffDq + wg * Tr::kDqSlabBytes); };
   std::uint64_t* bar = reinterpret_cast<std::uint64_t*>(smem + Tr::kOffBar);
@@ -1344,59 +1342,59 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const float* sdd = s_dd(st);
     bf16* sdst = s_dst(t & 1);
 
-    // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e) (bf16, into shared memory); dP^T = V dO^T;
-    // dS^T = P^T (dP^T - D) (bf16, into this step's dS^T buffer).
-    float pt[1][kBM / 8][4], ds[1][kBM / 8][4];
+    // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e), bf16 in registers as the A operand of dV += P^T dO;
+    // dP^T = V dO^T; dS^T = P^T (dP^T - D), bf16 in registers as the A operand of dK += dS^T Q and into this
+    // step's dS^T buffer for dQ. dV and dK are issued before the warpgroups meet, so that the wait for the other
+    // half of dS^T runs under them.
+    float pt[1][kBM / 8][4];
     warpgroup_mma_nt_async<1, kBM, kDqk, kBN>(pt, s_k, m0, sq);
     warpgroup_wait<0>(pt);
     recompute_pt<kBN>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
-    u32 ph[kBM / 8][2];
-#pragma unroll
-    for (int nt = 0; nt < kBM / 8; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        ph[nt][h] = pack_bf16(pt[0][nt][2 * h], pt[0][nt][2 * h + 1]);
-        *reinterpret_cast<u32*>(s_pt + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) = ph[nt][h];
-      }
-    warpgroup_mma_nt<1, kBM, kDv, kBN>(ds, s_v, m0, sdo);
+    u32 pa[1][kBM / 16][4];
+    acc_to_a(pa, pt);
+    warpgroup_mma_rs_tb_async<1, kDv, kBM / 16, kBM>(acc_dv, pa, sdo);
+    float ds[1][kBM / 8][4];
+    warpgroup_mma_nt_async<1, kBM, kDv, kBN>(ds, s_v, m0, sdo);
+    warpgroup_wait<0>(ds);  // dV (issued first) and dP^T done
+    u32 dsa[1][kBM / 16][4];
 #pragma unroll
     for (int nt = 0; nt < kBM / 8; ++nt) {
       const float d0 = sdd[nt * 8 + 2 * tig], d1 = sdd[nt * 8 + 2 * tig + 1];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<u32*>(sdst + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) =
-            pack_bf16(lo_bf16(ph[nt][h]) * (ds[0][nt][2 * h] - d0), hi_bf16(ph[nt][h]) * (ds[0][nt][2 * h + 1] - d1));
+      for (int h = 0; h < 2; ++h) {
+        const u32 ph = pa[0][nt / 2][(nt % 2) * 2 + h];  // P^T of rows gid + 8 h, columns nt * 8 + 2 tig (+ 1)
+        const u32 v = pack_bf16(lo_bf16(ph) * (ds[0][nt][2 * h] - d0), hi_bf16(ph) * (ds[0][nt][2 * h + 1] - d1));
+        dsa[0][nt / 2][(nt % 2) * 2 + h] = v;
+        *reinterpret_cast<u32*>(sdst + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) = v;
+      }
     }
+    warpgroup_mma_rs_tb_async<1, kDqk, kBM / 16, kBM>(acc_dk, dsa, sq);
     fence_proxy_async();
-    named_bar_sync(Tr::kBarDs, Tr::kConsumerThreads);  // both warpgroups' P^T and dS^T rows are in
+    named_bar_sync(Tr::kBarDs, Tr::kConsumerThreads);  // both warpgroups' dS^T rows are in
 
-    // dQ^T (d_qk x 32 rows per warpgroup) = K^T dS^T a 64-column slab at a time, interleaved with dV and dK;
-    // each slab to shared memory for the dQ warp.
-    float acc_dq[4][4];
-    auto store_slab = [&] {
+    // dQ^T (d_qk x 32 rows per warpgroup) = K^T dS^T a 64-column slab at a time (two accumulators in turn), each
+    // slab to shared memory for the dQ warp while the next one runs.
+    float acc_dq[2][4][4];
+    auto store_slab = [&](const float (&acc)[4][4]) {
       named_bar_sync(Tr::kBarDqFree + wg, Tr::kDqBarThreads);
       float* d = s_dq(wg) + wtid * 4;
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-        st_shared_v4(d + nt * 128 * 4, acc_dq[nt][0], acc_dq[nt][1], acc_dq[nt][2], acc_dq[nt][3]);
+      for (int nt = 0; nt < 4; ++nt) st_shared_v4(d + nt * 128 * 4, acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
       fence_proxy_async();  // the bulk reduction (async proxy) reads what these stores wrote
       named_bar_arrive(Tr::kBarDqFull + wg, Tr::kDqBarThreads);
     };
     const bf16* s_dst_wg = sdst + 32 * wg;
-    warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq, s_k, 0, s_dst_wg);
-    warpgroup_mma_ss_tb_async<1, kDv, kBM / 16, kBN, kBM>(acc_dv, s_pt, m0, sdo);
-    warpgroup_wait<1>(acc_dq);  // slab 0 done; dV in flight
-    store_slab();
-    warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq, s_k, 1, s_dst_wg);
-    warpgroup_wait<1>(acc_dv);  // dV done; slab 1 in flight
-    warpgroup_mma_ss_tb_async<1, kDqk, kBM / 16, kBN, kBM>(acc_dk, sdst, m0, sq);
-    warpgroup_wait<1>(acc_dq);  // slab 1 done; dK in flight
-    store_slab();
-    warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq, s_k, 2, s_dst_wg);
-    warpgroup_wait<0>(acc_dq);  // dK and slab 2 done: this stage's Q and dO are read
+    warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[0], s_k, 0, s_dst_wg);
+    warpgroup_wait<0>(acc_dq[0]);  // dK and slab 0 done: this stage's Q and dO are read
     reg_fence_all(acc_dk);
     mbar_arrive(stage_free + st);
-    store_slab();
+    warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[1], s_k, 1, s_dst_wg);
+    store_slab(acc_dq[0]);
+    warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[0], s_k, 2, s_dst_wg);
+    warpgroup_wait<1>(acc_dq[1]);
+    store_slab(acc_dq[1]);
+    warpgroup_wait<0>(acc_dq[0]);
+    store_slab(acc_dq[0]);
   }
   store_dkdv<true>(p, b, g, key0 + wk0, 0, 0, acc_dk, acc_dv, gid, tig);
 }
