@@ -1193,12 +1193,12 @@ struct BwdWsTraits {
   static constexpr int kOffV = kKBytes;
   static constexpr int kOffStage = kOffV + kVBytes;            // stages 0, 1
   static constexpr int kOffDst = kOffStage + 2 * kStageBytes;  // dS^T, buffers 0, 1
-  static constexpr int kOffDq = kOffDst + 2 * kPtBytes;        // dQ^T slabs of warpgroups 0, 1
-  static constexpr int kOffBar = kOffDq + 2 * kDqSlabBytes;    // mbarriers: K/V full, stage full x2, stage free x2
+  static constexpr int kOffDq = kOffDst + 2 * kPtBytes;        // dQ^T slabs: warpgroups 0, 1 x buffers 0, 1
+  static constexpr int kOffBar = kOffDq + 4 * kDqSlabBytes;    // mbarriers: K/V full, stage full x2, stage free x2
   static constexpr int kSmemBytes = kOffBar + 5 * 8;
-  // Named barriers: 1 both halves of dS^T written; 2 + wg a dQ^T slab of warpgroup wg stored; 4 + wg its buffer
-  // read by the bulk reduction (each over the warpgroup and the dQ warp).
-  static constexpr int kBarDs = 1, kBarDqFull = 2, kBarDqFree = 4, kDqBarThreads = 128 + 32;
+  // Named barriers: 1 both halves of dS^T written; 2 + 2 wg + buf a dQ^T slab of warpgroup wg stored in buffer
+  // buf; 6 + 2 wg + buf that buffer read by its bulk operation (each over the warpgroup and the dQ warp).
+  static constexpr int kBarDs = 1, kBarDqFull = 2, kBarDqFree = 6, kDqBarThreads = 128 + 32;
   static_assert(kDqk == 192 && kDv == 128, "three dQ^T slabs interleaved with dV and dK, as the fused kernel");
   static_assert(kOffStage % 1024 == 0 && kStageBytes % 1024 == 0 && kOffDst % 1024 == 0 &&
                     kQBytes % 1024 == 0,
@@ -1218,7 +1218,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto s_lse = [&](int st) { return reinterpret_cast<float*>(s_do(st) + kBM * kDv); };
   auto s_dd = [&](int st) { return s_lse(st) + kBM; };
   auto s_dst = [&](int buf) { return reinterpret_cast<bf16*>(smem + Tr::kOffDst + buf * Tr::kPtBytes); };
-  auto s_dq = [&](int wg) { return reinterpret_cast<float*>(smem + Tr::kOffDq + wg * Tr::kDqSlabBytes); };
+  auto s_dq = [&](int wg, int buf) {
+    return reinterpret_cast<float*>(smem + Tr::kOffDq + (2 * wg + buf) * Tr::kDqSlabBytes);
+  };
   std::uint64_t* bar = reinterpret_cast<std::uint64_t*>(smem + Tr::kOffBar);
   std::uint64_t* kv_full = bar;
   std::uint64_t* stage_full = bar + 1;  // [2]
@@ -1281,12 +1283,21 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       cp_async_wait<0>();
     } else if (ltid < Tr::kLoadThreads + 32) {
       // dQ: per step, wait for the row tile's counter, then each warpgroup's three slabs as they come, by one
-      // bulk operation each (a store for key block 0, an add after it); the buffer goes back once read.
+      // bulk operation each (a store for key block 0, an add after it). Slab n of the block (3 t + s) is in
+      // buffer n % 2 of its warpgroup; a buffer goes back once its bulk operation has read it (slab n's
+      // buffers when slab n + 1 is issued, the step's last at the step's end), except where no slab follows
+      // to use it, so that arrivals and syncs pair up.
       float* tiles = dq_accum + tile_base * (kBM * kDqk);
       constexpr u32 kSlab = Tr::kDqSlabBytes;
       constexpr int kSlabFloats = Tr::kDqSlabBytes / 4;
-      named_bar_arrive(Tr::kBarDqFree, Tr::kDqBarThreads);  // both buffers start empty
-      named_bar_arrive(Tr::kBarDqFree + 1, Tr::kDqBarThreads);
+      const int n_slabs = 3 * n_tiles;
+      auto give_back = [&](int n) {  // slab n's two buffers, once read
+        __syncwarp();
+        if (n + 2 < n_slabs)
+          for (int h = 0; h < 2; ++h) named_bar_arrive(Tr::kBarDqFree + 2 * h + (n & 1), Tr::kDqBarThreads);
+      };
+      for (int h = 0; h < 2; ++h)
+        for (int buf = 0; buf < 2; ++buf) named_bar_arrive(Tr::kBarDqFree + 2 * h + buf, Tr::kDqBarThreads);
       for (int t = 0; t < n_tiles; ++t) {
         const i64 tile = step_row0(t) / kBM;
         float* dst = tiles + tile * (kBM * kDqk);
@@ -1295,29 +1306,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           fence_proxy_async_global();
         }
         for (int s = 0; s < 3; ++s) {
+          const int n = 3 * t + s;
           for (int h = 0; h < 2; ++h) {
-            named_bar_sync(Tr::kBarDqFull + h, Tr::kDqBarThreads);
+            named_bar_sync(Tr::kBarDqFull + 2 * h + (n & 1), Tr::kDqBarThreads);
             if (lane == 0) {
               if (w.tile == 0)
-                bulk_store(dst + (s * 2 + h) * kSlabFloats, s_dq(h), kSlab);
+                bulk_store(dst + (s * 2 + h) * kSlabFloats, s_dq(h, n & 1), kSlab);
               else
-                bulk_reduce_add(dst + (s * 2 + h) * kSlabFloats, s_dq(h), kSlab);
+                bulk_reduce_add(dst + (s * 2 + h) * kSlabFloats, s_dq(h, n & 1), kSlab);
               bulk_commit();
             }
           }
-          const bool last = t == n_tiles - 1 && s == 2;  // no slab follows: arrivals and syncs pair up
-          if (lane == 0) bulk_wait_read<1>();
-          __syncwarp();
-          if (!last) named_bar_arrive(Tr::kBarDqFree, Tr::kDqBarThreads);
-          if (lane == 0) bulk_wait_read<0>();
-          __syncwarp();
-          if (!last) named_bar_arrive(Tr::kBarDqFree + 1, Tr::kDqBarThreads);
+          if (s > 0) {
+            if (lane == 0) bulk_wait_read<2>();  // slab n - 1's two groups (groups complete in order)
+            give_back(n - 1);
+          }
         }
         if (lane == 0) {
           bulk_wait<0>();  // the tile's six slabs are written
           fence_proxy_async_global();
           release_counter(dq_count + tile_base + tile);
         }
+        give_back(3 * t + 2);
       }
     }
     return;
@@ -1375,13 +1385,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // dQ^T (d_qk x 32 rows per warpgroup) = K^T dS^T a 64-column slab at a time (two accumulators in turn), each
     // slab to shared memory for the dQ warp while the next one runs.
     float acc_dq[2][4][4];
-    auto store_slab = [&](const float (&acc)[4][4]) {
-      named_bar_sync(Tr::kBarDqFree + wg, Tr::kDqBarThreads);
-      float* d = s_dq(wg) + wtid * 4;
+    auto store_slab = [&](const float (&acc)[4][4], int s) {  // slab 3 t + s, in buffer (3 t + s) % 2
+      const int buf = (3 * t + s) & 1;
+      named_bar_sync(Tr::kBarDqFree + 2 * wg + buf, Tr::kDqBarThreads);
+      float* d = s_dq(wg, buf) + wtid * 4;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) st_shared_v4(d + nt * 128 * 4, acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
       fence_proxy_async();  // the bulk reduction (async proxy) reads what these stores wrote
-      named_bar_arrive(Tr::kBarDqFull + wg, Tr::kDqBarThreads);
+      named_bar_arrive(Tr::kBarDqFull + 2 * wg + buf, Tr::kDqBarThreads);
     };
     const bf16* s_dst_wg = sdst + 32 * wg;
     warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[0], s_k, 0, s_dst_wg);
@@ -1389,12 +1400,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     reg_fence_all(acc_dk);
     mbar_arrive(stage_free + st);
     warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[1], s_k, 1, s_dst_wg);
-    store_slab(acc_dq[0]);
+    store_slab(acc_dq[0], 0);
     warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[0], s_k, 2, s_dst_wg);
     warpgroup_wait<1>(acc_dq[1]);
-    store_slab(acc_dq[1]);
+    store_slab(acc_dq[1], 1);
     warpgroup_wait<0>(acc_dq[0]);
-    store_slab(acc_dq[0]);
+    store_slab(acc_dq[0], 2);
   }
   store_dkdv<true>(p, b, g, key0 + wk0, 0, 0, acc_dk, acc_dv, gid, tig);
 }

@@ -469,6 +469,9 @@ void launch(K kernel, EmuDim3 grid, int threads, std::size_t smem_bytes, Args...
         }
         EMU_CHECK(blk.pending.empty(), "block %u: %zu cp.async arrivals at mbarriers nobody waited on", bx,
                   blk.pending.size());
+        for (int id = 1; id < 16; ++id)
+          EMU_CHECK(blk.named[id].arrived == 0, "block %u: named barrier %d left with %d arrivals nobody synced on", bx,
+                    id, blk.named[id].arrived);
       }
 }
 }  // namespace emu
