@@ -1356,15 +1356,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // dP^T = V dO^T; dS^T = P^T (dP^T - D), bf16 in registers as the A operand of dK += dS^T Q and into this
     // step's dS^T buffer for dQ. dV and dK are issued before the warpgroups meet, so that the wait for the other
     // half of dS^T runs under them.
-    float pt[1][kBM / 8][4], ds[1][kBM / 8][4];
+    float pt[1][kBM / 8][4];
     warpgroup_mma_nt_async<1, kBM, kDqk, kBN>(pt, s_k, m0, sq);
-    warpgroup_mma_nt_async<1, kBM, kDv, kBN>(ds, s_v, m0, sdo);  // dP^T runs under the softmax
-    warpgroup_wait<1>(pt);
+    warpgroup_wait<0>(pt);
     recompute_pt<kBN>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
     u32 pa[1][kBM / 16][4];
     acc_to_a(pa, pt);
     warpgroup_mma_rs_tb_async<1, kDv, kBM / 16, kBM>(acc_dv, pa, sdo);
-    warpgroup_wait<1>(ds);  // dP^T done; dV in flight
+    float ds[1][kBM / 8][4];
+    warpgroup_mma_nt_async<1, kBM, kDv, kBN>(ds, s_v, m0, sdo);
+    warpgroup_wait<0>(ds);  // dV (issued first) and dP^T done
     u32 dsa[1][kBM / 16][4];
 #pragma unroll
     for (int nt = 0; nt < kBM / 8; ++nt) {
