@@ -192,6 +192,10 @@ def train(args):
         # ("terminate called without an active exception", torch 2.11).
         dist.barrier()
         dist.destroy_process_group()
+        # The abort can still come at interpreter exit, from a gloo thread torn down with the process: the work and
+        # the output are done, so leave without running the C++ static destructors.
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(0)
 
 
 def plot(png, paths):
