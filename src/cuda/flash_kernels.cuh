@@ -105,6 +105,26 @@ struct RowTile {
   }
 };
 
+// The work of a block of the fused-dQ backward kernels (flash_bwd_dkdv_regs_kernel, flash_bwd_ws_kernel): kBN keys
+// of kv head g and batch entry b from key0 (key block `block`: the first keys are seen by the most rows), and
+// the n_tiles kBM-row tiles that see them, aligned to row 0 (the tiles of dq_accum), walked from the last one
+// down to the one holding the first row that sees key0: the diagonal, masked, tile comes last.
+template <int kBN, int kBM>
+struct KeyTile {
+  i64 block, key0, g, b, group, rows, row_tiles, tile_base;  // tile_base: this (batch, kv head)'s first dQ tile
+  RowMap rm;
+  int n_tiles;
+  __device__ __forceinline__ explicit KeyTile(const AttentionFwdParams& p)
+      : group(p.q_heads / p.kv_heads), rows(p.q_len * group), row_tiles(ceil_div(rows, kBM)), rm{u32(group)} {
+    const TileWork w = tile_work(ceil_div(p.kv_len, kBN), p.kv_heads, p.batch);
+    block = w.tile, key0 = w.tile * kBN, g = w.g, b = w.b;
+    tile_base = (b * p.kv_heads + g) * row_tiles;
+    const i64 r_first = imin(imax(key0 - p.q_offset, 0), p.q_len) * group;  // first row that sees key0
+    n_tiles = r_first < rows ? int(row_tiles - r_first / kBM) : 0;
+  }
+  __device__ __forceinline__ i64 step_row0(int t) const { return (row_tiles - 1 - t) * kBM; }
+};
+
 // kRows x kCols of a global view into a swizzled shared tile; src(r) is row r's first element, or null for
 // rows past the end (zero-filled). kAligned: rows start 16-byte aligned (cp.async); else 2-byte loads.
 // kSlab: the wgmma layout (swz_k64) instead of swz. tid: the thread's index among the kThreads that load.
@@ -960,17 +980,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   bf16* s_dst = s_pt + kBN * kBM;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
-  const TileWork w = tile_work(ceil_div(p.kv_len, kBN), p.kv_heads, p.batch);
-  const i64 key0 = w.tile * kBN, g = w.g, b = w.b;  // the first keys are seen by the most rows
-  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group;
-  const RowMap rm{u32(group)};
-  const i64 r_first = imin(imax(key0 - p.q_offset, 0), p.q_len) * group;  // first row that sees key0
-  // Steps walk the 64-row tiles (aligned to row 0, the tiles of dq_accum) from the last one down to the one
-  // holding r_first: the diagonal, masked, tile comes last.
-  const i64 row_tiles = ceil_div(rows, kBM);
-  const int n_tiles = r_first < rows ? int(row_tiles - r_first / kBM) : 0;
-  auto step_row0 = [&](int t) { return (row_tiles - 1 - t) * kBM; };
-  const i64 tile_base = (b * p.kv_heads + g) * row_tiles;  // this (batch, kv head)'s first dq_accum tile
+  const KeyTile<kBN, kBM> kt(p);
+  const auto& [block, key0, g, b, group, rows, row_tiles, tile_base, rm, n_tiles] = kt;
+  auto step_row0 = [&](int t) { return kt.step_row0(t); };
 
   const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
   const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
@@ -1064,7 +1076,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       }
       fence_proxy_async();
       if constexpr (Tr::kFuseDq)  // the key blocks before this one have added theirs to this row tile
-        if (tid == 0) wait_counter(dq_count + tile_base + r0 / kBM, unsigned(w.tile));
+        if (tid == 0) wait_counter(dq_count + tile_base + r0 / kBM, unsigned(block));
       __syncthreads();  // each warpgroup's P^T and dS^T rows are in (written by its four warps)
       if constexpr (Tr::kFuseDq) {
         // dQ^T (d_qk x 32 rows per warpgroup) = K^T dS^T, one 64-column slab of d at a time (16 accumulators
@@ -1077,7 +1089,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt) {
             const float* c = acc_dq[nt];
-            if (w.tile == 0)
+            if (block == 0)
               st_global_v4(dst + (mt * 4 + nt) * kThreads * 4, c[0], c[1], c[2], c[3]);
             else
               red_add_v4(dst + (mt * 4 + nt) * kThreads * 4, c[0], c[1], c[2], c[3]);
@@ -1228,15 +1240,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
   const int wg = warp >> 2;  // 0, 1: keys 64 wg..; 2: loads and dQ
-  const TileWork w = tile_work(ceil_div(p.kv_len, kBN), p.kv_heads, p.batch);
-  const i64 key0 = w.tile * kBN, g = w.g, b = w.b;
-  const i64 rows = p.q_len;  // MHA: a row is a query
-  const RowMap rm{1u};
-  const i64 r_first = imin(imax(key0 - p.q_offset, 0), p.q_len);  // first row that sees key0
-  const i64 row_tiles = ceil_div(rows, kBM);
-  const int n_tiles = r_first < rows ? int(row_tiles - r_first / kBM) : 0;
-  auto step_row0 = [&](int t) { return (row_tiles - 1 - t) * kBM; };
-  const i64 tile_base = (b * p.kv_heads + g) * row_tiles;
+  const KeyTile<kBN, kBM> kt(p);
+  const i64 block = kt.block, key0 = kt.key0, g = kt.g, b = kt.b, rows = kt.rows, tile_base = kt.tile_base;
+  const int n_tiles = kt.n_tiles;
+  const RowMap rm{1u};  // MHA (the launcher's rule): a row is a query, at compile time
+  auto step_row0 = [&](int t) { return kt.step_row0(t); };
 
   if (tid == 0) {
     mbar_init(kv_full, Tr::kLoadThreads);
@@ -1302,7 +1310,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const i64 tile = step_row0(t) / kBM;
         float* dst = tiles + tile * (kBM * kDqk);
         if (lane == 0) {
-          wait_counter(dq_count + tile_base + tile, unsigned(w.tile));
+          wait_counter(dq_count + tile_base + tile, unsigned(block));
           fence_proxy_async_global();
         }
         for (int s = 0; s < 3; ++s) {
@@ -1310,7 +1318,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           for (int h = 0; h < 2; ++h) {
             named_bar_sync(Tr::kBarDqFull + 2 * h + (n & 1), Tr::kDqBarThreads);
             if (lane == 0) {
-              if (w.tile == 0)
+              if (block == 0)
                 bulk_store(dst + (s * 2 + h) * kSlabFloats, s_dq(h, n & 1), kSlab);
               else
                 bulk_reduce_add(dst + (s * 2 + h) * kSlabFloats, s_dq(h, n & 1), kSlab);

@@ -181,8 +181,8 @@ bool run_case(const Case& c) {
   // 192/128: the separate dQ kernel first (its dq kept), then (MHA on aligned views) the fused dQ without warp
   // specialisation (its dq kept), then the default into poisoned outputs; dK and dV must be the same bits every
   // way.
-  const bool both = tile_config(int(c.dqk), int(c.dv), c.v_in_k).dq_fused;
-  const bool ws_bwd = both && tile_config(int(c.dqk), int(c.dv), c.v_in_k).dkdv_ws && aligned && group == 1;
+  const bool both = tc.dq_fused;
+  const bool ws_bwd = both && tc.dkdv_ws && aligned && group == 1;
   const int fixed = c.fixed_splits ? c.splits : 0;
   std::vector<bf16> dq_sep, dk_sep, dv_sep, dq_regs, dk_regs, dv_regs;
   const bf16 nan = float_to_bf16(kNan);
@@ -218,8 +218,8 @@ bool run_case(const Case& c) {
       reduced = reduced || name == "flash_bwd_dkdv_reduce_kernel";
     }
     wrong_splits = (vk != 1) + other + (reduced != (c.splits > 1));
-  } else if (!tile_config(int(c.dqk), int(c.dv), c.v_in_k).dkdv_regs) {
-    const i64 key_blocks = ceil_div(c.kv_len, tile_config(int(c.dqk), int(c.dv), c.v_in_k).dkdv_n);
+  } else if (!tc.dkdv_regs) {
+    const i64 key_blocks = ceil_div(c.kv_len, tc.dkdv_n);
     bool reduced = false;
     for (const auto& [name, blocks] : launched) {
       if (name == "flash_bwd_dkdv_smem_kernel") wrong_splits += blocks != key_blocks * c.splits * c.kv_heads * c.batch;
@@ -227,15 +227,14 @@ bool run_case(const Case& c) {
     }
     wrong_splits += reduced != (c.splits > 1);
   }
+  auto bits_differ = [](const std::vector<bf16>& a, const std::vector<bf16>& b) {  // elements whose bits differ
+    long n = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(bf16)) != 0;
+    return n;
+  };
   long dkdv_bits_differ = 0;
-  if (both)
-    for (std::size_t i = 0; i < dk.size(); ++i) dkdv_bits_differ += std::memcmp(&dk[i], &dk_sep[i], sizeof(bf16)) != 0;
-  if (both)
-    for (std::size_t i = 0; i < dv.size(); ++i) dkdv_bits_differ += std::memcmp(&dv[i], &dv_sep[i], sizeof(bf16)) != 0;
-  if (ws_bwd) {
-    for (std::size_t i = 0; i < dk.size(); ++i) dkdv_bits_differ += std::memcmp(&dk[i], &dk_regs[i], sizeof(bf16)) != 0;
-    for (std::size_t i = 0; i < dv.size(); ++i) dkdv_bits_differ += std::memcmp(&dv[i], &dv_regs[i], sizeof(bf16)) != 0;
-  }
+  if (both) dkdv_bits_differ += bits_differ(dk, dk_sep) + bits_differ(dv, dv_sep);
+  if (ws_bwd) dkdv_bits_differ += bits_differ(dk, dk_regs) + bits_differ(dv, dv_regs);
 
   // float64 reference (from the bf16 inputs; o for D from the GPU's rounded o like FlashAttention? no: exact)
   Err eo, else_, edq, edk, edv, edq_sep, edq_regs, eo_old, else_old;

@@ -463,6 +463,14 @@ TEST(CudaScratch, FusedBackwardUsesItsOwnSlots) {
   EXPECT_EQ(cuda_scratch_peak_bytes(gpu), 0u);
 }
 
+// The relative L2 difference of `got` from `ref` over the elements `mask` marks (a view's own elements).
+double masked_rel_diff(const std::vector<double>& got, const std::vector<double>& ref, const std::vector<char>& mask) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < mask.size(); ++i)
+    if (mask[i]) num += (got[i] - ref[i]) * (got[i] - ref[i]), den += ref[i] * ref[i];
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
 // The tensor-core 192/128 backward with dQ added up inside the dK/dV kernel (the default) and with the separate
 // dQ kernel, on the same inputs: dK and dV the same bits, dQ within the float64 tolerance both ways, and the
 // fused dQ tiles in their own scratch slot only when used.
@@ -490,11 +498,8 @@ TEST_P(CudaAttentionFusedDq, SameDkDvBitsAndDqWithinTolerance) {
   EXPECT_EQ(raw(pr.dv), dv_sep) << "dV differs between the fused and the separate dQ";
   EXPECT_GT(slot_peak(*be.gpu, "dq_accum"), 0u);
   const auto dq_fused = pr.dq.download(*be.gpu);
-  double num = 0, den = 0;
-  const auto mask = pr.dqv.mask();
-  for (std::size_t i = 0; i < mask.size(); ++i)
-    if (mask[i]) num += (dq_fused[i] - dq_sep[i]) * (dq_fused[i] - dq_sep[i]), den += dq_sep[i] * dq_sep[i];
-  std::printf("GPUCHECK fused_dq %s dq_fused_vs_separate_rel=%.3e\n", GetParam().name, std::sqrt(num / std::max(den, 1e-300)));
+  std::printf("GPUCHECK fused_dq %s dq_fused_vs_separate_rel=%.3e\n", GetParam().name,
+              masked_rel_diff(dq_fused, dq_sep, pr.dqv.mask()));
 }
 
 std::vector<Case> cases_192_128() {
@@ -529,11 +534,8 @@ TEST_P(CudaAttentionWsForward, BothKernelsMatchFloat64AndRepeatBitwise) {
     EXPECT_EQ(raw_bytes(*be.gpu, pr.lse.dev), lse_bytes) << "lse differs on rerun";
     o_of[ws] = pr.o.download(*be.gpu);
   }
-  double num = 0, den = 0;
-  const auto mask = pr.ov.mask();
-  for (std::size_t i = 0; i < mask.size(); ++i)
-    if (mask[i]) num += (o_of[1][i] - o_of[0][i]) * (o_of[1][i] - o_of[0][i]), den += o_of[0][i] * o_of[0][i];
-  std::printf("GPUCHECK ws_forward %s o_ws_vs_single_rel=%.3e\n", GetParam().name, std::sqrt(num / std::max(den, 1e-300)));
+  std::printf("GPUCHECK ws_forward %s o_ws_vs_single_rel=%.3e\n", GetParam().name,
+              masked_rel_diff(o_of[1], o_of[0], pr.ov.mask()));
 }
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionWsForward, ::testing::ValuesIn(cases_192_128()),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
@@ -573,11 +575,8 @@ TEST_P(CudaAttentionWsBackward, BothKernelsMatchFloat64AndRepeatBitwise) {
   cuda_set_flash_ws_backward(*be.gpu, true);
   EXPECT_EQ(dk_of[1], dk_of[0]) << "dK differs between the two kernels";
   EXPECT_EQ(dv_of[1], dv_of[0]) << "dV differs between the two kernels";
-  double num = 0, den = 0;
-  const auto mask = pr.dqv.mask();
-  for (std::size_t i = 0; i < mask.size(); ++i)
-    if (mask[i]) num += (dq_of[1][i] - dq_of[0][i]) * (dq_of[1][i] - dq_of[0][i]), den += dq_of[0][i] * dq_of[0][i];
-  std::printf("GPUCHECK ws_backward %s dq_ws_vs_regs_rel=%.3e\n", GetParam().name, std::sqrt(num / std::max(den, 1e-300)));
+  std::printf("GPUCHECK ws_backward %s dq_ws_vs_regs_rel=%.3e\n", GetParam().name,
+              masked_rel_diff(dq_of[1], dq_of[0], pr.dqv.mask()));
 }
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionWsBackward, ::testing::ValuesIn(cases_192_128()),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });

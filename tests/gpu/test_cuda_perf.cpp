@@ -131,23 +131,24 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
   print(name, fwd, fwd_flops);
   std::snprintf(name, sizeof(name), "%s_%s_bwd", s.name, tag);
   print(name, bwd, bwd_flops);
-  // 192/128 tensor cores: the forward on the single-warpgroup kernel, in the same process, for comparison.
+  // The pass timed again with a kernel switch flipped (get, set), then restored; named by the kernel it ran.
+  auto time_flipped = [&](bool (*get)(Backend&), void (*set)(Backend&, bool), auto pass, const char* what,
+                          const char* when_on, const char* when_off, double flops) {
+    const bool was = get(be);
+    set(be, !was);
+    const double other = median_ms(be, pass, reps);
+    set(be, was);
+    std::snprintf(name, sizeof(name), "%s_%s_%s_%s", s.name, tag, what, was ? when_off : when_on);
+    print(name, other, flops);
+  };
+  // 192/128 tensor cores: the forward on the other kernel (single-warpgroup or warp-specialised), and (MHA) the
+  // backward on the other fused-dQ kernel, in the same process, for comparison.
   if (kernel == AttentionKernel::Fused && s.dqk == 192 && s.dv == 128) {
-    const bool was = cuda_flash_ws_forward(be);
-    cuda_set_flash_ws_forward(be, !was);
-    const double other = median_ms(be, [&] { be.attention_forward(p); }, reps);
-    cuda_set_flash_ws_forward(be, was);
-    std::snprintf(name, sizeof(name), "%s_%s_fwd_%s", s.name, tag, was ? "single_warpgroup" : "warp_specialized");
-    print(name, other, fwd_flops);
-  }
-  // 192/128 tensor cores: the backward on the other fused-dQ kernel (warp-specialised or not), in the same process.
-  if (kernel == AttentionKernel::Fused && s.dqk == 192 && s.dv == 128 && s.kv_heads == s.heads) {
-    const bool was = cuda_flash_ws_backward(be);
-    cuda_set_flash_ws_backward(be, !was);
-    const double other = median_ms(be, [&] { be.attention_backward(p); }, reps);
-    cuda_set_flash_ws_backward(be, was);
-    std::snprintf(name, sizeof(name), "%s_%s_bwd_%s", s.name, tag, was ? "dkdv_regs" : "warp_specialized");
-    print(name, other, bwd_flops);
+    time_flipped(cuda_flash_ws_forward, cuda_set_flash_ws_forward, [&] { be.attention_forward(p); }, "fwd",
+                 "warp_specialized", "single_warpgroup", fwd_flops);
+    if (s.kv_heads == s.heads)
+      time_flipped(cuda_flash_ws_backward, cuda_set_flash_ws_backward, [&] { be.attention_backward(p); }, "bwd",
+                   "warp_specialized", "dkdv_regs", bwd_flops);
   }
   // 192/128 tensor cores: the same backward with the separate dQ kernel, in the same process, for comparison;
   // 576/512 with V inside K: the row-split dK/dV kernel, the dQ kernel and dV added into dK.
