@@ -1187,7 +1187,7 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
 // them); its third warp writes dQ: the computing warpgroups store each 64-column slab of dQ^T to shared
 // memory (registers free at once, where a 16-byte red held them until it had read them) and that warp adds
 // it to the fp32 row tile by one bulk reduction, in the key blocks' order (it waits for the tile's counter
-// before the step's first slab and releases it once the step's six slabs are written). The computing
+// before the step's first slab and releases it once the step's three slabs are written). The computing
 // warpgroups meet once a step, when both halves of dS^T are in shared memory (dQ^T reads all 128 keys); dS^T
 // has two buffers, so the next step's writes do not wait for the other warpgroup's dQ^T. Rows are queries
 // of one head (MHA) and the views 16-byte aligned; other problems take flash_bwd_dkdv_regs_kernel.
@@ -1231,7 +1231,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto s_dd = [&](int st) { return s_lse(st) + kBM; };
   auto s_dst = [&](int buf) { return reinterpret_cast<bf16*>(smem + Tr::kOffDst + buf * Tr::kPtBytes); };
   auto s_dq = [&](int wg, int buf) {
-    return reinterpret_cast<float*>(smem + Tr::kOffDq + (2 * wg + buf) * Tr::kDqSlabBytes);
+    return reinterpret_cast<float*>(smem + Tr::kOffDq + (2 * buf + wg) * Tr::kDqSlabBytes);
   };
   std::uint64_t* bar = reinterpret_cast<std::uint64_t*>(smem + Tr::kOffBar);
   std::uint64_t* kv_full = bar;
@@ -1290,11 +1290,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       cp_async_wait<0>();
     } else if (ltid < Tr::kLoadThreads + 32) {
-      // dQ: per step, wait for the row tile's counter, then each warpgroup's three slabs as they come, by one
-      // bulk operation each (a store for key block 0, an add after it). Slab n of the block (3 t + s) is in
-      // buffer n % 2 of its warpgroup; a buffer goes back once its bulk operation has read it (slab n's
-      // buffers when slab n + 1 is issued, the step's last at the step's end), except where no slab follows
-      // to use it, so that arrivals and syncs pair up.
+      // dQ: per step, wait for the row tile's counter, then the three slabs as both warpgroups' halves come, by
+      // one bulk operation each (a store for key block 0, an add after it). Slab n of the block (3 t + s) is in
+      // buffer n % 2 (the two halves adjacent); a buffer goes back once its bulk operation has read it (slab n's
+      // when slab n + 1 is issued, the step's last at the step's end), except where no slab follows to use it,
+      // so that arrivals and syncs pair up.
       float* tiles = dq_accum + tile_base * (kBM * kDqk);
       constexpr u32 kSlab = Tr::kDqSlabBytes;
       constexpr int kSlabFloats = Tr::kDqSlabBytes / 4;
@@ -1315,23 +1315,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         }
         for (int s = 0; s < 3; ++s) {
           const int n = 3 * t + s;
-          for (int h = 0; h < 2; ++h) {
-            named_bar_sync(Tr::kBarDqFull + 2 * h + (n & 1), Tr::kDqBarThreads);
-            if (lane == 0) {
-              if (block == 0)
-                bulk_store(dst + (s * 2 + h) * kSlabFloats, s_dq(h, n & 1), kSlab);
-              else
-                bulk_reduce_add(dst + (s * 2 + h) * kSlabFloats, s_dq(h, n & 1), kSlab);
-              bulk_commit();
-            }
+          // Both warpgroups' halves of the slab are adjacent, in shared memory as in the tile: one operation.
+          for (int h = 0; h < 2; ++h) named_bar_sync(Tr::kBarDqFull + 2 * h + (n & 1), Tr::kDqBarThreads);
+          if (lane == 0) {
+            if (block == 0)
+              bulk_store(dst + s * 2 * kSlabFloats, s_dq(0, n & 1), 2 * kSlab);
+            else
+              bulk_reduce_add(dst + s * 2 * kSlabFloats, s_dq(0, n & 1), 2 * kSlab);
+            bulk_commit();
           }
           if (s > 0) {
-            if (lane == 0) bulk_wait_read<2>();  // slab n - 1's two groups (groups complete in order)
+            if (lane == 0) bulk_wait_read<1>();  // slab n - 1's group (groups complete in order)
             give_back(n - 1);
           }
         }
         if (lane == 0) {
-          bulk_wait<0>();  // the tile's six slabs are written
+          bulk_wait<0>();  // the tile's three slabs are written
           fence_proxy_async_global();
           release_counter(dq_count + tile_base + tile);
         }
