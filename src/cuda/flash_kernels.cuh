@@ -854,13 +854,13 @@ template <int kBN, int kMT, int kNT>
 __device__ __forceinline__ void recompute_pt(float (&pt)[kMT][kNT][4], const float* slse, int c0, float sl2,
                                              RowMap rm, i64 r0, const AttentionFwdParams& p, i64 key0, int wk0,
                                              int gid, int tig) {
-  const bool masked = key0 + kBN - 1 > rm.query(r0) + p.q_offset;
-  probs_from_lse_t(
-      pt, sl2, gid, [&](int nt, int e) { return slse[c0 + frag_col(nt, tig, e)] * kLog2e; },
-      [&](int nt, int e) {  // keys this row sees, relative to the warp's first key
-        const int c = c0 + frag_col(nt, tig, e);
-        return masked ? rm.query(r0 + c) + p.q_offset + 1 - key0 - wk0 : i64(kBN);
-      });
+  auto lse2 = [&](int nt, int e) { return slse[c0 + frag_col(nt, tig, e)] * kLog2e; };
+  if (key0 + kBN - 1 > rm.query(r0) + p.q_offset)
+    probs_from_lse_t(pt, sl2, gid, lse2, [&](int nt, int e) {  // keys this row sees, relative to the warp's first key
+      return rm.query(r0 + c0 + frag_col(nt, tig, e)) + p.q_offset + 1 - key0 - wk0;
+    });
+  else
+    probs_from_lse_t<false>(pt, sl2, gid, lse2, [](int, int) { return i64(0); });
 }
 
 // The dK/dV kernels' epilogue: dK = scale * acc_dk and dV = acc_dv of a warp's keys in bf16 (fragment row
@@ -1187,9 +1187,10 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
 // them); its third warp writes dQ: the computing warpgroups store each 64-column slab of dQ^T to shared
 // memory (registers free at once, where a 16-byte red held them until it had read them) and that warp adds
 // it to the fp32 row tile by one bulk reduction, in the key blocks' order (it waits for the tile's counter
-// before the step's first slab and releases it once the step's three slabs are written). The computing
-// warpgroups meet once a step, when both halves of dS^T are in shared memory (dQ^T reads all 128 keys); dS^T
-// has two buffers, so the next step's writes do not wait for the other warpgroup's dQ^T. Rows are queries
+// before the step's first slab and releases it once the step's three slabs are written). dQ^T reads
+// both warpgroups' halves of dS^T (all 128 keys), so a step's dQ^T runs in the next step, from one of two dS^T
+// buffers announced and handed back by mbarriers: the computing warpgroups never wait for each other within a
+// step. Rows are queries
 // of one head (MHA) and the views 16-byte aligned; other problems take flash_bwd_dkdv_regs_kernel.
 template <int kDqk_, int kDv_>
 struct BwdWsTraits {
@@ -1206,11 +1207,14 @@ struct BwdWsTraits {
   static constexpr int kOffStage = kOffV + kVBytes;            // stages 0, 1
   static constexpr int kOffDst = kOffStage + 2 * kStageBytes;  // dS^T, buffers 0, 1
   static constexpr int kOffDq = kOffDst + 2 * kPtBytes;        // dQ^T slabs: warpgroups 0, 1 x buffers 0, 1
-  static constexpr int kOffBar = kOffDq + 4 * kDqSlabBytes;    // mbarriers: K/V full, stage full x2, stage free x2
-  static constexpr int kSmemBytes = kOffBar + 5 * 8;
-  // Named barriers: 1 both halves of dS^T written; 2 + 2 wg + buf a dQ^T slab of warpgroup wg stored in buffer
-  // buf; 6 + 2 wg + buf that buffer read by its bulk operation (each over the warpgroup and the dQ warp).
-  static constexpr int kBarDs = 1, kBarDqFull = 2, kBarDqFree = 6, kDqBarThreads = 128 + 32;
+  // mbarriers: K/V full; stage full x2, stage free x2; dS^T buffer full x2 (both warpgroups' halves written),
+  // dS^T buffer free x2 (both warpgroups' dQ^T have read it)
+  static constexpr int kOffBar = kOffDq + 4 * kDqSlabBytes;
+  static constexpr int kSmemBytes = kOffBar + 9 * 8;
+  // Named barriers: 1 the computing warpgroups' one-time offset (warpgroup 1 starts once warpgroup 0 has issued
+  // its first dP^T); 2 + 2 wg + buf a dQ^T slab of warpgroup wg stored in buffer buf; 6 + 2 wg + buf that buffer
+  // read by its bulk operation (each over the warpgroup and the dQ warp).
+  static constexpr int kBarStagger = 1, kBarDqFull = 2, kBarDqFree = 6, kDqBarThreads = 128 + 32;
   static_assert(kDqk == 192 && kDv == 128, "three dQ^T slabs interleaved with dV and dK, as the fused kernel");
   static_assert(kOffStage % 1024 == 0 && kStageBytes % 1024 == 0 && kOffDst % 1024 == 0 &&
                     kQBytes % 1024 == 0,
@@ -1237,6 +1241,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   std::uint64_t* kv_full = bar;
   std::uint64_t* stage_full = bar + 1;  // [2]
   std::uint64_t* stage_free = bar + 3;  // [2]
+  std::uint64_t* ds_full = bar + 5;     // [2]
+  std::uint64_t* ds_free = bar + 7;     // [2]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
   const int wg = warp >> 2;  // 0, 1: keys 64 wg..; 2: loads and dQ
@@ -1248,7 +1254,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   if (tid == 0) {
     mbar_init(kv_full, Tr::kLoadThreads);
-    for (int st = 0; st < 2; ++st) mbar_init(stage_full + st, Tr::kLoadThreads), mbar_init(stage_free + st, Tr::kConsumerThreads);
+    for (int st = 0; st < 2; ++st) {
+      mbar_init(stage_full + st, Tr::kLoadThreads), mbar_init(stage_free + st, Tr::kConsumerThreads);
+      mbar_init(ds_full + st, Tr::kConsumerThreads), mbar_init(ds_free + st, Tr::kConsumerThreads);
+    }
   }
   __syncthreads();  // the only block-wide barrier
   if (n_tiles == 0) {  // no row sees these keys: dK = dV = 0, nothing added to dQ
@@ -1289,39 +1298,39 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         cp_async_mbar_arrive(stage_full + st);
       }
       cp_async_wait<0>();
-    } else if (ltid < Tr::kLoadThreads + 32) {
-      // dQ: per step, wait for the row tile's counter, then the three slabs as both warpgroups' halves come, by
-      // one bulk operation each (a store for key block 0, an add after it). Slab n of the block (3 t + s) is in
-      // buffer n % 2 (the two halves adjacent); a buffer goes back once its bulk operation has read it (slab n's
-      // when slab n + 1 is issued, the step's last at the step's end), except where no slab follows to use it,
-      // so that arrivals and syncs pair up.
+    } else {
+      // dQ: warp 2 + h of this warpgroup adds computing warpgroup h's half of each slab (rows 32 h.. of the tile),
+      // so that the two computing warpgroups hand over their slabs independently. Per step: wait until the
+      // key blocks before this one have added both halves of theirs to the row tile (its counter counts halves),
+      // then the three slabs as they come, by one bulk operation each (a store for key block 0, an add after
+      // it). Slab n of the block (3 t + s) is in buffer n % 2; a buffer goes back once its bulk operation has
+      // read it (slab n's when slab n + 1 is issued, the step's last at the step's end), except where no slab
+      // follows to use it, so that arrivals and syncs pair up.
+      const int h = (ltid - Tr::kLoadThreads) / 32;
       float* tiles = dq_accum + tile_base * (kBM * kDqk);
       constexpr u32 kSlab = Tr::kDqSlabBytes;
       constexpr int kSlabFloats = Tr::kDqSlabBytes / 4;
       const int n_slabs = 3 * n_tiles;
-      auto give_back = [&](int n) {  // slab n's two buffers, once read
+      auto give_back = [&](int n) {  // slab n's buffer, once read
         __syncwarp();
-        if (n + 2 < n_slabs)
-          for (int h = 0; h < 2; ++h) named_bar_arrive(Tr::kBarDqFree + 2 * h + (n & 1), Tr::kDqBarThreads);
+        if (n + 2 < n_slabs) named_bar_arrive(Tr::kBarDqFree + 2 * h + (n & 1), Tr::kDqBarThreads);
       };
-      for (int h = 0; h < 2; ++h)
-        for (int buf = 0; buf < 2; ++buf) named_bar_arrive(Tr::kBarDqFree + 2 * h + buf, Tr::kDqBarThreads);
+      for (int buf = 0; buf < 2; ++buf) named_bar_arrive(Tr::kBarDqFree + 2 * h + buf, Tr::kDqBarThreads);
       for (int t = 0; t < n_tiles; ++t) {
         const i64 tile = step_row0(t) / kBM;
-        float* dst = tiles + tile * (kBM * kDqk);
+        float* dst = tiles + tile * (kBM * kDqk) + h * kSlabFloats;
         if (lane == 0) {
-          wait_counter(dq_count + tile_base + tile, unsigned(block));
+          wait_counter(dq_count + tile_base + tile, 2 * unsigned(block), true);
           fence_proxy_async_global();
         }
         for (int s = 0; s < 3; ++s) {
           const int n = 3 * t + s;
-          // Both warpgroups' halves of the slab are adjacent, in shared memory as in the tile: one operation.
-          for (int h = 0; h < 2; ++h) named_bar_sync(Tr::kBarDqFull + 2 * h + (n & 1), Tr::kDqBarThreads);
+          named_bar_sync(Tr::kBarDqFull + 2 * h + (n & 1), Tr::kDqBarThreads);
           if (lane == 0) {
             if (block == 0)
-              bulk_store(dst + s * 2 * kSlabFloats, s_dq(0, n & 1), 2 * kSlab);
+              bulk_store(dst + s * 2 * kSlabFloats, s_dq(h, n & 1), kSlab);
             else
-              bulk_reduce_add(dst + s * 2 * kSlabFloats, s_dq(0, n & 1), 2 * kSlab);
+              bulk_reduce_add(dst + s * 2 * kSlabFloats, s_dq(h, n & 1), kSlab);
             bulk_commit();
           }
           if (s > 0) {
@@ -1330,7 +1339,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           }
         }
         if (lane == 0) {
-          bulk_wait<0>();  // the tile's three slabs are written
+          bulk_wait<0>();  // this half of the tile's three slabs is written
           fence_proxy_async_global();
           release_counter(dq_count + tile_base + tile);
         }
@@ -1340,7 +1349,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     return;
   }
 
-  // A computing warpgroup: keys 64 wg.. of the block; warp w of it keys 16 w + gid (+ 8).
+  // A computing warpgroup: keys 64 wg.. of the block; warp w of it keys 16 w + gid (+ 8). Step t computes
+  // S^T, P^T, dP^T, dS^T, dV and dK of row tile t and then dQ^T of row tile t - 1, whose dS^T both warpgroups
+  // wrote a step before: the warpgroups do not meet, so one's elementwise work can run under the other's GEMMs
+  // (warpgroup 1 starts half a step behind).
   setmaxnreg_inc<Tr::kMmaRegs>();
   const int wk0 = warp * 16, m0 = 64 * wg, wtid = tid & 127;
   float acc_dk[1][kDqk / 8][4], acc_dv[1][kDv / 8][4];
@@ -1348,52 +1360,63 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   zero(acc_dv);
   const float sl2 = float(p.scale) * kLog2e;
   mbar_wait(kv_full, 0);
-  for (int t = 0; t < n_tiles; ++t) {
+  if (wg == 1) named_bar_sync(Tr::kBarStagger, Tr::kConsumerThreads);
+  for (int t = 0; t <= n_tiles; ++t) {
     const int st = t & 1;
-    const i64 r0 = step_row0(t);
-    mbar_wait(stage_full + st, u32(t >> 1) & 1u);
-    fence_proxy_async();  // cp.async wrote the tiles (generic proxy); wgmma reads them (async proxy)
-    const bf16* sq = s_q(st);
-    const bf16* sdo = s_do(st);
-    const float* slse = s_lse(st);
-    const float* sdd = s_dd(st);
-    bf16* sdst = s_dst(t & 1);
+    if (t < n_tiles) {
+      const i64 r0 = step_row0(t);
+      mbar_wait(stage_full + st, u32(t >> 1) & 1u);
+      fence_proxy_async();  // cp.async wrote the tiles (generic proxy); wgmma reads them (async proxy)
+      const bf16* sq = s_q(st);
+      const bf16* sdo = s_do(st);
+      const float* slse = s_lse(st);
+      const float* sdd = s_dd(st);
+      bf16* sdst = s_dst(st);
 
-    // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e), bf16 in registers as the A operand of dV += P^T dO;
-    // dP^T = V dO^T; dS^T = P^T (dP^T - D), bf16 in registers as the A operand of dK += dS^T Q and into this
-    // step's dS^T buffer for dQ. dV and dK are issued before the warpgroups meet, so that the wait for the other
-    // half of dS^T runs under them.
-    float pt[1][kBM / 8][4];
-    warpgroup_mma_nt_async<1, kBM, kDqk, kBN>(pt, s_k, m0, sq);
-    warpgroup_wait<0>(pt);
-    recompute_pt<kBN>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
-    u32 pa[1][kBM / 16][4];
-    acc_to_a(pa, pt);
-    warpgroup_mma_rs_tb_async<1, kDv, kBM / 16, kBM>(acc_dv, pa, sdo);
-    float ds[1][kBM / 8][4];
-    warpgroup_mma_nt_async<1, kBM, kDv, kBN>(ds, s_v, m0, sdo);
-    warpgroup_wait<0>(ds);  // dV (issued first) and dP^T done
-    u32 dsa[1][kBM / 16][4];
+      // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e), bf16 in registers as the A operand of dV += P^T dO;
+      // dP^T = V dO^T; dS^T = P^T (dP^T - D), bf16 in registers as the A operand of dK += dS^T Q and into this
+      // step's dS^T buffer for dQ (once both warpgroups' dQ^T of step t - 2 have read it).
+      float pt[1][kBM / 8][4];
+      warpgroup_mma_nt_async<1, kBM, kDqk, kBN>(pt, s_k, m0, sq);
+      warpgroup_wait<0>(pt);
+      recompute_pt<kBN>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
+      u32 pa[1][kBM / 16][4];
+      acc_to_a(pa, pt);
+      warpgroup_mma_rs_tb_async<1, kDv, kBM / 16, kBM>(acc_dv, pa, sdo);
+      float ds[1][kBM / 8][4];
+      warpgroup_mma_nt_async<1, kBM, kDv, kBN>(ds, s_v, m0, sdo);
+      if (t == 0 && wg == 0) named_bar_arrive(Tr::kBarStagger, Tr::kConsumerThreads);
+      warpgroup_wait<0>(ds);  // dV (issued first) and dP^T done
+      if (t >= 2) mbar_wait(ds_free + st, u32((t >> 1) - 1) & 1u);
+      u32 dsa[1][kBM / 16][4];
 #pragma unroll
-    for (int nt = 0; nt < kBM / 8; ++nt) {
-      const float d0 = sdd[nt * 8 + 2 * tig], d1 = sdd[nt * 8 + 2 * tig + 1];
+      for (int nt = 0; nt < kBM / 8; ++nt) {
+        const float d0 = sdd[nt * 8 + 2 * tig], d1 = sdd[nt * 8 + 2 * tig + 1];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const u32 ph = pa[0][nt / 2][(nt % 2) * 2 + h];  // P^T of rows gid + 8 h, columns nt * 8 + 2 tig (+ 1)
-        const u32 v = pack_bf16(lo_bf16(ph) * (ds[0][nt][2 * h] - d0), hi_bf16(ph) * (ds[0][nt][2 * h + 1] - d1));
-        dsa[0][nt / 2][(nt % 2) * 2 + h] = v;
-        *reinterpret_cast<u32*>(sdst + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) = v;
+        for (int h = 0; h < 2; ++h) {
+          const u32 ph = pa[0][nt / 2][(nt % 2) * 2 + h];  // P^T of rows gid + 8 h, columns nt * 8 + 2 tig (+ 1)
+          const u32 v = pack_bf16(lo_bf16(ph) * (ds[0][nt][2 * h] - d0), hi_bf16(ph) * (ds[0][nt][2 * h + 1] - d1));
+          dsa[0][nt / 2][(nt % 2) * 2 + h] = v;
+          *reinterpret_cast<u32*>(sdst + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) = v;
+        }
+      }
+      warpgroup_mma_rs_tb_async<1, kDqk, kBM / 16, kBM>(acc_dk, dsa, sq);
+      fence_proxy_async();  // the other warpgroup's dQ^T wgmma (async proxy) reads these stores
+      mbar_arrive(ds_full + st);
+      if (t == 0) {  // no dQ^T this step: this stage's Q and dO are read once dK is done
+        warpgroup_wait<0>(acc_dk);
+        mbar_arrive(stage_free + st);
+        continue;
       }
     }
-    warpgroup_mma_rs_tb_async<1, kDqk, kBM / 16, kBM>(acc_dk, dsa, sq);
-    fence_proxy_async();
-    named_bar_sync(Tr::kBarDs, Tr::kConsumerThreads);  // both warpgroups' dS^T rows are in
 
-    // dQ^T (d_qk x 32 rows per warpgroup) = K^T dS^T a 64-column slab at a time (two accumulators in turn), each
-    // slab to shared memory for the dQ warp while the next one runs.
+    // dQ^T of step u = t - 1 (d_qk x 32 rows per warpgroup) = K^T dS^T a 64-column slab at a time (two
+    // accumulators in turn), each slab to shared memory for the dQ warp while the next one runs.
+    const int u = t - 1;
+    mbar_wait(ds_full + (u & 1), u32(u >> 1) & 1u);
     float acc_dq[2][4][4];
-    auto store_slab = [&](const float (&acc)[4][4], int s) {  // slab 3 t + s, in buffer (3 t + s) % 2
-      const int buf = (3 * t + s) & 1;
+    auto store_slab = [&](const float (&acc)[4][4], int s) {  // slab 3 u + s, in buffer (3 u + s) % 2
+      const int buf = (3 * u + s) & 1;
       named_bar_sync(Tr::kBarDqFree + 2 * wg + buf, Tr::kDqBarThreads);
       float* d = s_dq(wg, buf) + wtid * 4;
 #pragma unroll
@@ -1401,17 +1424,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       fence_proxy_async();  // the bulk reduction (async proxy) reads what these stores wrote
       named_bar_arrive(Tr::kBarDqFull + 2 * wg + buf, Tr::kDqBarThreads);
     };
-    const bf16* s_dst_wg = sdst + 32 * wg;
+    const bf16* s_dst_wg = s_dst(u & 1) + 32 * wg;
     warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[0], s_k, 0, s_dst_wg);
-    warpgroup_wait<0>(acc_dq[0]);  // dK and slab 0 done: this stage's Q and dO are read
-    reg_fence_all(acc_dk);
-    mbar_arrive(stage_free + st);
+    warpgroup_wait<0>(acc_dq[0]);  // slab 0 done, and dK of step t: this stage's Q and dO are read
+    if (t < n_tiles) {
+      reg_fence_all(acc_dk);
+      mbar_arrive(stage_free + st);
+    }
     warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[1], s_k, 1, s_dst_wg);
     store_slab(acc_dq[0], 0);
     warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[0], s_k, 2, s_dst_wg);
     warpgroup_wait<1>(acc_dq[1]);
     store_slab(acc_dq[1], 1);
     warpgroup_wait<0>(acc_dq[0]);
+    mbar_arrive(ds_free + (u & 1));  // this warpgroup's dQ^T has read dS^T buffer u % 2
     store_slab(acc_dq[0], 2);
   }
   store_dkdv<true>(p, b, g, key0 + wk0, 0, 0, acc_dk, acc_dv, gid, tig);

@@ -478,14 +478,15 @@ __device__ __forceinline__ void store_or_add_v4(float* p, bool store, float a, f
       "f"(a), "f"(b), "f"(c), "f"(d), "r"(int(store))
       : "memory");
 }
-// Waits (one thread) until *counter == value; its acquire orders what the block reads and adds next after what
-// the releasing blocks wrote. Bounded: a counter that never arrives (a bug, not a slow predecessor: a step
-// takes microseconds) traps instead of hanging the GPU.
-__device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned value) {
+// Waits (one thread) until *counter == value (at_least: >= value, for counters that several writers of one block
+// advance, one each); its acquire orders what the block reads and adds next after what the releasing blocks
+// wrote. Bounded: a counter that never arrives (a bug, not a slow predecessor: a step takes microseconds) traps
+// instead of hanging the GPU.
+__device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned value, bool at_least = false) {
   for (long long polls = 0;; ++polls) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
-    if (v == value) return;
+    if (at_least ? v >= value : v == value) return;
     if (polls > (1LL << 30)) __trap();
     __nanosleep(64);
   }

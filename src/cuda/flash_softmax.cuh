@@ -64,21 +64,21 @@ __device__ __forceinline__ void probs_from_lse(float (&s)[MT][NT][4], float sl2,
 
 // The same on a transposed fragment (S^T, as the dK/dV kernels compute it): fragment row (mt, h) is a key, column
 // (nt, e) = nt * 8 + 2 tig + e a score row. lse2(nt, e): that row's log-sum-exp times log2(e); vis(nt, e): how
-// many of the warp's keys, from its first, that row sees.
-template <int MT, int NT, class Lse2, class Vis>
+// many of the warp's keys, from its first, that row sees. kMask false: every row sees every key (vis unused).
+template <bool kMask = true, int MT, int NT, class Lse2, class Vis>
 __device__ __forceinline__ void probs_from_lse_t(float (&pt)[MT][NT][4], float sl2, int gid, Lse2 lse2, Vis vis) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const float l2 = lse2(nt, e);
-      const int v = col_bound(vis(nt, e));
+      const int v = kMask ? col_bound(vis(nt, e)) : 0;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const float pv = exp2_approx(fmaf(pt[mt][nt][2 * h + e], sl2, -l2));
-          pt[mt][nt][2 * h + e] = mt * 16 + gid + 8 * h < v ? pv : 0.f;
+          pt[mt][nt][2 * h + e] = !kMask || mt * 16 + gid + 8 * h < v ? pv : 0.f;
         }
     }
 }

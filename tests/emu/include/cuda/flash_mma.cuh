@@ -624,9 +624,9 @@ inline void store_or_add_v4(float* p, bool store, float a, float b, float c, flo
   else
     red_add_v4(p, a, b, c, d);
 }
-inline void wait_counter(const unsigned* counter, unsigned value) {
+inline void wait_counter(const unsigned* counter, unsigned value, bool at_least = false) {
   const unsigned v = std::atomic_ref<unsigned>(*const_cast<unsigned*>(counter)).load(std::memory_order_acquire);
-  EMU_CHECK(v == value, "block %u waits for counter %u, which is at %u and cannot advance", blockIdx.x, value, v);
+  EMU_CHECK(at_least ? v >= value : v == value, "block %u waits for counter %u, which is at %u and cannot advance", blockIdx.x, value, v);
 }
 inline void release_counter(unsigned* counter) {
   std::atomic_ref<unsigned>(*counter).fetch_add(1, std::memory_order_release);
