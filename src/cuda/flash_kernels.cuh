@@ -1214,7 +1214,7 @@ struct BwdWsTraits {
   // Named barriers: 1 the computing warpgroups' one-time offset (warpgroup 1 starts once warpgroup 0 has issued
   // its first dP^T); 2 + 2 wg + buf a dQ^T slab of warpgroup wg stored in buffer buf; 6 + 2 wg + buf that buffer
   // read by its bulk operation (each over the warpgroup and the dQ warp).
-  static constexpr int kBarStagger = 1, kBarDqFull = 2, kBarDqFree = 6, kDqBarThreads = 128 + 32;
+  static constexpr int kBarStagger = 1, kBarDqFull = 2, kBarDqFree = 6, kBarTurn = 10, kDqBarThreads = 128 + 32;
   static_assert(kDqk == 192 && kDv == 128, "three dQ^T slabs interleaved with dV and dK, as the fused kernel");
   static_assert(kOffStage % 1024 == 0 && kStageBytes % 1024 == 0 && kOffDst % 1024 == 0 &&
                     kQBytes % 1024 == 0,
@@ -1360,7 +1360,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   zero(acc_dv);
   const float sl2 = float(p.scale) * kLog2e;
   mbar_wait(kv_full, 0);
-  if (wg == 1) named_bar_sync(Tr::kBarStagger, Tr::kConsumerThreads);
   for (int t = 0; t <= n_tiles; ++t) {
     const int st = t & 1;
     if (t < n_tiles) {
@@ -1377,6 +1376,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // dP^T = V dO^T; dS^T = P^T (dP^T - D), bf16 in registers as the A operand of dK += dS^T Q and into this
       // step's dS^T buffer for dQ (once both warpgroups' dQ^T of step t - 2 have read it).
       float pt[1][kBM / 8][4];
+      // Turns: warpgroup 1 issues S^T of a step once warpgroup 0 has issued that step's dP^T, warpgroup 0 once
+      // warpgroup 1 has issued the previous step's, so that each one's softmax and dS^T fall under the other's GEMMs.
+      if (wg == 1) named_bar_sync(Tr::kBarStagger, Tr::kConsumerThreads);
+      if (wg == 0 && t > 0) named_bar_sync(Tr::kBarTurn, Tr::kConsumerThreads);
       warpgroup_mma_nt_async<1, kBM, kDqk, kBN>(pt, s_k, m0, sq);
       warpgroup_wait<0>(pt);
       recompute_pt<kBN>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
@@ -1385,7 +1388,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       warpgroup_mma_rs_tb_async<1, kDv, kBM / 16, kBM>(acc_dv, pa, sdo);
       float ds[1][kBM / 8][4];
       warpgroup_mma_nt_async<1, kBM, kDv, kBN>(ds, s_v, m0, sdo);
-      if (t == 0 && wg == 0) named_bar_arrive(Tr::kBarStagger, Tr::kConsumerThreads);
+      if (wg == 0) named_bar_arrive(Tr::kBarStagger, Tr::kConsumerThreads);
+      if (wg == 1 && t + 1 < n_tiles) named_bar_arrive(Tr::kBarTurn, Tr::kConsumerThreads);
       warpgroup_wait<0>(ds);  // dV (issued first) and dP^T done
       if (t >= 2) mbar_wait(ds_free + st, u32((t >> 1) - 1) & 1u);
       u32 dsa[1][kBM / 16][4];
