@@ -1184,14 +1184,15 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
 // FlashAttention-3's backward: two computing warpgroups (keys 64 wg..) and a third that gives its registers
 // away and feeds them. Its first two warps load K and V once and then Q, dO, lse and D a step ahead into two
 // stages announced by mbarriers (the computing warps neither issue copies nor wait at block barriers for
-// them); its third warp writes dQ: the computing warpgroups store each 64-column slab of dQ^T to shared
-// memory (registers free at once, where a 16-byte red held them until it had read them) and that warp adds
-// it to the fp32 row tile by one bulk reduction, in the key blocks' order (it waits for the tile's counter
-// before the step's first slab and releases it once the step's three slabs are written). dQ^T reads
-// both warpgroups' halves of dS^T (all 128 keys), so a step's dQ^T runs in the next step, from one of two dS^T
-// buffers announced and handed back by mbarriers: the computing warpgroups never wait for each other within a
-// step. Rows are queries
-// of one head (MHA) and the views 16-byte aligned; other problems take flash_bwd_dkdv_regs_kernel.
+// them); its other two write dQ, one per computing warpgroup: that warpgroup stores each 64-column slab of its
+// half of dQ^T (32 rows) to shared memory (registers free at once, where a 16-byte red held them until it had
+// read them) and its dQ warp adds it to the fp32 row tile by one bulk reduction, in the key blocks' order (it
+// waits for the tile's counter before the step's first slab and adds its one once its three slabs are
+// written). dQ^T reads both warpgroups' halves of dS^T (all 128 keys), so a step's dQ^T runs in the next
+// step, from one of two dS^T buffers announced and handed back by mbarriers: the computing warpgroups never
+// wait for each other's work of the same step. They run half a step apart, taking turns at issuing S^T, so that
+// one's elementwise work (P^T, dS^T) falls under the other's GEMMs. Rows are queries of one head (MHA) and the
+// views 16-byte aligned; other problems take flash_bwd_dkdv_regs_kernel.
 template <int kDqk_, int kDv_>
 struct BwdWsTraits {
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockN = 128, kBlockM = 64;
@@ -1211,10 +1212,11 @@ struct BwdWsTraits {
   // dS^T buffer free x2 (both warpgroups' dQ^T have read it)
   static constexpr int kOffBar = kOffDq + 4 * kDqSlabBytes;
   static constexpr int kSmemBytes = kOffBar + 9 * 8;
-  // Named barriers: 1 the computing warpgroups' one-time offset (warpgroup 1 starts once warpgroup 0 has issued
-  // its first dP^T); 2 + 2 wg + buf a dQ^T slab of warpgroup wg stored in buffer buf; 6 + 2 wg + buf that buffer
-  // read by its bulk operation (each over the warpgroup and the dQ warp).
-  static constexpr int kBarStagger = 1, kBarDqFull = 2, kBarDqFree = 6, kBarTurn = 10, kDqBarThreads = 128 + 32;
+  // Named barriers: 1 warpgroup 1's turn at a step's S^T (warpgroup 0 has issued that step's dP^T), 10 warpgroup
+  // 0's (warpgroup 1 has issued the previous step's dP^T), each over both computing warpgroups; 2 + 2 wg + buf a
+  // dQ^T slab of warpgroup wg stored in buffer buf, 6 + 2 wg + buf that buffer read by its bulk operation (each
+  // over the warpgroup and its dQ warp).
+  static constexpr int kBarTurn1 = 1, kBarDqFull = 2, kBarDqFree = 6, kBarTurn0 = 10, kDqBarThreads = 128 + 32;
   static_assert(kDqk == 192 && kDv == 128, "three dQ^T slabs interleaved with dV and dK, as the fused kernel");
   static_assert(kOffStage % 1024 == 0 && kStageBytes % 1024 == 0 && kOffDst % 1024 == 0 &&
                     kQBytes % 1024 == 0,
@@ -1352,7 +1354,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // A computing warpgroup: keys 64 wg.. of the block; warp w of it keys 16 w + gid (+ 8). Step t computes
   // S^T, P^T, dP^T, dS^T, dV and dK of row tile t and then dQ^T of row tile t - 1, whose dS^T both warpgroups
   // wrote a step before: the warpgroups do not meet, so one's elementwise work can run under the other's GEMMs
-  // (warpgroup 1 starts half a step behind).
+  // (warpgroup 1 half a step behind, by the turns at S^T).
   setmaxnreg_inc<Tr::kMmaRegs>();
   const int wk0 = warp * 16, m0 = 64 * wg, wtid = tid & 127;
   float acc_dk[1][kDqk / 8][4], acc_dv[1][kDv / 8][4];
@@ -1378,8 +1380,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       float pt[1][kBM / 8][4];
       // Turns: warpgroup 1 issues S^T of a step once warpgroup 0 has issued that step's dP^T, warpgroup 0 once
       // warpgroup 1 has issued the previous step's, so that each one's softmax and dS^T fall under the other's GEMMs.
-      if (wg == 1) named_bar_sync(Tr::kBarStagger, Tr::kConsumerThreads);
-      if (wg == 0 && t > 0) named_bar_sync(Tr::kBarTurn, Tr::kConsumerThreads);
+      if (wg == 1) named_bar_sync(Tr::kBarTurn1, Tr::kConsumerThreads);
+      if (wg == 0 && t > 0) named_bar_sync(Tr::kBarTurn0, Tr::kConsumerThreads);
       warpgroup_mma_nt_async<1, kBM, kDqk, kBN>(pt, s_k, m0, sq);
       warpgroup_wait<0>(pt);
       recompute_pt<kBN>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
@@ -1388,8 +1390,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       warpgroup_mma_rs_tb_async<1, kDv, kBM / 16, kBM>(acc_dv, pa, sdo);
       float ds[1][kBM / 8][4];
       warpgroup_mma_nt_async<1, kBM, kDv, kBN>(ds, s_v, m0, sdo);
-      if (wg == 0) named_bar_arrive(Tr::kBarStagger, Tr::kConsumerThreads);
-      if (wg == 1 && t + 1 < n_tiles) named_bar_arrive(Tr::kBarTurn, Tr::kConsumerThreads);
+      if (wg == 0) named_bar_arrive(Tr::kBarTurn1, Tr::kConsumerThreads);
+      if (wg == 1 && t + 1 < n_tiles) named_bar_arrive(Tr::kBarTurn0, Tr::kConsumerThreads);
       warpgroup_wait<0>(ds);  // dV (issued first) and dP^T done
       if (t >= 2) mbar_wait(ds_free + st, u32((t >> 1) - 1) & 1u);
       u32 dsa[1][kBM / 16][4];
