@@ -626,7 +626,8 @@ inline void store_or_add_v4(float* p, bool store, float a, float b, float c, flo
 }
 inline void wait_counter(const unsigned* counter, unsigned value, bool at_least = false) {
   const unsigned v = std::atomic_ref<unsigned>(*const_cast<unsigned*>(counter)).load(std::memory_order_acquire);
-  EMU_CHECK(at_least ? v >= value : v == value, "block %u waits for counter %u, which is at %u and cannot advance", blockIdx.x, value, v);
+  EMU_CHECK(at_least ? v >= value : v == value, "block %u waits for counter %s%u, which is at %u and cannot advance",
+            blockIdx.x, at_least ? ">= " : "", value, v);
 }
 inline void release_counter(unsigned* counter) {
   std::atomic_ref<unsigned>(*counter).fetch_add(1, std::memory_order_release);
