@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <vector>
 
@@ -181,16 +182,19 @@ TEST(CudaPerf, DISABLED_AttentionBf16) {
 
 // The target shapes: S = 8k..32k, h = 16..128; MQA as absorbed MLA runs it (V inside K). Eager only where its
 // [h, S, S] probabilities fit (h 16, S 8k). One test per head-dim pair, so that a run can time one of them;
-// MQA means one kv head with V inside K (absorbed MLA).
+// MQA means one kv head with V inside K (absorbed MLA). LAGA_PERF_REPS sets the timed repeats (default 3): many
+// repeats keep the GPU loaded long enough to reach its power limit, as a training run does.
 void time_long_sequences(i64 dqk, i64 dv, bool mqa, const char* prefix) {
   auto be = make_cuda_backend(0);
   auto rng = rng_for_test();
+  const char* env = std::getenv("LAGA_PERF_REPS");
+  const int reps = env ? std::max(1, std::atoi(env)) : 3;
   for (const i64 seq : {8192, 32768})
     for (const i64 heads : {16, 128}) {
       char name[64];
       std::snprintf(name, sizeof(name), "%s_h%lld_s%lldk", prefix, (long long)heads, (long long)(seq / 1024));
       const AttnShape s{name, seq, heads, mqa ? 1 : heads, dqk, dv, /*v_in_k=*/mqa};
-      time_attention(*be, s, AttentionKernel::Fused, 3, rng);
+      time_attention(*be, s, AttentionKernel::Fused, reps, rng);
       if (heads == 16 && seq == 8192) time_attention(*be, s, AttentionKernel::Eager, 3, rng);
     }
 }
