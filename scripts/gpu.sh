@@ -36,7 +36,7 @@ usage: bash scripts/gpu.sh <subcommand> [arguments]    (dist: the carried build,
   all [dist] [parts]                       every check and measurement of one GPU (parts 1-6, default 123456), each with its own time limit
   multi [dist] [Ps] [parts] [seqs]         one rank per GPU over NCCL: --check per form x layout (part 1), DeepSeek-V3 timing vs the model (part 2)
   overlap [dist] [seq]                     exposed communication with the timed phantom, with and without --overlap, and the ring beside all_gather
-  cudnn [dist] [parts] [seqs]              the cuDNN provider and the PyTorch peer (parts tbapc): tests, block check, attention table, bench, peer
+  cudnn [dist] [parts] [seqs]              the cuDNN provider and the PyTorch peer (parts tbapc, and s): tests, block check, attention table, bench, peer, attention under sustained load
   block-profile [dist] [parts] [seqs]      where a rank's block spends its time, op by op (parts tbao), clocks and power sampled
   bench-attention [dist] [filter]          attention correctness, the perf test's timings, PyTorch SDPA at 192/128 beside them
   profile [dist] [sections...]             Nsight Compute on the tensor-core attention backward at 192/128 (fused dQ, then separate)
@@ -779,6 +779,9 @@ cmd_cudnn() {
   #      gradients in bf16 as the peer's (--grad-dtype bfloat16) -> h200-block-<provider>[-nondet].json;
   #   c. scripts/peer_torch_block.py: the same rank in plain PyTorch (SDPA), explicit and LAGA, eager and with
   #      torch.compile around the attention -> peer.json.
+  #   s. `laga bench-attention` at the perf test's MHA shapes (a2a at P = 1 and 8: 128 and 16 heads; S = 32k, 8k),
+  #      10 warm-ups and 30 repeats, so that both providers run at the GPU's power limit as in training ->
+  #      attention-sustained.json, with the SM clock, power and throttle reasons sampled (smi-sustained.csv).
   # The machine may have two cuDNNs (the system's, and PyTorch's wheel's): laga is pointed at PyTorch's (the one its
   # SDPA runs), and the JSON documents record the version loaded. Everything in cudnn.tar.gz; a summary to stdout.
   gpu_start "${1:-}" cudnn
@@ -817,6 +820,15 @@ cmd_cudnn() {
     stamp bench-attention
     "$laga" bench-attention --model deepseek-v3 --seq "$seqs" --sp 8 --out "$out/attention-providers.json" \
       2>&1 | tee "$out/bench-attention.txt" | grep -vE '^done'
+  fi
+  if [[ $parts == *s* ]]; then
+    stamp bench-attention-sustained
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader,nounits \
+      -lms 200 >"$out/smi-sustained.csv" 2>&1 &
+    local smi=$!
+    "$laga" bench-attention --model deepseek-v3 --seq 32768,8192 --sp 1,8 --layout a2a --repeat 30 --warmup 10 \
+      --out "$out/attention-sustained.json" 2>&1 | tee "$out/bench-attention-sustained.txt" | grep -vE '^done'
+    kill "$smi" 2>/dev/null
   fi
   if [[ $parts == *p* ]]; then
     # cudnn-nondet, auto-nondet: the same with --nondeterministic (cuDNN's non-deterministic backward, as SDPA's).

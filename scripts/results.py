@@ -135,6 +135,12 @@ def sources(docs, results_dir):
         m = peer["machine"]
         rows.append(("[peer.json](../bench/results/peer/peer.json)", f"{m['device_name']} (GPU), `{m['hostname']}`",
                      peer["commit"], peer.get("dirty"), f"`{peer['command']}`"))
+        sustained = os.path.join(peer_dir, "attention-sustained.json")
+        if os.path.exists(sustained):
+            with open(sustained) as f:
+                t = json.load(f)
+            rows.append(("[attention-sustained.json](../bench/results/peer/attention-sustained.json)",
+                         f"{t['machine'].get('device_name', '?')} (GPU)", t["commit"], t.get("dirty"), f"`{t['command']}`"))
     for path in sorted(glob.glob(os.path.join(results_dir, "checks", "*.json"))):
         with open(path) as f:
             runs = json.load(f)["runs"]
@@ -856,36 +862,62 @@ def peer_section(results_dir, schema):
     md += ["", f"Bar (laga's LAGA block per rank <= 1.0x the fastest PyTorch variant, at every point; goal 0.8x): "
            f"worst {worst:.2f}x, **{'met' if worst <= 1.0 else 'not met'}**; with deterministic attention only "
            f"(bitwise reruns, which PyTorch's SDPA does not give) worst {worst_det:.2f}x.", ""]
-    table_path = os.path.join(HERE, "..", "bench", "attention-providers.json")
-    if os.path.exists(table_path):
-        with open(table_path) as f:
-            table = json.load(f)
-        if table["points"]:
-            md += ["### Attention alone: laga's kernels beside cuDNN's", "",
-                   "192/128 MHA, bf16, causal, batch 1, at the per-rank shapes of DeepSeek-V3 at P = 8 (a2a: 16 heads "
-                   "over S; all_gather: 128 heads, the last rank's S/8 queries over S keys). TFLOP/s: forward "
-                   "2 (d_qk + d_v), backward 2 (3 d_qk + 2 d_v) per unmasked (query, key, head). From "
-                   "[bench/attention-providers.json](../bench/attention-providers.json) (`" + table["command"] +
-                   "`, commit `" + table["commit"][:10] + "`" + dirty_text({"dirty": table.get("dirty")}) + "), the table `--attention-provider auto` chooses from.",
-                   "`auto` takes the faster provider for each pass (forward, backward), cuDNN's backward only "
-                   "where its workspace (its deterministic backward's, last but one column) fits the scratch cap "
-                   "(1 GiB by default), else laga's kernels.", "",
-                   "Under `--nondeterministic` it compares with cuDNN's non-deterministic backward (its workspace, "
-                   "last column: 4 bytes per head, query and d_qk).", "",
-                   "| layout | S | heads | q_len x kv_len | laga fwd | cuDNN fwd | laga bwd | cuDNN bwd | "
-                   "cuDNN bwd, non-deterministic | auto fwd / bwd | auto bwd, non-deterministic | cuDNN workspace | "
-                   "non-deterministic |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-            for p in table["points"]:
-                def tf(key):
-                    return f"{p[key]:.0f}" if key in p else "-"
-                md.append(f"| {p['layout']} | {p['S'] // 1024}k | {p['heads']} | {p['q_len']} x {p['kv_len']} | "
-                          f"{tf('laga_fwd_tflops')} | {tf('cudnn_fwd_tflops')} | {tf('laga_bwd_tflops')} | "
-                          f"{tf('cudnn_bwd_tflops')} | {tf('cudnn_nondeterministic_bwd_tflops')} | "
-                          f"{p['auto_fwd']} / {p['auto_bwd']} | "
-                          f"{p.get('auto_bwd_nondeterministic', '-')} | {human(p.get('cudnn_workspace_bytes', 0))} | "
-                          f"{human(p.get('cudnn_nondeterministic_workspace_bytes', 0))} |")
-            md.append("")
+    table = attention_doc(os.path.join(HERE, "..", "bench", "attention-providers.json"))
+    if table:
+        md += ["### Attention alone: laga's kernels beside cuDNN's", "",
+               "192/128 MHA, bf16, causal, batch 1, at the per-rank shapes of DeepSeek-V3 at P = 8 (a2a: 16 heads "
+               "over S; all_gather: 128 heads, the last rank's S/8 queries over S keys). TFLOP/s: forward "
+               "2 (d_qk + d_v), backward 2 (3 d_qk + 2 d_v) per unmasked (query, key, head). From " +
+               attention_source("bench/attention-providers.json", table) +
+               ", the table `--attention-provider auto` chooses from.",
+               "`auto` takes the faster provider for each pass (forward, backward), cuDNN's backward only "
+               "where its workspace (its deterministic backward's, last but one column) fits the scratch cap "
+               "(1 GiB by default), else laga's kernels.", "",
+               "Under `--nondeterministic` it compares with cuDNN's non-deterministic backward (its workspace, "
+               "last column: 4 bytes per head, query and d_qk).", ""] + attention_rows(table["points"]) + [""]
+    sustained = attention_doc(os.path.join(folder, "attention-sustained.json"))
+    if sustained:
+        md += ["### Attention under sustained load", "",
+               "The same comparison at the perf test's MHA shapes (a2a at P = 1: 128 heads, and at P = 8: 16 "
+               "heads; S = 32k, then 8k), each figure the median of 30 calls after 10 untimed ones, so that both "
+               "providers run while the GPU is held at its power limit, as in a training run (the table above, "
+               "5 calls after 2, partly reads a cooler GPU's higher clock). From " +
+               attention_source("bench/results/peer/attention-sustained.json", sustained) + ". `-`: cuDNN's "
+               "deterministic backward did not run (its workspace, 2 bytes per head, query and key, exceeds the "
+               "GPU's memory).", ""] + attention_rows(sustained["points"]) + [""]
     return md
+
+
+def attention_doc(path):
+    """A `laga bench-attention --out` document that has points, else None."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        doc = json.load(f)
+    return doc if doc["points"] else None
+
+
+def attention_source(rel, doc):
+    """The link to a bench-attention document (path relative to the repository) with its command and commit."""
+    return (f"[{os.path.basename(rel)}](../{rel}) (`{doc['command']}`, commit `{doc['commit'][:10]}`"
+            f"{dirty_text({'dirty': doc.get('dirty')})})")
+
+
+def attention_rows(points):
+    """bench-attention's points as the rows of the attention table (header included)."""
+    rows = ["| layout | S | heads | q_len x kv_len | laga fwd | cuDNN fwd | laga bwd | cuDNN bwd | "
+            "cuDNN bwd, non-deterministic | auto fwd / bwd | auto bwd, non-deterministic | cuDNN workspace | "
+            "non-deterministic |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        def tf(key):
+            return f"{p[key]:.0f}" if key in p else "-"
+        rows.append(f"| {p['layout']} | {p['S'] // 1024}k | {p['heads']} | {p['q_len']} x {p['kv_len']} | "
+                    f"{tf('laga_fwd_tflops')} | {tf('cudnn_fwd_tflops')} | {tf('laga_bwd_tflops')} | "
+                    f"{tf('cudnn_bwd_tflops')} | {tf('cudnn_nondeterministic_bwd_tflops')} | "
+                    f"{p['auto_fwd']} / {p['auto_bwd']} | "
+                    f"{p.get('auto_bwd_nondeterministic', '-')} | {human(p.get('cudnn_workspace_bytes', 0))} | "
+                    f"{human(p.get('cudnn_nondeterministic_workspace_bytes', 0))} |")
+    return rows
 
 
 # ---------------------------------------------------------------- the page
