@@ -39,13 +39,13 @@ struct AttentionTiming {
   std::string dtype;  // "bfloat16"
   std::int64_t d_qk = 0, d_v = 0, heads = 0, q_len = 0, kv_len = 0;
   double laga_fwd_ms = 0, laga_bwd_ms = 0;
-  double cudnn_fwd_ms = 0, cudnn_bwd_ms = 0;  // 0: cuDNN did not run this point
+  double cudnn_fwd_ms = 0, cudnn_bwd_ms = 0;  // 0: cuDNN did not run this pass at this point
   std::int64_t cudnn_workspace_bytes = 0;      // the largest workspace its plans asked for (optional field)
   // cuDNN's non-deterministic backward (optional fields; 0: not measured).
   double cudnn_nondeterministic_bwd_ms = 0;
   std::int64_t cudnn_nondeterministic_workspace_bytes = 0;
-  // The faster provider for one pass; laga on a tie or without cuDNN. deterministic = false compares the
-  // backward with cuDNN's non-deterministic one where the point has it.
+  // The faster provider for one pass; laga on a tie or where cuDNN did not run it. deterministic = false
+  // compares the backward with cuDNN's non-deterministic one where the point has it.
   AttentionProvider faster(AttentionPass pass, bool deterministic = true) const;
 };
 

@@ -28,10 +28,11 @@ AttentionProvider parse_attention_provider(const std::string& text) {
 }
 
 AttentionProvider AttentionTiming::faster(AttentionPass pass, bool deterministic) const {
-  if (!(cudnn_fwd_ms > 0 && cudnn_bwd_ms > 0)) return AttentionProvider::Laga;
+  // A pass cuDNN did not run (0 ms: no plan, or its workspace did not fit the GPU) goes to laga.
   const double bwd = !deterministic && cudnn_nondeterministic_bwd_ms > 0 ? cudnn_nondeterministic_bwd_ms : cudnn_bwd_ms;
-  const bool cudnn = pass == AttentionPass::Forward ? cudnn_fwd_ms < laga_fwd_ms : bwd < laga_bwd_ms;
-  return cudnn ? AttentionProvider::Cudnn : AttentionProvider::Laga;
+  const double cudnn = pass == AttentionPass::Forward ? cudnn_fwd_ms : bwd;
+  const double laga = pass == AttentionPass::Forward ? laga_fwd_ms : laga_bwd_ms;
+  return cudnn > 0 && cudnn < laga ? AttentionProvider::Cudnn : AttentionProvider::Laga;
 }
 
 const AttentionTiming* AttentionProviderTable::nearest(const AttentionShape& s) const {

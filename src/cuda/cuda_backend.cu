@@ -420,6 +420,14 @@ class CudaBackend final : public Backend {
     return inv_freq_;
   }
 
+  // The most a cuDNN workspace can take: the device's free memory and what its slot holds already (with a host
+  // framework's allocator, which may hold free memory in its cache, the device's total).
+  std::int64_t workspace_room() const {
+    std::size_t free = 0, total = 0;
+    LAGA_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    if (ctx_.scratch.hosted) return std::int64_t(total);
+    return std::int64_t(free + ctx_.scratch.slot_bytes(ScratchSlot::cudnn_workspace));
+  }
   std::int64_t scratch_cap() const {
     return ctx_.eager_scratch_cap > std::size_t(INT64_MAX) ? INT64_MAX : std::int64_t(ctx_.eager_scratch_cap);
   }
@@ -454,10 +462,14 @@ class CudaBackend final : public Backend {
         cudnn_ = std::make_unique<cuda::CudnnAttention>(ctx_.stream, [this](std::size_t bytes) {
           return ctx_.scratch.get(ScratchSlot::cudnn_workspace, bytes, ctx_.stream);
         });
-      if (backward && !forced && !deterministic_) {
-        const std::int64_t ws = cudnn_->backward_workspace(*bp, /*deterministic=*/false);
-        if (ws > scratch_cap())
+      if (backward) {
+        const std::int64_t ws = cudnn_->backward_workspace(*bp, deterministic_);
+        if (!forced && !deterministic_ && ws > scratch_cap())
           why = detail::concat("cuDNN's workspace of ", ws, " bytes exceeds the scratch cap of ", scratch_cap());
+        else if (ws > workspace_room())
+          why = detail::concat("cuDNN's ", deterministic_ ? "deterministic" : "non-deterministic",
+                               " backward needs a workspace of ", ws, " bytes, more than the GPU has for it (",
+                               workspace_room(), " bytes)");
       }
       if (why.empty() && (backward ? cudnn_->backward(*bp, deterministic_, &why) : cudnn_->forward(p, &why)))
         return true;

@@ -868,6 +868,51 @@ TEST(CudaAttentionCudnnGraphs, GradientStridesGetTheirOwnGraph) {
   same_values("dv", pr.dv, vv, dv, wv);
 }
 
+// cuDNN's deterministic backward keeps 2 bytes per (head, query, key): at 128 heads x 32k x 32k, ~275 GB, more
+// than a GPU has. The forced provider refuses it by name (an InvalidArgument before any allocation), not by a
+// failed cudaMalloc; the inputs are never read.
+TEST(CudaAttentionCudnnGraphs, WorkspaceBeyondTheGpuIsRefusedByName) {
+  LAGA_REQUIRE_GPU();
+  const CudnnInfo info = cuda_cudnn_info();
+  if (!info.loaded) GTEST_SKIP() << "cuDNN not available: " << info.error;
+  auto be = make_cuda_backend(0);
+  cuda_set_attention_provider(*be, AttentionProvider::Cudnn);
+  const i64 S = 32768, H = 128, dqk = 192, dv = 128;
+  auto tensor = [&](DType dt, i64 rows, i64 cols, const char* name) {
+    return Tensor(be->allocator(), dt, {rows, cols}, name, MemoryKind::External);
+  };
+  Tensor q = tensor(DType::BF16, S, H * dqk, "q"), k = tensor(DType::BF16, S, H * dqk, "k"),
+         v = tensor(DType::BF16, S, H * dv, "v"), o = tensor(DType::BF16, S, H * dv, "o"),
+         dout = tensor(DType::BF16, S, H * dv, "dout"), dq = tensor(DType::BF16, S, H * dqk, "dq"),
+         dk = tensor(DType::BF16, S, H * dqk, "dk"), dvt = tensor(DType::BF16, S, H * dv, "dv"),
+         lse = tensor(DType::F32, H, S, "lse");
+  AttentionBwdParams p;
+  p.dtype = DType::BF16, p.kernel = AttentionKernel::Fused, p.batch = 1, p.q_len = S, p.kv_len = S;
+  p.q_heads = p.kv_heads = H, p.d_qk = dqk, p.d_v = dv, p.scale = 1.0 / std::sqrt(double(dqk));
+  auto set = [](const Tensor& t, i64 d, void*& ptr, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
+    ptr = const_cast<void*>(static_cast<const void*>(t.data())), ts = bs = t.dim(1), hs = d;
+  };
+  void* in[4];
+  set(q, dqk, in[0], p.q_token_stride, p.q_batch_stride, p.q_head_stride);
+  set(k, dqk, in[1], p.k_token_stride, p.k_batch_stride, p.k_head_stride);
+  set(v, dv, in[2], p.v_token_stride, p.v_batch_stride, p.v_head_stride);
+  set(dout, dv, in[3], p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
+  p.q = in[0], p.k = in[1], p.v = in[2], p.dout = in[3];
+  set(o, dv, p.o, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
+  set(dq, dqk, p.dq, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
+  set(dk, dqk, p.dk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
+  set(dvt, dv, p.dv, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+  p.lse = lse.data();
+  try {
+    be->attention_backward(p);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("deterministic backward needs a workspace of"), std::string::npos) << m;
+    EXPECT_NE(m.find("more than the GPU has"), std::string::npos) << m;
+  }
+}
+
 // laga's provider never calls cuDNN, and float32 under auto runs laga's kernels.
 TEST(CudaAttentionProvider, LagaAndAutoCountTheirCalls) {
   LAGA_REQUIRE_GPU();

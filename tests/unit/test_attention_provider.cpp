@@ -86,6 +86,18 @@ TEST(AttentionProvider, AutoTakesTheNearestPointsFasterProviderPerPass) {
   EXPECT_EQ(t.choose(mha(128, 2048, 16384), B, 201326591, false), kLaga);
   EXPECT_EQ(t.cudnn_workspace(mha(16, 4096, 4096), false), 0) << "not measured at that point";
   EXPECT_EQ(t.choose(mha(16, 4096, 4096), B, INT64_MAX, false), kCudnn) << "deterministic times";
+  // cuDNN ran the forward and the non-deterministic backward but not the deterministic one (its workspace did
+  // not fit): each pass on its own times.
+  AttentionTiming partial{.dtype = "bfloat16", .d_qk = 192, .d_v = 128, .heads = 128, .q_len = 32768,
+                          .kv_len = 32768, .laga_fwd_ms = 70, .laga_bwd_ms = 240, .cudnn_fwd_ms = 65,
+                          .cudnn_bwd_ms = 0, .cudnn_nondeterministic_bwd_ms = 230};
+  EXPECT_EQ(partial.faster(F), kCudnn);
+  EXPECT_EQ(partial.faster(B), kLaga);
+  EXPECT_EQ(partial.faster(B, false), kCudnn);
+  partial.cudnn_nondeterministic_bwd_ms = 250;
+  EXPECT_EQ(partial.faster(B, false), kLaga);
+  partial.cudnn_fwd_ms = 0;
+  EXPECT_EQ(partial.faster(F), kLaga);
   // An empty table: laga everywhere.
   EXPECT_EQ(AttentionProviderTable{}.choose(mha(16, 4096, 4096), F), kLaga);
   EXPECT_EQ(AttentionProviderTable{}.choose(mha(16, 4096, 4096), B), kLaga);

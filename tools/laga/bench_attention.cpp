@@ -144,34 +144,37 @@ double unmasked_pairs(const Shape& s) {
   return pairs * double(s.heads);
 }
 
-// cuDNN's forward and backward times (and its workspace) into `t`; the reason when it cannot run the shape.
+// cuDNN's forward, deterministic and non-deterministic backward times (and their workspaces) into `t`, each 0
+// where cuDNN cannot run it (no plan for the shape, or a workspace larger than the GPU has free); the reasons.
 std::string time_cudnn(Backend& be, const CudnnInfo& cudnn, const AttentionBwdParams& p, AttentionTiming& t,
                        const BenchAttentionOptions& o) {
   if (!cudnn.loaded) return cudnn.error;
-  cuda_reset_scratch_peak(be, /*release=*/true);
   cuda_set_attention_provider(be, AttentionProvider::Cudnn);
-  try {
-    t.cudnn_fwd_ms = median_ms(be, [&] { be.attention_forward(p); }, o.warmup, o.repeat);
-    t.cudnn_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o.warmup, o.repeat);
-    auto workspace = [&] {
-      for (const auto& slot : cuda_scratch_info(be).slots)
-        if (slot.name == "cudnn_workspace") return std::int64_t(slot.peak_bytes);
-      return std::int64_t(0);
-    };
-    t.cudnn_workspace_bytes = workspace();
-    // Its non-deterministic backward (PyTorch's SDPA default), with its own workspace.
+  auto workspace = [&] {
+    for (const auto& slot : cuda_scratch_info(be).slots)
+      if (slot.name == "cudnn_workspace") return std::int64_t(slot.peak_bytes);
+    return std::int64_t(0);
+  };
+  std::string why;
+  auto timed = [&](const char* what, auto&& call, double& ms, std::int64_t* ws) {
     cuda_reset_scratch_peak(be, /*release=*/true);
-    cuda_set_attention_deterministic(be, false);
-    t.cudnn_nondeterministic_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o.warmup, o.repeat);
-    t.cudnn_nondeterministic_workspace_bytes = workspace();
-    cuda_set_attention_deterministic(be, true);
-  } catch (const InvalidArgument& e) {  // cuDNN has no plan for this shape
-    cuda_set_attention_deterministic(be, true);
-    t.cudnn_fwd_ms = t.cudnn_bwd_ms = t.cudnn_nondeterministic_bwd_ms = 0;
-    t.cudnn_workspace_bytes = t.cudnn_nondeterministic_workspace_bytes = 0;
-    return e.what();
-  }
-  return "";
+    try {
+      ms = median_ms(be, call, o.warmup, o.repeat);
+      if (ws) *ws = workspace();
+    } catch (const InvalidArgument& e) {
+      ms = 0;
+      why += (why.empty() ? "" : "; ") + std::string(what) + ": " + e.what();
+    }
+  };
+  timed("forward", [&] { be.attention_forward(p); }, t.cudnn_fwd_ms, nullptr);
+  timed("backward", [&] { be.attention_backward(p); }, t.cudnn_bwd_ms, &t.cudnn_workspace_bytes);
+  // Its non-deterministic backward (PyTorch's SDPA default), with its own workspace.
+  cuda_set_attention_deterministic(be, false);
+  timed("non-deterministic backward", [&] { be.attention_backward(p); }, t.cudnn_nondeterministic_bwd_ms,
+        &t.cudnn_nondeterministic_workspace_bytes);
+  cuda_set_attention_deterministic(be, true);
+  cuda_reset_scratch_peak(be, /*release=*/true);
+  return why;
 }
 
 // One shape timed with each provider: its point of the document, and its row of the table.
@@ -201,12 +204,12 @@ json time_shape(Backend& be, const CudnnInfo& cudnn, const Shape& s, i64 d_qk, i
             {"laga_fwd_tflops", fwd_flops / t.laga_fwd_ms * 1e-9}, {"laga_bwd_tflops", bwd_flops / t.laga_bwd_ms * 1e-9},
             {"auto_fwd", attention_provider_name(t.faster(AttentionPass::Forward))},
             {"auto_bwd", attention_provider_name(t.faster(AttentionPass::Backward))}};
-  if (t.cudnn_fwd_ms > 0) {
-    j["cudnn_fwd_tflops"] = fwd_flops / t.cudnn_fwd_ms * 1e-9;
-    j["cudnn_bwd_tflops"] = bwd_flops / t.cudnn_bwd_ms * 1e-9;
+  if (t.cudnn_fwd_ms > 0) j["cudnn_fwd_tflops"] = fwd_flops / t.cudnn_fwd_ms * 1e-9;
+  if (t.cudnn_bwd_ms > 0) j["cudnn_bwd_tflops"] = bwd_flops / t.cudnn_bwd_ms * 1e-9;
+  if (t.cudnn_nondeterministic_bwd_ms > 0)
     j["cudnn_nondeterministic_bwd_tflops"] = bwd_flops / t.cudnn_nondeterministic_bwd_ms * 1e-9;
+  if (t.cudnn_bwd_ms > 0 || t.cudnn_nondeterministic_bwd_ms > 0)
     j["auto_bwd_nondeterministic"] = attention_provider_name(t.faster(AttentionPass::Backward, false));
-  }
   if (!cudnn_error.empty()) j["cudnn_error"] = cudnn_error;
   auto tf = [&](double f, double ms) { return ms > 0 ? fmt("%.0f", f / ms * 1e-9) : std::string("-"); };
   auto ms_text = [](double ms) { return ms > 0 ? fmt("%.3f", ms) : std::string("-"); };
