@@ -915,7 +915,8 @@ def attention_rows(points):
                     f"{tf('laga_fwd_tflops')} | {tf('cudnn_fwd_tflops')} | {tf('laga_bwd_tflops')} | "
                     f"{tf('cudnn_bwd_tflops')} | {tf('cudnn_nondeterministic_bwd_tflops')} | "
                     f"{p['auto_fwd']} / {p['auto_bwd']} | "
-                    f"{p.get('auto_bwd_nondeterministic', '-')} | {human(p.get('cudnn_workspace_bytes', 0))} | "
+                    f"{p.get('auto_bwd_nondeterministic', '-')} | "
+                    f"{human(p['cudnn_workspace_bytes']) if 'cudnn_bwd_tflops' in p else '-'} | "
                     f"{human(p.get('cudnn_nondeterministic_workspace_bytes', 0))} |")
     return rows
 
