@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpu_test_util.hpp"
+#include "laga/errors.hpp"
 
 namespace laga::gpu_test {
 namespace {
@@ -188,13 +189,16 @@ void time_long_sequences(i64 dqk, i64 dv, bool mqa, const char* prefix) {
   auto be = make_cuda_backend(0);
   auto rng = rng_for_test();
   const char* env = std::getenv("LAGA_PERF_REPS");
-  const int reps = env ? std::max(1, std::atoi(env)) : 3;
+  char* end = nullptr;
+  const long reps = env ? std::strtol(env, &end, 10) : 3;
+  LAGA_REQUIRE(!env || (*env != '\0' && *end == '\0' && reps >= 1 && reps <= 1000), "LAGA_PERF_REPS = '",
+               env ? env : "", "': the timed repeats must be a whole number from 1 to 1000");
   for (const i64 seq : {8192, 32768})
     for (const i64 heads : {16, 128}) {
       char name[64];
       std::snprintf(name, sizeof(name), "%s_h%lld_s%lldk", prefix, (long long)heads, (long long)(seq / 1024));
       const AttnShape s{name, seq, heads, mqa ? 1 : heads, dqk, dv, /*v_in_k=*/mqa};
-      time_attention(*be, s, AttentionKernel::Fused, reps, rng);
+      time_attention(*be, s, AttentionKernel::Fused, int(reps), rng);
       if (heads == 16 && seq == 8192) time_attention(*be, s, AttentionKernel::Eager, 3, rng);
     }
 }
