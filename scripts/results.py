@@ -135,12 +135,8 @@ def sources(docs, results_dir):
         m = peer["machine"]
         rows.append(("[peer.json](../bench/results/peer/peer.json)", f"{m['device_name']} (GPU), `{m['hostname']}`",
                      peer["commit"], peer.get("dirty"), f"`{peer['command']}`"))
-        sustained = os.path.join(peer_dir, "attention-sustained.json")
-        if os.path.exists(sustained):
-            with open(sustained) as f:
-                t = json.load(f)
-            rows.append(("[attention-sustained.json](../bench/results/peer/attention-sustained.json)",
-                         f"{t['machine'].get('device_name', '?')} (GPU)", t["commit"], t.get("dirty"), f"`{t['command']}`"))
+        rows += attention_source_rows(os.path.join(peer_dir, "attention-sustained.json"),
+                                      "bench/results/peer/attention-sustained.json")
     for path in sorted(glob.glob(os.path.join(results_dir, "checks", "*.json"))):
         with open(path) as f:
             runs = json.load(f)["runs"]
@@ -150,14 +146,18 @@ def sources(docs, results_dir):
         rows.append((f"[{os.path.basename(path)}](../bench/results/checks/{os.path.basename(path)})",
                      ", ".join(sorted({f"{r['device']} ({r['communicator']})" for r in runs})), ", ".join(commits), dirty,
                      f"{len(runs)} runs of `laga run --check --json`, summarised by `python3 scripts/check_table.py --json`"))
-    table = os.path.join(HERE, "..", "bench", "attention-providers.json")
-    if os.path.exists(table):
-        with open(table) as f:
-            t = json.load(f)
-        if t["points"]:
-            rows.append(("[attention-providers.json](../bench/attention-providers.json)",
-                         f"{t['machine'].get('device_name', '?')} (GPU)", t["commit"], t.get("dirty"), f"`{t['command']}`"))
+    rows += attention_source_rows(os.path.join(HERE, "..", "bench", "attention-providers.json"),
+                                  "bench/attention-providers.json")
     return rows
+
+
+def attention_source_rows(path, rel):
+    """The Sources row of a bench-attention document at `path` (`rel` from the repository root), if it has points."""
+    doc = attention_doc(path)
+    if not doc:
+        return []
+    return [(f"[{os.path.basename(rel)}](../{rel})", f"{doc['machine'].get('device_name', '?')} (GPU)", doc["commit"],
+             doc.get("dirty"), f"`{doc['command']}`")]
 
 
 def other_sources(results_dir):
