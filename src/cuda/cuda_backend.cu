@@ -466,10 +466,13 @@ class CudaBackend final : public Backend {
         const std::int64_t ws = cudnn_->backward_workspace(*bp, deterministic_);
         if (!forced && !deterministic_ && ws > scratch_cap())
           why = detail::concat("cuDNN's workspace of ", ws, " bytes exceeds the scratch cap of ", scratch_cap());
-        else if (ws > workspace_room())
-          why = detail::concat("cuDNN's ", deterministic_ ? "deterministic" : "non-deterministic",
-                               " backward needs a workspace of ", ws, " bytes, more than the GPU has for it (",
-                               workspace_room(), " bytes)");
+        else if (ws > std::int64_t(ctx_.scratch.slot_bytes(ScratchSlot::cudnn_workspace))) {  // the slot must grow
+          const std::int64_t room = workspace_room();
+          if (ws > room)
+            why = detail::concat("cuDNN's ", deterministic_ ? "deterministic" : "non-deterministic",
+                                 " backward needs a workspace of ", ws, " bytes, more than the GPU has for it (", room,
+                                 " bytes)");
+        }
       }
       if (why.empty() && (backward ? cudnn_->backward(*bp, deterministic_, &why) : cudnn_->forward(p, &why)))
         return true;
