@@ -889,19 +889,18 @@ TEST(CudaAttentionCudnnGraphs, WorkspaceBeyondTheGpuIsRefusedByName) {
   AttentionBwdParams p;
   p.dtype = DType::BF16, p.kernel = AttentionKernel::Fused, p.batch = 1, p.q_len = S, p.kv_len = S;
   p.q_heads = p.kv_heads = H, p.d_qk = dqk, p.d_v = dv, p.scale = 1.0 / std::sqrt(double(dqk));
-  auto set = [](const Tensor& t, i64 d, void*& ptr, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
-    ptr = const_cast<void*>(static_cast<const void*>(t.data())), ts = bs = t.dim(1), hs = d;
+  // [S, H * d] row-major: token and batch stride a row, head stride d.
+  auto strides = [](const Tensor& t, i64 d, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
+    ts = bs = t.dim(1), hs = d;
   };
-  void* in[4];
-  set(q, dqk, in[0], p.q_token_stride, p.q_batch_stride, p.q_head_stride);
-  set(k, dqk, in[1], p.k_token_stride, p.k_batch_stride, p.k_head_stride);
-  set(v, dv, in[2], p.v_token_stride, p.v_batch_stride, p.v_head_stride);
-  set(dout, dv, in[3], p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
-  p.q = in[0], p.k = in[1], p.v = in[2], p.dout = in[3];
-  set(o, dv, p.o, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
-  set(dq, dqk, p.dq, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
-  set(dk, dqk, p.dk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
-  set(dvt, dv, p.dv, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+  p.q = q.data(), strides(q, dqk, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
+  p.k = k.data(), strides(k, dqk, p.k_token_stride, p.k_batch_stride, p.k_head_stride);
+  p.v = v.data(), strides(v, dv, p.v_token_stride, p.v_batch_stride, p.v_head_stride);
+  p.dout = dout.data(), strides(dout, dv, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
+  p.o = o.data(), strides(o, dv, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
+  p.dq = dq.data(), strides(dq, dqk, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
+  p.dk = dk.data(), strides(dk, dqk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
+  p.dv = dvt.data(), strides(dvt, dv, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
   p.lse = lse.data();
   try {
     be->attention_backward(p);
