@@ -1597,7 +1597,6 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
     cp_async_wait<0>();
     fence_proxy_async();  // wgmma reads what cp.async and the stores wrote
     __syncthreads();      // (A) Q_t, dO_t, lse_t and D_t are in; every dQ add of step t - 1 is issued
-    if (kWg == 0 && t128 == 0 && t > 0) release_counter(dq_count + tile_base + r0 / kBM + 1);
 
     float x[1][kNT][4];  // warpgroup 0: S^T, then P^T; warpgroup 1: dP^T
     if constexpr (kWg == 0) {
@@ -1613,6 +1612,9 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
       fence_proxy_async();
     } else {
       warpgroup_mma_nt_async<1, kBM, kDv, kBN>(x, s_k, 0, s_do);
+      // Row tile t - 1 is done (A): released while dP^T runs, so that the release's wait for this block's adds
+      // to drain holds no wgmma back.
+      release_counter_if(t128 == 0 && t > 0, dq_count + tile_base + r0 / kBM + 1);
       warpgroup_wait<0>(x);
     }
     __syncthreads();  // (B) P^T is in
@@ -1646,7 +1648,6 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
     reg_fence_all(acc_a);
     reg_fence_all(acc_b);
     __syncthreads();  // (C) dS^T is in; dO_t and D_t are no longer read
-    if (tid == 0) wait_counter(dq_count + tile_base + r0 / kBM, unsigned(kblock));  // the key blocks before this one
 
     // dKV += dS^T Q over the warpgroup's columns; then dQ = dS K by chunks, two accumulators in turn.
     float qa[8][4], qb[8][4], qc[4][4];
@@ -1666,6 +1667,9 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
     }
     if (t + 1 < n_tiles) load_do(t + 1);  // requested while dS^T Q runs
     cp_async_commit();
+    // The key blocks before this one have added theirs to the row tile: warpgroup 1 waits (every thread, the
+    // same count) while its chains run; barrier D passes it on.
+    if constexpr (kWg == 1) wait_counter(dq_count + tile_base + r0 / kBM, unsigned(kblock));
     wgmma_wait<0>();
     reg_fence_all(acc_a);
     reg_fence_all(acc_b);

@@ -496,6 +496,17 @@ __device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned v
 __device__ __forceinline__ void release_counter(unsigned* counter) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
+// The same where `on` holds, without a branch (a divergent path with wgmma in flight serialises them: C7518).
+__device__ __forceinline__ void release_counter_if(bool on, unsigned* counter) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %1, 0;\n"
+      "@p red.release.gpu.global.add.u32 [%0], 1;\n"
+      "}\n" ::"l"(counter),
+      "r"(int(on))
+      : "memory");
+}
 
 // Two floats rounded to bf16 and packed (lo in the low half: the lower column).
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {

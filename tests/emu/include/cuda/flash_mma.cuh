@@ -632,4 +632,7 @@ inline void wait_counter(const unsigned* counter, unsigned value, bool at_least 
 inline void release_counter(unsigned* counter) {
   std::atomic_ref<unsigned>(*counter).fetch_add(1, std::memory_order_release);
 }
+inline void release_counter_if(bool on, unsigned* counter) {
+  if (on) release_counter(counter);
+}
 }  // namespace laga::cuda::flash
