@@ -776,9 +776,9 @@ cmd_cudnn() {
   #      attention-providers.json, the table `auto` chooses from;
   #   p. `laga bench --device cuda --phantom`, DeepSeek-V3, a2a, P = 8, fused, per provider (laga: LAGA, explicit,
   #      absorbed; cudnn and auto: LAGA, explicit; cudnn and auto again with --nondeterministic), the weight
-  #      gradients in bf16 as the peer's (--grad-dtype bfloat16) -> h200-block-<provider>[-nondet].json;
+  #      gradients in bf16 as the peer's (--grad-dtype bfloat16), 10 timed passes after 3 -> h200-block-<provider>[-nondet].json;
   #   c. scripts/peer_torch_block.py: the same rank in plain PyTorch (SDPA), explicit and LAGA, eager and with
-  #      torch.compile around the attention -> peer.json.
+  #      torch.compile around the attention, 10 timed passes after 5 (SDPA's backward settles after several) -> peer.json.
   #   s. `laga bench-attention` at the perf test's MHA shapes (a2a at P = 1 and 8: 128 and 16 heads; S = 32k, 8k),
   #      10 warm-ups and 30 repeats, so that both providers run at the GPU's power limit as in training ->
   #      attention-sustained.json, with the SM clock, power and throttle reasons sampled (smi-sustained.csv).
@@ -841,7 +841,7 @@ cmd_cudnn() {
       stamp "bench $run"
       # shellcheck disable=SC2086
       "$laga" bench --device cuda --phantom --model deepseek-v3 --seq "$seqs" --sp 8 --layout a2a --kernel fused \
-        --form $forms --attention-provider "$provider" $flag --grad-dtype bfloat16 --repeat 5 --warmup 1 \
+        --form $forms --attention-provider "$provider" $flag --grad-dtype bfloat16 --repeat 10 --warmup 3 \
         --out "$out/h200-block-$run.json" \
         >"$out/bench-$run.txt" 2>&1
       echo "exit $?"; tail -12 "$out/bench-$run.txt"

@@ -257,8 +257,9 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--form", default="explicit,laga")
     ap.add_argument("--compile", default="off", help="off, on, or both")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="untimed passes first (PyTorch's cuDNN attention backward settles after several)")
+    ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--init", choices=("randn", "uniform"), default="randn",
                     help="the data: weights N(0,1) / sqrt(fan_in), unit norm scales, x and dy N(0,1); or laga's: "
                          "U(-1,1) / sqrt(fan_in) (as torch.nn.Linear's default), 1 + 0.1 U(-1,1), U(-1,1)")
