@@ -657,6 +657,12 @@ void cuda_set_flash_ws_backward(Backend& backend, bool warp_specialized) {
   as_cuda(backend, "cuda_set_flash_ws_backward").context().flash_ws_backward = warp_specialized;
 }
 
+bool cuda_flash_vk_rows(Backend& backend) { return as_cuda(backend, "cuda_flash_vk_rows").context().flash_vk_rows; }
+
+void cuda_set_flash_vk_rows(Backend& backend, bool rows_resident) {
+  as_cuda(backend, "cuda_set_flash_vk_rows").context().flash_vk_rows = rows_resident;
+}
+
 int cuda_flash_row_splits(Backend& backend) { return as_cuda(backend, "cuda_flash_row_splits").context().flash_row_splits; }
 
 void cuda_set_flash_row_splits(Backend& backend, int splits) {

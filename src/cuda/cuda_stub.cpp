@@ -44,6 +44,8 @@ bool cuda_flash_ws_forward(Backend&) { no_cuda("cuda_flash_ws_forward"); }
 void cuda_set_flash_ws_forward(Backend&, bool) { no_cuda("cuda_set_flash_ws_forward"); }
 bool cuda_flash_ws_backward(Backend&) { no_cuda("cuda_flash_ws_backward"); }
 void cuda_set_flash_ws_backward(Backend&, bool) { no_cuda("cuda_set_flash_ws_backward"); }
+bool cuda_flash_vk_rows(Backend&) { no_cuda("cuda_flash_vk_rows"); }
+void cuda_set_flash_vk_rows(Backend&, bool) { no_cuda("cuda_set_flash_vk_rows"); }
 
 std::unique_ptr<CommClock> make_cuda_comm_clock(Backend&) { no_cuda("make_cuda_comm_clock"); }
 void cuda_set_attention_provider(Backend&, AttentionProvider) { no_cuda("cuda_set_attention_provider"); }

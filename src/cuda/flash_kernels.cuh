@@ -1145,13 +1145,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
 // dQ = scale * dq_accum, one block per (row tile, kv head, batch entry) in dq_accum's order; a tile no key
 // block added to (rows that see no key) is zeros. The tile goes through shared memory (kRows x kDqk floats),
-// from the accumulator order to rows, whose layout kLayout names (DqLayout).
-template <int kDqk, bool kAligned, DqLayout kLayout = DqLayout::fused>
+// from the accumulator order to rows, whose layout kLayout names (DqLayout). kKeys: the tiles are
+// flash_bwd_vkq_kernel's dK + [dV, 0] (a key for a row, DqLayout::rows), written into dk.
+template <int kDqk, bool kAligned, DqLayout kLayout = DqLayout::fused, bool kKeys = false>
 __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const AttentionBwdParams p, const float* dq_accum,
                                                                    const unsigned* dq_count) {
   constexpr int kRows = kDqTileRows, kThreads = 256;
+  static_assert(!kKeys || kLayout == DqLayout::rows, "key tiles are in the rows layout");
   float* s = reinterpret_cast<float*>(dynamic_smem());
-  const i64 group = p.q_heads / p.kv_heads, rows = p.q_len * group, row_tiles = dq_row_tiles(rows);
+  const i64 group = kKeys ? 1 : p.q_heads / p.kv_heads, rows = kKeys ? p.kv_len : p.q_len * group;
+  const i64 row_tiles = dq_row_tiles(rows);
   const RowMap rm{u32(group)};
   const i64 tile = blockIdx.x, pair = tile / row_tiles, row0 = (tile % row_tiles) * kRows;
   const i64 g = pair % p.kv_heads, b = pair / p.kv_heads;
@@ -1161,7 +1164,8 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
     for (int i = threadIdx.x; i < kRows * kDqk / 4; i += kThreads) reinterpret_cast<float4*>(s)[i] = src[i];
   }
   __syncthreads();
-  bf16* dq = static_cast<bf16*>(p.dq) + b * p.dq_batch_stride;
+  bf16* out = kKeys ? static_cast<bf16*>(p.dk) + b * p.dk_batch_stride + g * p.dk_head_stride
+                    : static_cast<bf16*>(p.dq) + b * p.dq_batch_stride;
   const float scale = kLayout == DqLayout::rows ? 1.f : float(p.scale);
   auto offset = [](int r, int d) {
     if constexpr (kLayout == DqLayout::rows) return dq_accum_offset_rows(r, d);
@@ -1174,7 +1178,9 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
     if (row >= rows) continue;
     const float lo = added ? scale * s[offset(r, d)] : 0.f;
     const float hi = added ? scale * s[offset(r, d + 1)] : 0.f;
-    store2<kAligned>(dq + (g * group + rm.head(row)) * p.dq_head_stride + rm.query(row) * p.dq_token_stride + d, lo, hi);
+    const i64 at = kKeys ? row * p.dk_token_stride
+                         : (g * group + rm.head(row)) * p.dq_head_stride + rm.query(row) * p.dq_token_stride;
+    store2<kAligned>(out + at + d, lo, hi);
   }
 }
 
@@ -1743,6 +1749,231 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     bwd_vk_role<1, Tr, kAligned>(p, delta, dq_accum, dq_count, splits, partial);
 }
 
+// ================================================================ 576/512 backward, rows resident
+// flash_bwd_vkq_kernel: flash_bwd_vk_kernel's arithmetic with the roles of rows and keys exchanged. A block owns a
+// 64-row tile (RowTile's: the rows with the most keys first) and keeps its dQ in registers (warpgroup 0 columns
+// [0, 288), warpgroup 1 [288, 576)); it loads its Q and dO tiles once and walks the key blocks its rows see from
+// the first, loading K (V inside) once a step: 72 KB a step where flash_bwd_vk_kernel loads 136 KB of Q and dO,
+// for the same 144 KB of fp32 adds. Per step: S = Q K^T (warpgroup 0) and dP = dO V^T (warpgroup 1) at the same
+// time; P from the saved log-sum-exp (warpgroup 0) and dS = scale P (dP - D) (warpgroup 1) into shared memory;
+// dQ += dS K over each warpgroup's columns; then dK + [dV, 0] of the key block by 64-column chunks (P^T dO +
+// dS^T Q below column 512, dS^T Q above; two accumulators in turn), added into the key block's fp32 tile (keys
+// in dq_accum_offset_rows' order) in the row tiles' order: the first stores, each next adds once the tile's
+// counter says that the ones before it have. The row tiles before this one in that order see every key block
+// this one sees, so its place in each key block's order is its place in the work order.
+template <int kDqk_, int kDv_>
+struct BwdVkqTraits {
+  static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockM = 64, kBlockN = 64, kThreads = 256;
+  static constexpr int kQBytes = kBlockM * kDqk * 2, kDoBytes = kBlockM * kDv * 2, kKBytes = kBlockN * kDqk * 2;
+  static constexpr int kOffDo = kQBytes, kOffK = kOffDo + kDoBytes, kOffP = kOffK + kKBytes;
+  static constexpr int kOffDs = kOffP + kBlockM * kBlockN * 2, kSmemBytes = kOffDs + kBlockM * kBlockN * 2;
+  static_assert(kDqk == 576 && kDv == 512, "the warpgroups' column split is 576/512's");
+  static_assert(kOffDo % 1024 == 0 && kOffK % 1024 == 0 && kOffP % 1024 == 0 && kOffDs % 1024 == 0,
+                "1024-aligned wgmma tiles");
+  static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "Q, dO and K tiles exceed shared memory");
+};
+
+// One warpgroup's part of flash_bwd_vkq_kernel (the two meet at four barriers a step).
+template <int kWg, class Tr, bool kAligned>
+__device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const float* delta, float* dkv_accum,
+                                             unsigned* dkv_count) {
+  constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv, kThreads = Tr::kThreads;
+  constexpr int kNT = kBN / 8;
+  char* smem = dynamic_smem();
+  bf16* s_q = reinterpret_cast<bf16*>(smem);
+  bf16* s_do = reinterpret_cast<bf16*>(smem + Tr::kOffDo);
+  bf16* s_k = reinterpret_cast<bf16*>(smem + Tr::kOffK);
+  bf16* s_p = reinterpret_cast<bf16*>(smem + Tr::kOffP);    // [kBM][kBN]
+  bf16* s_ds = reinterpret_cast<bf16*>(smem + Tr::kOffDs);  // [kBM][kBN], scaled
+  auto col = [](const bf16* s, int rows, int c) { return s + (c / 64) * rows * 64 + c % 64; };
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int t128 = tid & 127, wr0 = 16 * (warp & 3);  // the warp's rows in the tile (both warpgroups: all 64)
+  const RowTile<kBM, kBN> rt(p);
+  const auto& [group, rows, row0, row_last, g, b, n_full, rm, n_tiles] = rt;
+  const unsigned order = unsigned(ceil_div(rows, kBM) - 1 - row0 / kBM);  // place in each key block's adds
+  const i64 tile_base = (b * p.kv_heads + g) * ceil_div(p.kv_len, kBN);  // this (batch, kv head)'s first tile
+
+  const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
+  auto load_k = [&](int t) {
+    const i64 n0 = i64(t) * kBN;
+    auto k_row = [&](int r) -> const bf16* { return n0 + r < p.kv_len ? k + (n0 + r) * p.k_token_stride : nullptr; };
+    load_tile<kBN, kDqk, kThreads, kAligned, decltype(k_row), true>(s_k, k_row, tid);
+  };
+  {
+    const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
+    const bf16* dout = static_cast<const bf16*>(p.dout) + b * p.dout_batch_stride;
+    auto q_row = [&](int r) { return rt.row_ptr(q, p.q_head_stride, p.q_token_stride, r); };
+    load_tile<kBM, kDqk, kThreads, kAligned, decltype(q_row), true>(s_q, q_row, tid);
+    auto do_row = [&](int r) { return rt.row_ptr(dout, p.dout_head_stride, p.dout_token_stride, r); };
+    load_tile<kBM, kDv, kThreads, kAligned, decltype(do_row), true>(s_do, do_row, tid);
+  }
+  if (n_tiles > 0) load_k(0);
+  cp_async_commit();
+
+  // The thread's two rows' values: warpgroup 0 their log-sum-exps times log2(e), warpgroup 1 their D.
+  float rv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const i64 row = row0 + wr0 + gid + 8 * h;
+    const i64 at = (b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row);
+    if constexpr (kWg == 0)
+      rv[h] = row < rows ? static_cast<const float*>(p.lse)[at] * kLog2e : INFINITY;
+    else
+      rv[h] = row < rows ? delta[at] : 0.f;
+  }
+
+  // dQ accumulators: warpgroup 0 [0, 256) and [256, 288); warpgroup 1 [288, 320), [320, 512) and [512, 576).
+  constexpr int kNA = kWg == 0 ? 256 : 192, kColA = kWg == 0 ? 0 : 320, kColB = kWg == 0 ? 256 : 288;
+  float acc_a[1][kNA / 8][4], acc_b[1][4][4], acc_c[1][kWg == 0 ? 1 : 8][4];
+  zero(acc_a);
+  zero(acc_b);
+  zero(acc_c);
+  const float sl2 = float(p.scale) * kLog2e, scale = float(p.scale);
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const i64 n0 = i64(t) * kBN;
+    float* dkv_tile = dkv_accum + (tile_base + t) * (kBN * kDqk);
+    cp_async_wait<0>();
+    fence_proxy_async();  // wgmma reads what cp.async and the stores wrote
+    __syncthreads();      // (A) K_t is in (and Q, dO at t = 0); every add of step t - 1 is issued
+
+    float x[1][kNT][4];  // warpgroup 0: S, then P; warpgroup 1: dP
+    if constexpr (kWg == 0) {
+      warpgroup_mma_nt_async<1, kBN, kDqk, kBM>(x, s_q, 0, s_k);
+      warpgroup_wait<0>(x);
+      const bool masked = n0 + kBN > n_full;
+      probs_from_lse(
+          x, sl2, tig, [&](int, int h) { return rv[h]; },
+          [&](int, int h) {
+            return masked ? visible_keys(rm.query(imin(row0 + wr0 + gid + 8 * h, row_last)), p.q_offset, p.kv_len) - n0
+                          : i64(kBN);
+          });
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<u32*>(s_p + swz_k64<kBM>(wr0 + gid + 8 * h, nt * 8 + 2 * tig)) =
+              pack_bf16(x[0][nt][2 * h], x[0][nt][2 * h + 1]);
+      fence_proxy_async();
+    } else {
+      warpgroup_mma_nt_async<1, kBN, kDv, kBM>(x, s_do, 0, s_k);  // V = K's first d_v columns
+      // Key block t - 1 is done (A): released while dP runs (the release waits for this block's adds to drain).
+      release_counter_if(t128 == 0 && t > 0, dkv_count + tile_base + t - 1);
+      warpgroup_wait<0>(x);
+    }
+    __syncthreads();  // (B) P is in
+    if constexpr (kWg == 1) {  // dS = scale P (dP - D), from the bf16 P (dS is rounded to bf16 for its GEMMs anyway)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int off = swz_k64<kBM>(wr0 + gid + 8 * h, nt * 8 + 2 * tig);
+          const u32 ph = *reinterpret_cast<const u32*>(s_p + off);
+          *reinterpret_cast<u32*>(s_ds + off) = pack_bf16(scale * lo_bf16(ph) * (x[0][nt][2 * h] - rv[h]),
+                                                          scale * hi_bf16(ph) * (x[0][nt][2 * h + 1] - rv[h]));
+        }
+      fence_proxy_async();
+    }
+    __syncthreads();  // (C) dS is in
+
+    // dQ += dS K over the warpgroup's columns. Warpgroup 1 waits (every thread, the same count) until the row
+    // tiles before this one have added theirs to key block t, while its chains run; barrier D passes it on.
+    if constexpr (kWg == 0) {
+      warpgroup_mma_ss_tb_async<1, 256, kBN / 16, kBM, kBN>(acc_a, s_ds, 0, col(s_k, kBN, kColA));
+      warpgroup_mma_ss_tb_async<1, 32, kBN / 16, kBM, kBN>(acc_b, s_ds, 0, col(s_k, kBN, kColB));
+    } else {
+      warpgroup_mma_ss_tb_async<1, 32, kBN / 16, kBM, kBN>(acc_b, s_ds, 0, col(s_k, kBN, kColB));
+      warpgroup_mma_ss_tb_async<1, 192, kBN / 16, kBM, kBN>(acc_a, s_ds, 0, col(s_k, kBN, kColA));
+      warpgroup_mma_ss_tb_async<1, 64, kBN / 16, kBM, kBN>(acc_c, s_ds, 0, col(s_k, kBN, kDv));
+      wait_counter(dkv_count + tile_base + t, order);
+    }
+    wgmma_wait<0>();
+    reg_fence_all(acc_a);
+    reg_fence_all(acc_b);
+    reg_fence_all(acc_c);
+    __syncthreads();  // (D) K_t is no longer read; the row tiles before this one have added theirs to key block t
+
+    // dK + [dV, 0] of key block t by chunks of columns: keys x columns, the tile's rows the sum. The first chunk is
+    // issued before K_{t+1} is requested (the tensor cores start first).
+    float qa[8][4], qb[8][4], qc[4][4];
+    const bool first = order == 0;
+    auto chunk = [&](auto& acc, auto c0) {
+      constexpr int kC0 = decltype(c0)::value, kN = sizeof(acc) / (4 * sizeof(float)) * 8;
+      warpgroup_mma_tt2_n_async<kN, kBM / 16, kBM, (kC0 < kDv)>(acc, s_p, col(s_do, kBM, kC0 < kDv ? kC0 : 0),
+                                                                 s_ds, col(s_q, kBM, kC0));
+    };
+    using std::integral_constant;
+    if constexpr (kWg == 0) {
+      chunk(qa, integral_constant<int, 0>{});
+      if (t + 1 < n_tiles) load_k(t + 1);
+      cp_async_commit();
+      chunk(qb, integral_constant<int, 64>{});
+      warpgroup_wait<1>(qa);
+      add_dq_chunk<0>(dkv_tile, t128, first, qa);
+      chunk(qa, integral_constant<int, 128>{});
+      warpgroup_wait<1>(qb);
+      add_dq_chunk<64>(dkv_tile, t128, first, qb);
+      chunk(qb, integral_constant<int, 192>{});
+      warpgroup_wait<1>(qa);
+      add_dq_chunk<128>(dkv_tile, t128, first, qa);
+      chunk(qc, integral_constant<int, 256>{});
+      warpgroup_wait<1>(qb);
+      add_dq_chunk<192>(dkv_tile, t128, first, qb);
+      warpgroup_wait<0>(qc);
+      add_dq_chunk<256>(dkv_tile, t128, first, qc);
+    } else {  // chunks: qc [288, 320), qa [320, 384), qb [384, 448), qa [448, 512), qb [512, 576)
+      chunk(qc, integral_constant<int, 288>{});
+      if (t + 1 < n_tiles) load_k(t + 1);
+      cp_async_commit();
+      chunk(qa, integral_constant<int, 320>{});
+      warpgroup_wait<1>(qc);
+      add_dq_chunk<288>(dkv_tile, t128, first, qc);
+      chunk(qb, integral_constant<int, 384>{});
+      warpgroup_wait<1>(qa);
+      add_dq_chunk<320>(dkv_tile, t128, first, qa);
+      chunk(qa, integral_constant<int, 448>{});
+      warpgroup_wait<1>(qb);
+      add_dq_chunk<384>(dkv_tile, t128, first, qb);
+      chunk(qb, integral_constant<int, 512>{});
+      warpgroup_wait<1>(qa);
+      add_dq_chunk<448>(dkv_tile, t128, first, qa);
+      warpgroup_wait<0>(qb);
+      add_dq_chunk<512>(dkv_tile, t128, first, qb);
+    }
+  }
+  if (n_tiles > 0) {
+    __syncthreads();  // every thread's adds to the last key block are issued
+    if (kWg == 0 && t128 == 0) release_counter(dkv_count + tile_base + n_tiles - 1);
+  }
+
+  // dQ in bf16 (dS carried the scale)
+  bf16* dq = static_cast<bf16*>(p.dq) + b * p.dq_batch_stride;
+  auto store = [&](auto c0, const auto& acc) {
+    constexpr int kC0 = decltype(c0)::value, kN = sizeof(acc) / (4 * sizeof(float));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const i64 row = row0 + wr0 + gid + 8 * h;
+      if (row >= rows) continue;
+      bf16* out = dq + (g * group + rm.head(row)) * p.dq_head_stride + rm.query(row) * p.dq_token_stride + kC0;
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt) store2<kAligned>(out + nt * 8 + 2 * tig, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
+    }
+  };
+  store(std::integral_constant<int, kColA>{}, acc_a);
+  store(std::integral_constant<int, kColB>{}, acc_b);
+  if constexpr (kWg == 1) store(std::integral_constant<int, kDv>{}, acc_c);
+}
+
+template <class Tr, bool kAligned>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_bwd_vkq_kernel(const AttentionBwdParams p, const float* delta, float* dkv_accum, unsigned* dkv_count) {
+  if (threadIdx.x < 128)
+    bwd_vkq_role<0, Tr, kAligned>(p, delta, dkv_accum, dkv_count);
+  else
+    bwd_vkq_role<1, Tr, kAligned>(p, delta, dkv_accum, dkv_count);
+}
+
 // ================================================================ backward: dK, dV through shared memory
 // kBlockN keys per block, kBlockM rows per step (one stage: Q/lse load during dV, dO/D during S^T).
 // S^T and dP^T: kWarpsNS (keys) x kWarps / kWarpsNS (rows) warps; dK and dV: every warp all kBlockN keys and
@@ -2199,7 +2430,8 @@ struct Kernels {
                                          c.dkdv_wgmma, c.dq_fused>;
   using DkdvWs = BwdWsTraits<kDqk, kDv>;  // only instantiated when c.dkdv_ws
   using DkdvSmem = BwdKvSmemTraits<kDqk, kDv, c.dkdv_n, c.dkdv_m, c.dkdv_warps, c.dkdv_warps_ns, kVInK>;
-  using Vk = BwdVkTraits<kDqk, kDv>;  // only instantiated when c.dkv_sum
+  using Vk = BwdVkTraits<kDqk, kDv>;    // only instantiated when c.dkv_sum
+  using Vkq = BwdVkqTraits<kDqk, kDv>;  // the same, rows resident
   using Dq = BwdQTraits<kDqk, kDv, c.dq_m, c.dq_n, c.dq_warps, c.dq_warps_ms, c.dq_warps_mq, kVInK,
                        c.dq_min_blocks, c.dq_wgmma>;
 };

@@ -16,6 +16,8 @@
 //   bool warp_specialized_forward()                         192/128: flash_fwd_ws_kernel, else flash_fwd_kernel
 //   bool warp_specialized_backward()                        192/128 with fused dQ, MHA, aligned views:
 //                                                           flash_bwd_ws_kernel, else flash_bwd_dkdv_regs_kernel
+//   bool rows_resident_vk()                                 576/512 with V inside K and dv_in_dk (fused dQ):
+//                                                           flash_bwd_vkq_kernel, else flash_bwd_vk_kernel
 #pragma once
 
 #include <algorithm>
@@ -176,6 +178,20 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
   launch_nonempty(launcher, flash_bwd_delta_kernel<kAligned>, "flash_bwd_delta_kernel", ceil_div(bh_rows, 8), 256, 0, p, delta);
   const float* cdelta = delta;
   if constexpr (c.dkv_sum) {
+    if (p.dv_in_dk && launcher.rows_resident_vk()) {
+      // dQ in registers, a block per row tile walking the key blocks; dK + [dV, 0] added up into fp32 key tiles
+      // (dq_tiles' tiles, a key for a row), then copied into dk.
+      using Tr = typename K::Vkq;
+      const DqTiles dkv = dq_tiles<Tr::kDqk>(launcher, p, p.kv_len);
+      launch_nonempty(launcher, flash_bwd_vkq_kernel<Tr, kAligned>, "flash_bwd_vkq_kernel",
+          flash_grid(ceil_div(rows, Tr::kBlockM), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, dkv.accum,
+          dkv.count);
+      launch_nonempty(launcher, flash_bwd_dq_convert_kernel<Tr::kDqk, kAligned, DqLayout::rows, true>,
+          "flash_bwd_dq_convert_kernel (dK + [dV, 0])", dkv.tiles, 256,
+          sizeof(float) * std::size_t(kDqTileRows) * Tr::kDqk, p, static_cast<const float*>(dkv.accum),
+          static_cast<const unsigned*>(dkv.count));
+      return;
+    }
     if (p.dv_in_dk) {
       // dK + [dV, 0] in one accumulator, dQ added up into fp32 row tiles, then copied into dq
       // (flash_bwd_vk_kernel folds the scale into dS). Each key block's row tiles split over blocks as the

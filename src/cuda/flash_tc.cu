@@ -43,6 +43,7 @@ class StreamLauncher {
   int row_splits() const { return ctx_.flash_row_splits; }
   bool warp_specialized_forward() const { return ctx_.flash_ws_forward; }
   bool warp_specialized_backward() const { return ctx_.flash_ws_backward; }
+  bool rows_resident_vk() const { return ctx_.flash_vk_rows; }
 
  private:
   Context& ctx_;

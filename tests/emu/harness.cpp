@@ -26,6 +26,7 @@ struct Case {
   int splits;  // 576/512: the dK/dV row splits the launch code must choose (or, fixed_splits, is told to use)
   bool dv_in_dk = false;  // V inside K: dk takes dK + [dV, 0] (flash_bwd_vk_kernel), dv is not written
   bool fixed_splits = false;  // the launcher fixes the row splits at `splits` (as cuda_set_flash_row_splits)
+  bool vk_rows = false;  // dv_in_dk by flash_bwd_vkq_kernel (rows resident; as cuda_set_flash_vk_rows)
 };
 
 struct View {
@@ -86,9 +87,10 @@ long count_outside_written(const std::vector<bf16>& b, const View& v) {
 // so a kernel that reads scratch nobody wrote fails.
 class EmuLauncher {
  public:
-  EmuLauncher(int multiprocessors, bool fused_dq, int row_splits, bool ws_forward = true, bool ws_backward = true)
+  EmuLauncher(int multiprocessors, bool fused_dq, int row_splits, bool ws_forward = true, bool ws_backward = true,
+              bool vk_rows = false)
       : sms_(multiprocessors), fused_dq_(fused_dq), row_splits_(row_splits), ws_forward_(ws_forward),
-        ws_backward_(ws_backward) {}
+        ws_backward_(ws_backward), vk_rows_(vk_rows) {}
   template <class Kernel, class... Args>
   void launch(Kernel kernel, const char* name, i64 blocks, int threads, std::size_t smem, Args... args) {
     EMU_CHECK(blocks > 0 && blocks <= INT32_MAX, "%s: %ld blocks", name, long(blocks));
@@ -107,6 +109,7 @@ class EmuLauncher {
   int row_splits() const { return row_splits_; }
   bool warp_specialized_forward() const { return ws_forward_; }
   bool warp_specialized_backward() const { return ws_backward_; }
+  bool rows_resident_vk() const { return vk_rows_; }
   std::vector<std::pair<std::string, i64>> launched;  // kernel names and blocks, in launch order
 
  private:
@@ -115,6 +118,7 @@ class EmuLauncher {
   int row_splits_;
   bool ws_forward_;
   bool ws_backward_;
+  bool vk_rows_;
   std::vector<float> scratch_[4];
 };
 
@@ -127,8 +131,8 @@ std::vector<std::pair<std::string, i64>> run_fwd(const AttentionFwdParams& p, bo
   return launcher.launched;
 }
 std::vector<std::pair<std::string, i64>> run_bwd(const AttentionBwdParams& p, bool fused_dq, int row_splits,
-                                                 bool ws_backward = true) {
-  EmuLauncher launcher(kMultiprocessors, fused_dq, row_splits, true, ws_backward);
+                                                 bool ws_backward = true, bool vk_rows = false) {
+  EmuLauncher launcher(kMultiprocessors, fused_dq, row_splits, true, ws_backward, vk_rows);
   backward(launcher, p);
   return launcher.launched;
 }
@@ -201,7 +205,7 @@ bool run_case(const Case& c) {
     dq_regs = dq, dk_regs = dk, dv_regs = dv;
     poison();
   }
-  const std::vector<std::pair<std::string, i64>> launched = run_bwd(p, true, fixed);
+  const std::vector<std::pair<std::string, i64>> launched = run_bwd(p, true, fixed, true, c.vk_rows);
   if (both) {
     bool ws_ran = false;
     for (const auto& kv : launched) ws_ran = ws_ran || kv.first == "flash_bwd_ws_kernel";
@@ -209,7 +213,14 @@ bool run_case(const Case& c) {
   }
   // 576/512: the dK/dV kernel over key blocks x the row splits the case expects, then their reduction.
   long wrong_splits = 0;
-  if (c.dv_in_dk) {  // the summed kernel (and its split reduction) between delta and the dQ copy
+  if (c.dv_in_dk && c.vk_rows) {  // the rows-resident kernel over row tiles, then the copy of its key tiles
+    long vkq = 0, other = 0;
+    for (const auto& [name, blocks] : launched) {
+      if (name == "flash_bwd_vkq_kernel") vkq += blocks == ceil_div(c.q_len * group, 64) * c.kv_heads * c.batch;
+      other += name == "flash_bwd_vk_kernel" || name == "flash_bwd_dkdv_reduce_kernel" || name == "flash_bwd_dq_kernel";
+    }
+    wrong_splits = (vkq != 1) + other;
+  } else if (c.dv_in_dk) {  // the summed kernel (and its split reduction) between delta and the dQ copy
     long vk = 0, other = 0;
     bool reduced = false;
     for (const auto& [name, blocks] : launched) {
@@ -332,7 +343,10 @@ bool run_case(const Case& c) {
     std::printf("%-34s single-warpgroup forward (flash_fwd_kernel): o %.2e lse %.2e\n", "", eo_old.rel(),
                 else_old.den ? else_old.rel() : 0.0);
   if (wrong_fwd) std::printf("%-34s the forward did not launch %s alone\n", "", fwd_kernel);
-  if (c.dv_in_dk)
+  if (c.dv_in_dk && c.vk_rows)
+    std::printf("%-34s dk = dK + [dV, 0] by flash_bwd_vkq_kernel (rows resident): %s\n", "",
+                wrong_splits ? "NOT what was launched" : "launched");
+  else if (c.dv_in_dk)
     std::printf("%-34s dk = dK + [dV, 0] by flash_bwd_vk_kernel, %d row split(s): %s\n", "", c.splits,
                 wrong_splits ? "NOT what was launched" : "launched");
   else if (c.splits > 1 || wrong_splits)
@@ -381,6 +395,15 @@ int main(int argc, char** argv) {
       {"vk_576_512_wide_splits3", 1, 64, 50, 12, 1, 576, 512, 0, true, true, 3, true, true},
       // 128 heads (a row tile is half a query's heads), 768 rows in 2 splits (the rule).
       {"vk_576_512_h128", 1, 6, 40, 128, 1, 576, 512, 34, false, true, 2, true},
+      // The same sums by flash_bwd_vkq_kernel (a block per row tile, dK + [dV, 0] added into fp32 key tiles in
+      // row-tile order): one key block; four key blocks with a partial last one; unaligned views and an offset;
+      // 16 heads; batch 2 with a negative offset (key blocks no row sees stay zero); 128 heads.
+      {"vkq_576_512_one_block", 1, 20, 20, 3, 1, 576, 512, 0, false, true, 1, true, false, true},
+      {"vkq_576_512_four_key_blocks", 1, 48, 230, 4, 1, 576, 512, 182, false, true, 1, true, false, true},
+      {"vkq_576_512_wide_offset", 1, 30, 150, 5, 1, 576, 512, 101, true, true, 1, true, false, true},
+      {"vkq_576_512_h16", 1, 12, 100, 16, 1, 576, 512, 88, false, true, 1, true, false, true},
+      {"vkq_576_512_batch2_negative", 2, 40, 70, 2, 1, 576, 512, -5, false, true, 1, true, false, true},
+      {"vkq_576_512_h128", 1, 6, 40, 128, 1, 576, 512, 34, false, true, 1, true, false, true},
   };
   int fails = 0;
   for (const auto& c : cases) {

@@ -652,6 +652,21 @@ TEST_P(CudaAttentionDvInDk, SumMatchesFloat64AndRerunsBitwise) {
     EXPECT_THROW(cuda_set_flash_row_splits(gpu, 17), InvalidArgument);
     EXPECT_THROW(cuda_set_flash_row_splits(gpu, -1), InvalidArgument);
     EXPECT_EQ(cuda_flash_row_splits(gpu), 0) << "a refused count leaves the setting as it was";
+    // The rows-resident kernel (cuda_set_flash_vk_rows): the same sums within the same bars, bitwise on rerun.
+    if (dp.fused_dq) {
+      cuda_set_flash_vk_rows(gpu, true);
+      for (Mirror* m : {&pr.dq, &pr.dk}) m->poison(gpu);
+      gpu.attention_backward(p);
+      gpu.synchronize();
+      SCOPED_TRACE("rows resident");
+      expect_output("dq", dp.dtype, pr.dq.download(gpu), pr.dq_ref, pr.dqv.mask(), tol);
+      expect_output("dk + dv", dp.dtype, pr.dk.download(gpu), sum_ref, pr.dkv.mask(), tol);
+      const auto dq_rows = raw(pr.dq), dk_rows = raw(pr.dk);
+      gpu.attention_backward(p);
+      EXPECT_EQ(raw(pr.dq), dq_rows) << "dq on rerun, rows resident";
+      EXPECT_EQ(raw(pr.dk), dk_rows) << "dk on rerun, rows resident";
+      cuda_set_flash_vk_rows(gpu, false);
+    }
   }
   std::printf("GPUCHECK dv_in_dk %s summed_kernel=%d\n", dv_in_dk_string(dp).c_str(), int(summed_kernel));
 }

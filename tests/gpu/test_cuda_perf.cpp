@@ -152,6 +152,10 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
       time_flipped(cuda_flash_ws_backward, cuda_set_flash_ws_backward, [&] { be.attention_backward(p); }, "bwd",
                    "warp_specialized", "dkdv_regs", bwd_flops);
   }
+  // 576/512 with V inside K: the summed backward on the other kernel (rows resident or key blocks resident).
+  if (kernel == AttentionKernel::Fused && s.v_in_k)
+    time_flipped(cuda_flash_vk_rows, cuda_set_flash_vk_rows, [&] { be.attention_backward(p); }, "bwd", "rows_resident",
+                 "keys_resident", bwd_flops);
   // 192/128 tensor cores: the same backward with the separate dQ kernel, in the same process, for comparison;
   // 576/512 with V inside K: the row-split dK/dV kernel, the dQ kernel and dV added into dK.
   if (kernel == AttentionKernel::Fused && ((s.dqk == 192 && s.dv == 128) || s.v_in_k) && cuda_flash_fused_dq(be)) {
