@@ -1903,43 +1903,35 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
       warpgroup_mma_tt2_n_async<kN, kBM / 16, kBM, (kC0 < kDv)>(acc, s_p, col(s_do, kBM, kC0 < kDv ? kC0 : 0),
                                                                  s_ds, col(s_q, kBM, kC0));
     };
+    auto add = [&](auto& acc, auto c0) {
+      warpgroup_wait<0>(acc);
+      add_dq_chunk<decltype(c0)::value>(dkv_tile, t128, first, acc);
+    };
+    // The next chunk issued, then the previous one (the older group) added while it runs.
+    auto next = [&](auto& acc, auto c0, auto& done, auto done_c0) {
+      chunk(acc, c0);
+      warpgroup_wait<1>(done);
+      add_dq_chunk<decltype(done_c0)::value>(dkv_tile, t128, first, done);
+    };
     using std::integral_constant;
-    if constexpr (kWg == 0) {
+    if constexpr (kWg == 0) {  // chunks: qa [0, 64), qb [64, 128), qa [128, 192), qb [192, 256), qc [256, 288)
       chunk(qa, integral_constant<int, 0>{});
       if (t + 1 < n_tiles) load_k(t + 1);
       cp_async_commit();
-      chunk(qb, integral_constant<int, 64>{});
-      warpgroup_wait<1>(qa);
-      add_dq_chunk<0>(dkv_tile, t128, first, qa);
-      chunk(qa, integral_constant<int, 128>{});
-      warpgroup_wait<1>(qb);
-      add_dq_chunk<64>(dkv_tile, t128, first, qb);
-      chunk(qb, integral_constant<int, 192>{});
-      warpgroup_wait<1>(qa);
-      add_dq_chunk<128>(dkv_tile, t128, first, qa);
-      chunk(qc, integral_constant<int, 256>{});
-      warpgroup_wait<1>(qb);
-      add_dq_chunk<192>(dkv_tile, t128, first, qb);
-      warpgroup_wait<0>(qc);
-      add_dq_chunk<256>(dkv_tile, t128, first, qc);
+      next(qb, integral_constant<int, 64>{}, qa, integral_constant<int, 0>{});
+      next(qa, integral_constant<int, 128>{}, qb, integral_constant<int, 64>{});
+      next(qb, integral_constant<int, 192>{}, qa, integral_constant<int, 128>{});
+      next(qc, integral_constant<int, 256>{}, qb, integral_constant<int, 192>{});
+      add(qc, integral_constant<int, 256>{});
     } else {  // chunks: qc [288, 320), qa [320, 384), qb [384, 448), qa [448, 512), qb [512, 576)
       chunk(qc, integral_constant<int, 288>{});
       if (t + 1 < n_tiles) load_k(t + 1);
       cp_async_commit();
-      chunk(qa, integral_constant<int, 320>{});
-      warpgroup_wait<1>(qc);
-      add_dq_chunk<288>(dkv_tile, t128, first, qc);
-      chunk(qb, integral_constant<int, 384>{});
-      warpgroup_wait<1>(qa);
-      add_dq_chunk<320>(dkv_tile, t128, first, qa);
-      chunk(qa, integral_constant<int, 448>{});
-      warpgroup_wait<1>(qb);
-      add_dq_chunk<384>(dkv_tile, t128, first, qb);
-      chunk(qb, integral_constant<int, 512>{});
-      warpgroup_wait<1>(qa);
-      add_dq_chunk<448>(dkv_tile, t128, first, qa);
-      warpgroup_wait<0>(qb);
-      add_dq_chunk<512>(dkv_tile, t128, first, qb);
+      next(qa, integral_constant<int, 320>{}, qc, integral_constant<int, 288>{});
+      next(qb, integral_constant<int, 384>{}, qa, integral_constant<int, 320>{});
+      next(qa, integral_constant<int, 448>{}, qb, integral_constant<int, 384>{});
+      next(qb, integral_constant<int, 512>{}, qa, integral_constant<int, 448>{});
+      add(qb, integral_constant<int, 512>{});
     }
   }
   if (n_tiles > 0) {
