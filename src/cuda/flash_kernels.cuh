@@ -1900,8 +1900,8 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
     const bool first = order == 0;
     auto chunk = [&](auto& acc, auto c0) {
       constexpr int kC0 = decltype(c0)::value, kN = sizeof(acc) / (4 * sizeof(float)) * 8;
-      warpgroup_mma_tt2_n_async<kN, kBM / 16, kBM, (kC0 < kDv)>(acc, s_p, col(s_do, kBM, kC0 < kDv ? kC0 : 0),
-                                                                 s_ds, col(s_q, kBM, kC0));
+      warpgroup_mma_tt2_n_async<kN, kBM / 16, kBM, kBM, (kC0 < kDv)>(acc, s_p, col(s_do, kBM, kC0 < kDv ? kC0 : 0),
+                                                                       s_ds, col(s_q, kBM, kC0));
     };
     auto add = [&](auto& acc, auto c0) {
       warpgroup_wait<0>(acc);

@@ -302,40 +302,20 @@ __device__ __forceinline__ void warpgroup_mma_ss_tb_async(float (&acc)[MT][N / 8
   wgmma_commit();
 }
 
-// acc[N/8][4] = A B with A (64 x 16 KS) the transpose of the tile [kRowsA][64] at s_a (as dS from the dS^T tile
-// [keys][rows]) and B (16 KS x N) the tile [kRowsB][*] read transposed from column s_b on (as K [keys][d] in
-// dQ = dS K; s_b may point 32 columns into a slab when N = 32). Issued and committed as one group.
-template <int N, int KS, int kRowsA, int kRowsB>
-__device__ __forceinline__ void warpgroup_mma_tt_n_async(float (&acc)[N / 8][4], const bf16* s_a, const bf16* s_b) {
-  static_assert(N == 32 || N == 64, "wgmma SS both-transposed shapes in use: n32, n64");
-  const std::uint64_t da0 = wgmma_desc_sw128_mn(smem_u32(s_a), u32(kRowsA * 128));
-  const std::uint64_t db0 = wgmma_desc_sw128_mn(smem_u32(s_b), u32(kRowsB * 128));
-  reg_fence_all(acc);
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < KS; ++ks) {
-    const std::uint64_t da = desc_advance(da0, u32(ks * 16 * 128));
-    const std::uint64_t db = desc_advance(db0, u32(ks * 16 * 128));
-    if constexpr (N == 32)
-      wgmma_m64n32k16_ss_tt(acc, da, db, ks > 0 ? 1 : 0);
-    else
-      wgmma_m64n64k16_ss_tt(acc, da, db, ks > 0 ? 1 : 0);
-  }
-  wgmma_commit();
-}
-
-// acc[N/8][4] = A1 B1 + A2 B2, each product as in warpgroup_mma_tt_n_async (A^T a tile [kRows][64], B^T a tile
-// [kRows][*] from column s_b on; as P^T dO + dS^T Q over a tile of rows); kBoth false: A2 B2 alone (s_a1, s_b1
-// unused). Issued and committed as one group.
-template <int N, int KS, int kRows, bool kBoth>
+// acc[N/8][4] = A1 B1 + A2 B2, each product A B with A (64 x 16 KS) the transpose of the tile [kRowsA][64] at s_a
+// (as dS from the dS^T tile [keys][rows], or P^T from the P tile [rows][keys]) and B (16 KS x N) the tile
+// [kRowsB][*] read transposed from column s_b on (as K [keys][d] in dQ = dS K, or dO [rows][d] in P^T dO; s_b may
+// point 32 columns into a slab when N = 32). kBoth false: A2 B2 alone (s_a1, s_b1 unused). Issued and committed
+// as one group.
+template <int N, int KS, int kRowsA, int kRowsB, bool kBoth>
 __device__ __forceinline__ void warpgroup_mma_tt2_n_async(float (&acc)[N / 8][4], const bf16* s_a1, const bf16* s_b1,
                                                           const bf16* s_a2, const bf16* s_b2) {
   static_assert(N == 32 || N == 64, "wgmma SS both-transposed shapes in use: n32, n64");
   reg_fence_all(acc);
   wgmma_fence();
   auto product = [&](const bf16* s_a, const bf16* s_b, bool accumulate) {
-    const std::uint64_t da0 = wgmma_desc_sw128_mn(smem_u32(s_a), u32(kRows * 128));
-    const std::uint64_t db0 = wgmma_desc_sw128_mn(smem_u32(s_b), u32(kRows * 128));
+    const std::uint64_t da0 = wgmma_desc_sw128_mn(smem_u32(s_a), u32(kRowsA * 128));
+    const std::uint64_t db0 = wgmma_desc_sw128_mn(smem_u32(s_b), u32(kRowsB * 128));
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       const std::uint64_t da = desc_advance(da0, u32(ks * 16 * 128));
@@ -349,6 +329,11 @@ __device__ __forceinline__ void warpgroup_mma_tt2_n_async(float (&acc)[N / 8][4]
   if constexpr (kBoth) product(s_a1, s_b1, false);
   product(s_a2, s_b2, kBoth);
   wgmma_commit();
+}
+// acc[N/8][4] = A B (one product of warpgroup_mma_tt2_n_async).
+template <int N, int KS, int kRowsA, int kRowsB>
+__device__ __forceinline__ void warpgroup_mma_tt_n_async(float (&acc)[N / 8][4], const bf16* s_a, const bf16* s_b) {
+  warpgroup_mma_tt2_n_async<N, KS, kRowsA, kRowsB, false>(acc, nullptr, nullptr, s_a, s_b);
 }
 
 // A B, A (64 MT x 16 KS) and B (16 KS x 32) both read transposed: A^T the tile [kRows][64 MT] (m tile mt = slab
