@@ -776,9 +776,11 @@ cmd_cudnn() {
   #      attention-providers.json, the table `auto` chooses from;
   #   p. `laga bench --device cuda --phantom`, DeepSeek-V3, a2a, P = 8, fused, per provider (laga: LAGA, explicit,
   #      absorbed; cudnn and auto: LAGA, explicit; cudnn and auto again with --nondeterministic), the weight
-  #      gradients in bf16 as the peer's (--grad-dtype bfloat16), 10 timed passes after 3 -> h200-block-<provider>[-nondet].json;
+  #      gradients in bf16 as the peer's (--grad-dtype bfloat16), 10 timed passes after 3 ->
+  #      h200-block-<provider>[-nondet].json;
   #   c. scripts/peer_torch_block.py: the same rank in plain PyTorch (SDPA), explicit and LAGA, eager and with
-  #      torch.compile around the attention, 10 timed passes after 5 (SDPA's backward settles after several) -> peer.json.
+  #      torch.compile around the attention, 10 timed passes after 5 (SDPA's backward settles after several) ->
+  #      peer.json.
   #   s. `laga bench-attention` at the perf test's MHA shapes (a2a at P = 1 and 8: 128 and 16 heads; S = 32k, 8k),
   #      10 warm-ups and 30 repeats, so that both providers run at the GPU's power limit as in training ->
   #      attention-sustained.json, with the SM clock, power and throttle reasons sampled (smi-sustained.csv).
