@@ -1949,7 +1949,8 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
       if (row >= rows) continue;
       bf16* out = dq + (g * group + rm.head(row)) * p.dq_head_stride + rm.query(row) * p.dq_token_stride + kC0;
 #pragma unroll
-      for (int nt = 0; nt < kN; ++nt) store2<kAligned>(out + nt * 8 + 2 * tig, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
+      for (int nt = 0; nt < kN; ++nt)
+        store2<kAligned>(out + nt * 8 + 2 * tig, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
     }
   };
   store(std::integral_constant<int, kColA>{}, acc_a);
