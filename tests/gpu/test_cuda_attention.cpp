@@ -904,18 +904,19 @@ TEST(CudaAttentionCudnnGraphs, WorkspaceBeyondTheGpuIsRefusedByName) {
   AttentionBwdParams p;
   p.dtype = DType::BF16, p.kernel = AttentionKernel::Fused, p.batch = 1, p.q_len = S, p.kv_len = S;
   p.q_heads = p.kv_heads = H, p.d_qk = dqk, p.d_v = dv, p.scale = 1.0 / std::sqrt(double(dqk));
-  // [S, H * d] row-major: token and batch stride a row, head stride d.
-  auto strides = [](const Tensor& t, i64 d, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
-    ts = bs = t.dim(1), hs = d;
+  // [S, H * d] row-major: the dense [tokens, batch 1, heads, d] view of the suites.
+  auto strides = [&](i64 d, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
+    const test::ViewStrides st = test::view_strides(test::ViewLayout::dense, S, 1, H, d);
+    ts = st.token, bs = st.batch, hs = st.head;
   };
-  p.q = q.data(), strides(q, dqk, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
-  p.k = k.data(), strides(k, dqk, p.k_token_stride, p.k_batch_stride, p.k_head_stride);
-  p.v = v.data(), strides(v, dv, p.v_token_stride, p.v_batch_stride, p.v_head_stride);
-  p.dout = dout.data(), strides(dout, dv, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
-  p.o = o.data(), strides(o, dv, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
-  p.dq = dq.data(), strides(dq, dqk, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
-  p.dk = dk.data(), strides(dk, dqk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
-  p.dv = dvt.data(), strides(dvt, dv, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+  p.q = q.data(), strides(dqk, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
+  p.k = k.data(), strides(dqk, p.k_token_stride, p.k_batch_stride, p.k_head_stride);
+  p.v = v.data(), strides(dv, p.v_token_stride, p.v_batch_stride, p.v_head_stride);
+  p.dout = dout.data(), strides(dv, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
+  p.o = o.data(), strides(dv, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
+  p.dq = dq.data(), strides(dqk, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
+  p.dk = dk.data(), strides(dqk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
+  p.dv = dvt.data(), strides(dv, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
   p.lse = lse.data();
   try {
     be->attention_backward(p);
