@@ -94,9 +94,10 @@ bool cuda_flash_fused_dq(Backend& backend);
 void cuda_set_flash_fused_dq(Backend& backend, bool fused);
 
 // How many blocks share each key block's rows in the 576/512 (absorbed MLA) tensor-core backward, their fp32
-// dK/dV partials summed in split order afterwards: 0 (the default) chooses per shape (enough blocks to fill the
-// GPU twice), 1 to 16 fixes it (for timing the choice; another value throws InvalidArgument). Every count gives
-// results within bf16 rounding of the others, and a given count always the same bits.
+// dK/dV partials summed in split order afterwards; with the rows resident (cuda_set_flash_vk_rows), how many
+// copies of the fp32 key tiles the row tiles add into, round robin, summed in copy order afterwards. 0 (the
+// default) chooses per shape, 1 to 16 fixes it (for timing the choice; another value throws InvalidArgument).
+// Every count gives results within bf16 rounding of the others, and a given count always the same bits.
 int cuda_flash_row_splits(Backend& backend);
 void cuda_set_flash_row_splits(Backend& backend, int splits);
 

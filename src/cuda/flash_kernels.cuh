@@ -1146,10 +1146,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 // dQ = scale * dq_accum, one block per (row tile, kv head, batch entry) in dq_accum's order; a tile no key
 // block added to (rows that see no key) is zeros. The tile goes through shared memory (kRows x kDqk floats),
 // from the accumulator order to rows, whose layout kLayout names (DqLayout). kKeys: the tiles are
-// flash_bwd_vkq_kernel's dK + [dV, 0] (a key for a row, DqLayout::rows), written into dk.
+// flash_bwd_vkq_kernel's dK + [dV, 0] (a key for a row, DqLayout::rows), written into dk, in `copies` copies (its
+// splits: a (batch, kv head)'s copies one after another) summed in copy order.
 template <int kDqk, bool kAligned, DqLayout kLayout = DqLayout::fused, bool kKeys = false>
 __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const AttentionBwdParams p, const float* dq_accum,
-                                                                   const unsigned* dq_count) {
+                                                                   const unsigned* dq_count, int copies) {
   constexpr int kRows = kDqTileRows, kThreads = 256;
   static_assert(!kKeys || kLayout == DqLayout::rows, "key tiles are in the rows layout");
   float* s = reinterpret_cast<float*>(dynamic_smem());
@@ -1158,10 +1159,18 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
   const RowMap rm{u32(group)};
   const i64 tile = blockIdx.x, pair = tile / row_tiles, row0 = (tile % row_tiles) * kRows;
   const i64 g = pair % p.kv_heads, b = pair / p.kv_heads;
-  const bool added = dq_count[tile] > 0;
-  if (added) {
-    const float4* src = reinterpret_cast<const float4*>(dq_accum + tile * (kRows * kDqk));
-    for (int i = threadIdx.x; i < kRows * kDqk / 4; i += kThreads) reinterpret_cast<float4*>(s)[i] = src[i];
+  const int n_copies = kKeys ? copies : 1;
+  bool added = false;
+  for (int c = 0; c < n_copies; ++c) {
+    const i64 at = (pair * n_copies + c) * row_tiles + tile % row_tiles;
+    if (dq_count[at] == 0) continue;
+    const float4* src = reinterpret_cast<const float4*>(dq_accum + at * (kRows * kDqk));
+    for (int i = threadIdx.x; i < kRows * kDqk / 4; i += kThreads) {
+      const float4 v = src[i];
+      float4& d = reinterpret_cast<float4*>(s)[i];
+      d = added ? float4{d.x + v.x, d.y + v.y, d.z + v.z, d.w + v.w} : v;
+    }
+    added = true;
   }
   __syncthreads();
   bf16* out = kKeys ? static_cast<bf16*>(p.dk) + b * p.dk_batch_stride + g * p.dk_head_stride
@@ -1760,7 +1769,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // dS^T Q below column 512, dS^T Q above; two accumulators in turn), added into the key block's fp32 tile (keys
 // in dq_accum_offset_rows' order) in the row tiles' order: the first stores, each next adds once the tile's
 // counter says that the ones before it have. The row tiles before this one in that order see every key block
-// this one sees, so its place in each key block's order is its place in the work order.
+// this one sees, so its place in each key block's order is its place in the work order. The adds to a key block
+// are a chain as long as the row tiles that see it; `splits` shortens it: the row tiles are dealt round robin
+// to that many copies of the key tiles, each with its own order, and the copy kernel sums the copies in order.
 template <int kDqk_, int kDv_>
 struct BwdVkqTraits {
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockM = 64, kBlockN = 64, kThreads = 256;
@@ -1776,7 +1787,7 @@ struct BwdVkqTraits {
 // One warpgroup's part of flash_bwd_vkq_kernel (the two meet at four barriers a step).
 template <int kWg, class Tr, bool kAligned>
 __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const float* delta, float* dkv_accum,
-                                             unsigned* dkv_count) {
+                                             unsigned* dkv_count, int splits) {
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv, kThreads = Tr::kThreads;
   constexpr int kNT = kBN / 8;
   char* smem = dynamic_smem();
@@ -1791,8 +1802,11 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
   const int t128 = tid & 127, wr0 = 16 * (warp & 3);  // the warp's rows in the tile (both warpgroups: all 64)
   const RowTile<kBM, kBN> rt(p);
   const auto& [group, rows, row0, row_last, g, b, n_full, rm, n_tiles] = rt;
-  const unsigned order = unsigned(ceil_div(rows, kBM) - 1 - row0 / kBM);  // place in each key block's adds
-  const i64 tile_base = (b * p.kv_heads + g) * ceil_div(p.kv_len, kBN);  // this (batch, kv head)'s first tile
+  // The row tiles of a (batch, kv head) in work order, dealt round robin to `splits` copies of the key tiles: the
+  // split's copy and the tile's place in each key block's adds to it.
+  const unsigned order = unsigned(ceil_div(rows, kBM) - 1 - row0 / kBM), split = order % unsigned(splits);
+  const unsigned place = order / unsigned(splits);
+  const i64 tile_base = ((b * p.kv_heads + g) * splits + split) * ceil_div(p.kv_len, kBN);  // the copy's first tile
 
   const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
   auto load_k = [&](int t) {
@@ -1886,7 +1900,7 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
       warpgroup_mma_ss_tb_async<1, 32, kBN / 16, kBM, kBN>(acc_b, s_ds, 0, col(s_k, kBN, kColB));
       warpgroup_mma_ss_tb_async<1, 192, kBN / 16, kBM, kBN>(acc_a, s_ds, 0, col(s_k, kBN, kColA));
       warpgroup_mma_ss_tb_async<1, 64, kBN / 16, kBM, kBN>(acc_c, s_ds, 0, col(s_k, kBN, kDv));
-      wait_counter(dkv_count + tile_base + t, order);
+      wait_counter(dkv_count + tile_base + t, place);
     }
     wgmma_wait<0>();
     reg_fence_all(acc_a);
@@ -1897,7 +1911,7 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
     // dK + [dV, 0] of key block t by chunks of columns: keys x columns, the tile's rows the sum. The first chunk is
     // issued before K_{t+1} is requested (the tensor cores start first).
     float qa[8][4], qb[8][4], qc[4][4];
-    const bool first = order == 0;
+    const bool first = place == 0;
     auto chunk = [&](auto& acc, auto c0) {
       constexpr int kC0 = decltype(c0)::value, kN = sizeof(acc) / (4 * sizeof(float)) * 8;
       warpgroup_mma_tt2_n_async<kN, kBM / 16, kBM, kBM, (kC0 < kDv)>(acc, s_p, col(s_do, kBM, kC0 < kDv ? kC0 : 0),
@@ -1960,11 +1974,12 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
 
 template <class Tr, bool kAligned>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
-    flash_bwd_vkq_kernel(const AttentionBwdParams p, const float* delta, float* dkv_accum, unsigned* dkv_count) {
+    flash_bwd_vkq_kernel(const AttentionBwdParams p, const float* delta, float* dkv_accum, unsigned* dkv_count,
+                         int splits) {
   if (threadIdx.x < 128)
-    bwd_vkq_role<0, Tr, kAligned>(p, delta, dkv_accum, dkv_count);
+    bwd_vkq_role<0, Tr, kAligned>(p, delta, dkv_accum, dkv_count, splits);
   else
-    bwd_vkq_role<1, Tr, kAligned>(p, delta, dkv_accum, dkv_count);
+    bwd_vkq_role<1, Tr, kAligned>(p, delta, dkv_accum, dkv_count, splits);
 }
 
 // ================================================================ backward: dK, dV through shared memory

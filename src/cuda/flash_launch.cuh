@@ -99,6 +99,22 @@ inline int dkdv_row_splits(i64 rows, i64 key_blocks, const AttentionFwdParams& p
   return splits;
 }
 
+// flash_bwd_vkq_kernel's splits: each key block's adds are a chain of the row tiles that see it (one after
+// another), which the kernel outruns when a chain is short against a block's share of the work. A split is
+// its own chain (and its own copy of the fp32 key tiles): about kChainShare * multiprocessors / (batch x kv
+// heads x the mean key blocks a row tile walks) of them, rounded up to a power of two, at most 16.
+inline int vkq_splits(const AttentionFwdParams& p, int block_m, int block_n, int multiprocessors) {
+  constexpr double kChainShare = 2.0;
+  const double keys_first = double(visible_keys(0, p.q_offset, p.kv_len));
+  const double keys_last = double(visible_keys(p.q_len - 1, p.q_offset, p.kv_len));
+  const double mean_blocks = std::max(1.0, (keys_first + keys_last) / (2.0 * block_n));
+  const double want = kChainShare * multiprocessors / (double(p.batch * p.kv_heads) * mean_blocks);
+  const i64 row_tiles = ceil_div(p.q_len * (p.q_heads / p.kv_heads), i64(block_m));
+  int splits = 1;
+  while (splits < 16 && splits < want && 2 * splits <= row_tiles) splits *= 2;
+  return splits;
+}
+
 template <class K, bool kAligned, class L>
 void forward_impl(L& launcher, const AttentionFwdParams& p) {
   const i64 rows = p.q_len * (p.q_heads / p.kv_heads);
@@ -129,8 +145,8 @@ struct DqTiles {
   i64 tiles;
 };
 template <int kDqk, class L>
-DqTiles dq_tiles(L& launcher, const AttentionFwdParams& p, i64 rows) {
-  const i64 tiles = p.batch * p.kv_heads * dq_row_tiles(rows);
+DqTiles dq_tiles(L& launcher, const AttentionFwdParams& p, i64 rows, int copies = 1) {
+  const i64 tiles = p.batch * p.kv_heads * copies * dq_row_tiles(rows);
   LAGA_REQUIRE(tiles <= INT32_MAX, "attention: ", tiles, " dQ tiles exceed the grid limit");
   constexpr std::size_t kTileFloats = std::size_t(kDqTileRows) * kDqk;
   DqTiles t{static_cast<float*>(launcher.scratch(LaunchScratch::dq_accum, sizeof(float) * kTileFloats * std::size_t(tiles))),
@@ -143,7 +159,7 @@ template <int kDqk, bool kAligned, DqLayout kLayout, class L>
 void dq_from_tiles(L& launcher, const AttentionBwdParams& p, const DqTiles& t) {
   launch_nonempty(launcher, flash_bwd_dq_convert_kernel<kDqk, kAligned, kLayout>, "flash_bwd_dq_convert_kernel", t.tiles,
                   256, sizeof(float) * std::size_t(kDqTileRows) * kDqk, p, static_cast<const float*>(t.accum),
-                  static_cast<const unsigned*>(t.count));
+                  static_cast<const unsigned*>(t.count), 1);
 }
 
 // Row splits of the 576/512 dK/dV kernels: how many, and the fp32 partials (width columns a key) they write
@@ -182,14 +198,16 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
       // dQ in registers, a block per row tile walking the key blocks; dK + [dV, 0] added up into fp32 key tiles
       // (dq_tiles' tiles, a key for a row), then copied into dk.
       using Tr = typename K::Vkq;
-      const DqTiles dkv = dq_tiles<Tr::kDqk>(launcher, p, p.kv_len);
+      const int fixed = launcher.row_splits();
+      const int splits = fixed > 0 ? fixed : vkq_splits(p, Tr::kBlockM, Tr::kBlockN, launcher.multiprocessors());
+      const DqTiles dkv = dq_tiles<Tr::kDqk>(launcher, p, p.kv_len, splits);
       launch_nonempty(launcher, flash_bwd_vkq_kernel<Tr, kAligned>, "flash_bwd_vkq_kernel",
           flash_grid(ceil_div(rows, Tr::kBlockM), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, dkv.accum,
-          dkv.count);
+          dkv.count, splits);
       launch_nonempty(launcher, flash_bwd_dq_convert_kernel<Tr::kDqk, kAligned, DqLayout::rows, true>,
-          "flash_bwd_dq_convert_kernel (dK + [dV, 0])", dkv.tiles, 256,
+          "flash_bwd_dq_convert_kernel (dK + [dV, 0])", dkv.tiles / splits, 256,
           sizeof(float) * std::size_t(kDqTileRows) * Tr::kDqk, p, static_cast<const float*>(dkv.accum),
-          static_cast<const unsigned*>(dkv.count));
+          static_cast<const unsigned*>(dkv.count), splits);
       return;
     }
     if (p.dv_in_dk) {

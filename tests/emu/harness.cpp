@@ -219,7 +219,8 @@ bool run_case(const Case& c) {
       if (name == "flash_bwd_vkq_kernel") vkq += blocks == ceil_div(c.q_len * group, 64) * c.kv_heads * c.batch;
       other += name == "flash_bwd_vk_kernel" || name == "flash_bwd_dkdv_reduce_kernel" || name == "flash_bwd_dq_kernel";
     }
-    wrong_splits = (vkq != 1) + other;
+    const int splits = c.fixed_splits ? c.splits : vkq_splits(p, 64, 64, kMultiprocessors);
+    wrong_splits = (vkq != 1) + other + (splits != c.splits);
   } else if (c.dv_in_dk) {  // the summed kernel (and its split reduction) between delta and the dQ copy
     long vk = 0, other = 0;
     bool reduced = false;
@@ -396,14 +397,19 @@ int main(int argc, char** argv) {
       // 128 heads (a row tile is half a query's heads), 768 rows in 2 splits (the rule).
       {"vk_576_512_h128", 1, 6, 40, 128, 1, 576, 512, 34, false, true, 2, true},
       // The same sums by flash_bwd_vkq_kernel (a block per row tile, dK + [dV, 0] added into fp32 key tiles in
-      // row-tile order): one key block; four key blocks with a partial last one; unaligned views and an offset;
-      // 16 heads; batch 2 with a negative offset (key blocks no row sees stay zero); 128 heads.
+      // row-tile order, the row tiles dealt to `splits` copies summed in order; splits by the rule: as many as
+      // halve the row tiles, at most 16, where the work is this small): one key block; four key blocks with a
+      // partial last one; unaligned views and an offset; 16 heads; batch 2 with a negative offset (key blocks no
+      // row sees stay zero); 128 heads (12 row tiles in 8 copies); 3 fixed splits of 10 row tiles; 16 fixed
+      // splits of 3 row tiles (copies no row tile adds to).
       {"vkq_576_512_one_block", 1, 20, 20, 3, 1, 576, 512, 0, false, true, 1, true, false, true},
-      {"vkq_576_512_four_key_blocks", 1, 48, 230, 4, 1, 576, 512, 182, false, true, 1, true, false, true},
-      {"vkq_576_512_wide_offset", 1, 30, 150, 5, 1, 576, 512, 101, true, true, 1, true, false, true},
-      {"vkq_576_512_h16", 1, 12, 100, 16, 1, 576, 512, 88, false, true, 1, true, false, true},
-      {"vkq_576_512_batch2_negative", 2, 40, 70, 2, 1, 576, 512, -5, false, true, 1, true, false, true},
-      {"vkq_576_512_h128", 1, 6, 40, 128, 1, 576, 512, 34, false, true, 1, true, false, true},
+      {"vkq_576_512_four_key_blocks", 1, 48, 230, 4, 1, 576, 512, 182, false, true, 2, true, false, true},
+      {"vkq_576_512_wide_offset", 1, 30, 150, 5, 1, 576, 512, 101, true, true, 2, true, false, true},
+      {"vkq_576_512_h16", 1, 12, 100, 16, 1, 576, 512, 88, false, true, 2, true, false, true},
+      {"vkq_576_512_batch2_negative", 2, 40, 70, 2, 1, 576, 512, -5, false, true, 2, true, false, true},
+      {"vkq_576_512_h128", 1, 6, 40, 128, 1, 576, 512, 34, false, true, 8, true, false, true},
+      {"vkq_576_512_fixed_splits3", 1, 40, 100, 16, 1, 576, 512, 60, true, true, 3, true, true, true},
+      {"vkq_576_512_fixed_splits16", 1, 12, 100, 16, 1, 576, 512, 88, false, true, 16, true, true, true},
   };
   int fails = 0;
   for (const auto& c : cases) {

@@ -665,6 +665,17 @@ TEST_P(CudaAttentionDvInDk, SumMatchesFloat64AndRerunsBitwise) {
       gpu.attention_backward(p);
       EXPECT_EQ(raw(pr.dq), dq_rows) << "dq on rerun, rows resident";
       EXPECT_EQ(raw(pr.dk), dk_rows) << "dk on rerun, rows resident";
+      // Its fixed splits (copies of the key tiles): one, and more than some cases have row tiles.
+      for (const int splits : {1, 5}) {
+        cuda_set_flash_row_splits(gpu, splits);
+        for (Mirror* m : {&pr.dq, &pr.dk}) m->poison(gpu);
+        gpu.attention_backward(p);
+        gpu.synchronize();
+        SCOPED_TRACE("rows resident, splits " + std::to_string(splits));
+        expect_output("dq", dp.dtype, pr.dq.download(gpu), pr.dq_ref, pr.dqv.mask(), tol);
+        expect_output("dk + dv", dp.dtype, pr.dk.download(gpu), sum_ref, pr.dkv.mask(), tol);
+      }
+      cuda_set_flash_row_splits(gpu, 0);
       cuda_set_flash_vk_rows(gpu, false);
     }
   }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "gpu_test_util.hpp"
@@ -228,6 +229,22 @@ TEST(CudaPerf, DISABLED_AttentionMqa576RowSplits) {
     std::snprintf(name, sizeof(name), "mqa_576_512_h16_s%lldk", (long long)(seq / 1024));
     const AttnShape s{name, seq, 16, 1, 576, 512, /*v_in_k=*/true};
     time_attention(*be, s, AttentionKernel::Fused, 5, rng, {1, 2, 3, 4, 6, 8});
+  }
+}
+
+// The same backward on the rows-resident kernel (cuda_set_flash_vk_rows) at S = 4k..32k with 16 heads and at 8k
+// and 32k with 128: the splits chosen per shape (`_bwd`), then each fixed count (its copies of the key tiles).
+TEST(CudaPerf, DISABLED_AttentionMqa576RowsResidentSplits) {
+  LAGA_REQUIRE_GPU();
+  auto be = make_cuda_backend(0);
+  cuda_set_flash_vk_rows(*be, true);
+  auto rng = rng_for_test();
+  for (const auto& [heads, seq] : std::vector<std::pair<i64, i64>>{{16, 4096}, {16, 8192}, {16, 16384}, {16, 32768},
+                                                                    {128, 8192}, {128, 32768}}) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "mqa_576_512_h%lld_s%lldk_rows", (long long)heads, (long long)(seq / 1024));
+    const AttnShape s{name, seq, heads, 1, 576, 512, /*v_in_k=*/true};
+    time_attention(*be, s, AttentionKernel::Fused, 3, rng, {1, 2, 4, 8, 16});
   }
 }
 
