@@ -196,7 +196,7 @@ struct Context {
   int flash_row_splits = 0;  // 576/512 dK/dV row splits: 0 chooses (flash::dkdv_row_splits), else this many
   bool flash_ws_forward = true;  // 192/128 forward: the warp-specialised kernel (else flash_fwd_kernel)
   bool flash_ws_backward = true;  // 192/128 fused-dQ backward, MHA: flash_bwd_ws_kernel (else the dK/dV kernel)
-  bool flash_vk_rows = false;     // 576/512 summed dK + [dV, 0] backward: flash_bwd_vkq_kernel (else flash_bwd_vk_kernel)
+  bool flash_vk_rows = true;      // 576/512 summed dK + [dV, 0] backward: flash_bwd_vkq_kernel (else flash_bwd_vk_kernel)
 };
 
 }  // namespace laga::cuda

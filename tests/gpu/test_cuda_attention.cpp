@@ -636,48 +636,34 @@ TEST_P(CudaAttentionDvInDk, SumMatchesFloat64AndRerunsBitwise) {
   gpu.attention_backward(p);
   EXPECT_EQ(raw(pr.dq), dq1) << "dq on rerun";
   EXPECT_EQ(raw(pr.dk), dk1) << "dk on rerun";
-  // The 576/512 tensor-core kernels with fixed row splits (cuda_set_flash_row_splits) instead of the chosen ones:
-  // one block per key block, and more splits than some key blocks have row tiles.
+  // The 576/512 tensor-core kernels: with the fused dQ, both summed kernels (cuda_set_flash_vk_rows: key blocks
+  // resident, rows resident), each with its chosen splits (bitwise on rerun) and with fixed ones
+  // (cuda_set_flash_row_splits: one, and more than some cases have row tiles or key blocks have row tiles).
   if (dp.kernel == AttentionKernel::Fused && dp.dtype == DType::BF16 && c.d_qk == 576 && c.d_v == 512) {
-    for (const int splits : {1, 5}) {
-      cuda_set_flash_row_splits(gpu, splits);
-      for (Mirror* m : {&pr.dq, &pr.dk}) m->poison(gpu);
-      gpu.attention_backward(p);
-      gpu.synchronize();
-      SCOPED_TRACE("row splits " + std::to_string(splits));
-      expect_output("dq", dp.dtype, pr.dq.download(gpu), pr.dq_ref, pr.dqv.mask(), tol);
-      expect_output("dk + dv", dp.dtype, pr.dk.download(gpu), sum_ref, pr.dkv.mask(), tol);
-    }
-    cuda_set_flash_row_splits(gpu, 0);
-    EXPECT_THROW(cuda_set_flash_row_splits(gpu, 17), InvalidArgument);
-    EXPECT_THROW(cuda_set_flash_row_splits(gpu, -1), InvalidArgument);
-    EXPECT_EQ(cuda_flash_row_splits(gpu), 0) << "a refused count leaves the setting as it was";
-    // The rows-resident kernel (cuda_set_flash_vk_rows): the same sums within the same bars, bitwise on rerun.
-    if (dp.fused_dq) {
-      cuda_set_flash_vk_rows(gpu, true);
-      for (Mirror* m : {&pr.dq, &pr.dk}) m->poison(gpu);
-      gpu.attention_backward(p);
-      gpu.synchronize();
-      SCOPED_TRACE("rows resident");
-      expect_output("dq", dp.dtype, pr.dq.download(gpu), pr.dq_ref, pr.dqv.mask(), tol);
-      expect_output("dk + dv", dp.dtype, pr.dk.download(gpu), sum_ref, pr.dkv.mask(), tol);
-      const auto dq_rows = raw(pr.dq), dk_rows = raw(pr.dk);
-      gpu.attention_backward(p);
-      EXPECT_EQ(raw(pr.dq), dq_rows) << "dq on rerun, rows resident";
-      EXPECT_EQ(raw(pr.dk), dk_rows) << "dk on rerun, rows resident";
-      // Its fixed splits (copies of the key tiles): one, and more than some cases have row tiles.
-      for (const int splits : {1, 5}) {
+    const bool rows_default = cuda_flash_vk_rows(gpu);
+    for (const bool rows : dp.fused_dq ? std::vector<bool>{false, true} : std::vector<bool>{rows_default}) {
+      cuda_set_flash_vk_rows(gpu, rows);
+      for (const int splits : {0, 1, 5}) {
         cuda_set_flash_row_splits(gpu, splits);
         for (Mirror* m : {&pr.dq, &pr.dk}) m->poison(gpu);
         gpu.attention_backward(p);
         gpu.synchronize();
-        SCOPED_TRACE("rows resident, splits " + std::to_string(splits));
+        SCOPED_TRACE(std::string(rows ? "rows" : "key blocks") + " resident, splits " + std::to_string(splits));
         expect_output("dq", dp.dtype, pr.dq.download(gpu), pr.dq_ref, pr.dqv.mask(), tol);
         expect_output("dk + dv", dp.dtype, pr.dk.download(gpu), sum_ref, pr.dkv.mask(), tol);
+        if (splits == 0) {
+          const auto dq_a = raw(pr.dq), dk_a = raw(pr.dk);
+          gpu.attention_backward(p);
+          EXPECT_EQ(raw(pr.dq), dq_a) << "dq on rerun";
+          EXPECT_EQ(raw(pr.dk), dk_a) << "dk on rerun";
+        }
       }
-      cuda_set_flash_row_splits(gpu, 0);
-      cuda_set_flash_vk_rows(gpu, false);
     }
+    cuda_set_flash_vk_rows(gpu, rows_default);
+    cuda_set_flash_row_splits(gpu, 0);
+    EXPECT_THROW(cuda_set_flash_row_splits(gpu, 17), InvalidArgument);
+    EXPECT_THROW(cuda_set_flash_row_splits(gpu, -1), InvalidArgument);
+    EXPECT_EQ(cuda_flash_row_splits(gpu), 0) << "a refused count leaves the setting as it was";
   }
   std::printf("GPUCHECK dv_in_dk %s summed_kernel=%d\n", dv_in_dk_string(dp).c_str(), int(summed_kernel));
 }

@@ -219,10 +219,12 @@ TEST(CudaPerf, DISABLED_AttentionMqa576LongSequences) {
 }
 
 // The 576/512 backward as absorbed MLA's a2a rank runs it (16 heads, one kv head, V inside K, dK + dV summed) at
-// S = 4k..32k: the row splits chosen per shape (`_bwd`), then each fixed count.
+// S = 4k..32k on the key-blocks-resident kernel (flash_bwd_vk_kernel): the row splits chosen per shape (`_bwd`),
+// then each fixed count.
 TEST(CudaPerf, DISABLED_AttentionMqa576RowSplits) {
   LAGA_REQUIRE_GPU();
   auto be = make_cuda_backend(0);
+  cuda_set_flash_vk_rows(*be, false);
   auto rng = rng_for_test();
   for (const i64 seq : {4096, 8192, 16384, 32768}) {
     char name[64];
