@@ -97,6 +97,8 @@ nlohmann::json cudnn_info_report(const CudnnInfo&);
 struct TimedRepeat {
   PassStats fwd, bwd;
   double block_seconds() const { return fwd.total_seconds() + bwd.total_seconds(); }
+  // The two passes' spans: their ops and the gaps between them (what events around each pass see).
+  double block_span_seconds() const { return fwd.span_seconds + bwd.span_seconds; }
   double compute_seconds() const;  // the block less its communication phase
 };
 

@@ -127,8 +127,8 @@ ojson summary_report(const Summary& s) {
 ojson repeats_report(const std::vector<std::vector<TimedRepeat>>& by_rank, int rank, int warmup) {
   const std::vector<TimedRepeat>& reps = by_rank.size() == 1 ? by_rank[0] : by_rank.at(std::size_t(rank));
   ojson j = {{"what", "statistics over the timed repeats (warm-ups excluded) of rank `rank`: each pass's ops summed "
-                      "(total), its span and its phases, the block (forward + backward), its compute and its "
-                      "communication phase"},
+                      "(total), its span and its phases, the block (forward + backward: their ops, and their spans), "
+                      "its compute and its communication phase"},
              {"unit", "s"},
              {"clock", "marks on the backend's queue around each op (CUDA events on the GPU, the host clock on the "
                        "CPU), read once per pass, summed by phase"},
@@ -138,6 +138,9 @@ ojson repeats_report(const std::vector<std::vector<TimedRepeat>>& by_rank, int r
              {"forward", pass_report(reps, true)},
              {"backward", pass_report(reps, false)},
              {"block", summary_report(summarize(each(reps, block_of)))},
+             {"block_span", summary_report(summarize(each(reps, [](const TimedRepeat& r) {
+                return r.block_span_seconds();
+              })))},
              {"compute", summary_report(summarize(each(reps, compute_of)))},
              {"communication", summary_report(summarize(each(reps, [](const TimedRepeat& r) {
                 return r.block_seconds() - r.compute_seconds();

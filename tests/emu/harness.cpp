@@ -401,7 +401,7 @@ int main(int argc, char** argv) {
       // halve the row tiles, at most 16, where the work is this small): one key block; four key blocks with a
       // partial last one; unaligned views and an offset; 16 heads; batch 2 with a negative offset (key blocks no
       // row sees stay zero); 128 heads (12 row tiles in 8 copies); 3 fixed splits of 10 row tiles; 16 fixed
-      // splits of 3 row tiles (copies no row tile adds to).
+      // splits of 3 row tiles (copies no row tile adds to); two kv heads and batch 2, 3 fixed splits each.
       {"vkq_576_512_one_block", 1, 20, 20, 3, 1, 576, 512, 0, false, true, 1, true, false, true},
       {"vkq_576_512_four_key_blocks", 1, 48, 230, 4, 1, 576, 512, 182, false, true, 2, true, false, true},
       {"vkq_576_512_wide_offset", 1, 30, 150, 5, 1, 576, 512, 101, true, true, 2, true, false, true},
@@ -410,6 +410,7 @@ int main(int argc, char** argv) {
       {"vkq_576_512_h128", 1, 6, 40, 128, 1, 576, 512, 34, false, true, 8, true, false, true},
       {"vkq_576_512_fixed_splits3", 1, 40, 100, 16, 1, 576, 512, 60, true, true, 3, true, true, true},
       {"vkq_576_512_fixed_splits16", 1, 12, 100, 16, 1, 576, 512, 88, false, true, 16, true, true, true},
+      {"vkq_576_512_gqa_batch2_splits3", 2, 24, 90, 4, 2, 576, 512, 66, true, true, 3, true, true, true},
   };
   int fails = 0;
   for (const auto& c : cases) {

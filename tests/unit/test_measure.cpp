@@ -147,6 +147,11 @@ TEST(BenchPointReport, RanksAreRankReportsBesideTheRepeatStatistics) {
   EXPECT_EQ(nlohmann::json(doc["ranks"][0]), run["ranks"][0]);  // the same record, key for key and figure for figure
   EXPECT_EQ(doc["repeats"]["rank"], 1);
   EXPECT_EQ(doc["repeats"]["block"]["n"], 3);
+  // The block's span holds its ops and the gaps between them: never below their sum (within the rounding of
+  // the seconds), repeat by repeat.
+  EXPECT_EQ(doc["repeats"]["block_span"]["n"], 3);
+  for (const TimedRepeat& r : rm.repeats) EXPECT_GE(r.block_span_seconds(), r.block_seconds() * (1 - 1e-12));
+  EXPECT_GT(doc["repeats"]["block_span"]["min"].get<double>(), 0.0);
   EXPECT_EQ(doc["modeled"]["placements"].size(), 2u);
   EXPECT_FALSE(doc.contains("check") || doc.contains("gemms") || doc.contains("exposed_communication"));
 }
