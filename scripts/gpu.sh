@@ -36,7 +36,7 @@ usage: bash scripts/gpu.sh <subcommand> [arguments]    (dist: the carried build,
   all [dist] [parts]                       every check and measurement of one GPU (parts 1-6, default 123456), each with its own time limit
   multi [dist] [Ps] [parts] [seqs]         one rank per GPU over NCCL: --check per form x layout (part 1), DeepSeek-V3 timing vs the model (part 2)
   overlap [dist] [seq]                     exposed communication with the timed phantom, with and without --overlap, and the ring beside all_gather
-  cudnn [dist] [parts] [seqs]              the cuDNN provider and the PyTorch peer (parts tbapc, and s): tests, block check, attention table, bench, peer, attention under sustained load
+  cudnn [dist] [parts] [seqs] [rounds]     the cuDNN provider and the PyTorch peer (parts tbapc, and s): tests, block check, attention table, bench, peer (in rounds), attention under sustained load
   block-profile [dist] [parts] [seqs]      where a rank's block spends its time, op by op (parts tbao), clocks and power sampled
   bench-attention [dist] [filter]          attention correctness, the perf test's timings, PyTorch SDPA at 192/128 beside them
   profile [dist] [sections...]             Nsight Compute on the tensor-core attention backward at 192/128 (fused dQ, then separate)
@@ -780,7 +780,8 @@ cmd_cudnn() {
   #      h200-block-<provider>[-nondet].json;
   #   c. scripts/peer_torch_block.py: the same rank in plain PyTorch (SDPA), explicit and LAGA, eager and with
   #      torch.compile around the attention, 10 timed passes after 5 (SDPA's backward settles after several) ->
-  #      peer.json.
+  #      peer.json;
+  #   p and c again in `rounds` rounds (4th argument), each round's documents in round-<r>/.
   #   s. `laga bench-attention` at the perf test's MHA shapes (a2a at P = 1 and 8: 128 and 16 heads; S = 32k, 8k),
   #      10 warm-ups and 30 repeats, so that both providers run at the GPU's power limit as in training ->
   #      attention-sustained.json, with the SM clock, power and throttle reasons sampled (smi-sustained.csv).
@@ -832,7 +833,12 @@ cmd_cudnn() {
       --out "$out/attention-sustained.json" 2>&1 | tee "$out/bench-attention-sustained.txt" | grep -vE '^done'
     kill "$smi" 2>/dev/null
   fi
-  if [[ $parts == *p* ]]; then
+  # Parts p and c in `rounds` rounds (4th argument, default 1), each into round-<r>/ when more than one, the
+  # order alternating (odd rounds laga first, even rounds the peer first), so that the GPU's drift between the
+  # two (clock, power) shows as the spread of the rounds instead of favouring one side.
+  local rounds=${4:-1} r dir
+  [[ $rounds =~ ^[1-9]$ ]] || { echo "gpu.sh cudnn: rounds = '$rounds': a whole number from 1 to 9" >&2; return 2; }
+  block_docs() {  # $1: the folder
     # cudnn-nondet, auto-nondet: the same with --nondeterministic (cuDNN's non-deterministic backward, as SDPA's).
     for run in laga cudnn auto cudnn-nondet auto-nondet; do
       provider=${run%-nondet}
@@ -844,75 +850,28 @@ cmd_cudnn() {
       # shellcheck disable=SC2086
       "$laga" bench --device cuda --phantom --model deepseek-v3 --seq "$seqs" --sp 8 --layout a2a --kernel fused \
         --form $forms --attention-provider "$provider" $flag --grad-dtype bfloat16 --repeat 10 --warmup 3 \
-        --out "$out/h200-block-$run.json" \
-        >"$out/bench-$run.txt" 2>&1
-      echo "exit $?"; tail -12 "$out/bench-$run.txt"
+        --out "$1/h200-block-$run.json" \
+        >"$1/bench-$run.txt" 2>&1
+      echo "exit $?"; tail -12 "$1/bench-$run.txt"
     done
-  fi
-  if [[ $parts == *c* ]]; then
+  }
+  peer_doc() {  # $1: the folder
     stamp peer
     # The peer runs with the machine's own library path (PyTorch finds its libraries).
     LD_LIBRARY_PATH=$MACHINE_LD_LIBRARY_PATH "$python" scripts/peer_torch_block.py --seq "$seqs" --sp 8 --form explicit,laga \
-      --compile both --out "$out/peer.json" 2>&1 | tee "$out/peer.txt" | grep -E '^peer'
-  fi
-  stamp "done"
-}
-
-cmd_block_profile() {
-  # Where one rank's block spends its time, op by op, on one GPU (parts by letter, default tbao):
-  #   t. the GPU tests of the cuDNN provider, its non-deterministic backward among them;
-  #   b. `laga run --check` of the whole block (DeepSeek-V3, S = 512, LAGA) with cuDNN's non-deterministic backward;
-  #   a. `laga bench-attention` (a2a shapes): laga's kernels, cuDNN's deterministic and non-deterministic backward;
-  #   o. `laga bench --phantom --op-profile`, DeepSeek-V3, a2a, P = 8, LAGA and explicit, with cuDNN's deterministic
-  #      and non-deterministic backward: every op's median time -> ops-<mode>.json;
-  # with `nvidia-smi dmon` (power, clocks) sampled throughout into dmon.txt. Everything in profile.tar.gz.
-  gpu_start "${1:-}" profile
-  need_bin laga
-  local parts=${2:-tbao} seqs=${3:-4096,16384,32768} out t0 laga=$dist/laga dmon
-  work_dir profile
-  out=$work
-  torch_python
-  torch_cudnn_first
-  nvidia-smi dmon -s pc -d 1 >"$out/dmon.txt" 2>&1 &
-  dmon=$!
-  at_exit "kill $dmon 2>/dev/null; tar -czf \"$final/profile.tar.gz\" -C \"$out\" ."
-  t0=$(date +%s)
-  stamp() { echo "== $1 at $(( $(date +%s) - t0 )) s"; }
-
-  if [[ $parts == *t* ]]; then
-    stamp tests
-    "$dist/laga_gpu_tests" --gtest_filter='*Cudnn*:*AttentionProvider*' >"$out/tests.txt" 2>&1
-    echo "exit $?"
-    grep -E '^\[  FAILED  \]|^\[  PASSED  \]|^\[  SKIPPED \]' "$out/tests.txt" | sort -u | head -20
-    grep -E 'GPUCHECK .*mha_192_128.*workspace' "$out/tests.txt" | head -6
-  fi
-  if [[ $parts == *b* ]]; then
-    stamp block-check
-    "$laga" run --device cuda --model deepseek-v3 --seq 512 --form laga --attention-provider cudnn --nondeterministic \
-      --check --json "$out/check-nondet.json" >"$out/check-nondet.txt" 2>&1
-    echo "exit $?"; grep -E "check|rel|attention calls|error" "$out/check-nondet.txt" | tail -6
-  fi
-  if [[ $parts == *a* ]]; then
-    stamp bench-attention
-    "$laga" bench-attention --model deepseek-v3 --seq "$seqs" --sp 8 --layout a2a --out "$out/attention.json" \
-      2>&1 | tee "$out/bench-attention.txt" | grep -vE '^done'
-    # The same with 30 repeats: does a longer stretch of back-to-back calls run slower (power, clocks)?
-    "$laga" bench-attention --model deepseek-v3 --seq "${seqs##*,}" --sp 8 --layout a2a --repeat 30 \
-      --out "$out/attention-long.json" 2>&1 | tee "$out/bench-attention-long.txt" | grep -vE '^done'
-  fi
-  local mode flag
-  if [[ $parts == *o* ]]; then
-    for mode in det nondet; do
-      flag=""
-      [ $mode = nondet ] && flag=--nondeterministic
-      stamp "op profile $mode"
-      # shellcheck disable=SC2086
-      "$laga" bench --device cuda --phantom --model deepseek-v3 --seq "$seqs" --sp 8 --layout a2a --kernel fused \
-        --form laga,explicit --attention-provider cudnn $flag --repeat 5 --warmup 1 --op-profile \
-        --out "$out/ops-$mode.json" >"$out/ops-$mode.txt" 2>&1
-      echo "exit $?"; grep -vE '^ +(fwd|bwd) #' "$out/ops-$mode.txt" | tail -16
-    done
-  fi
+      --compile both --out "$1/peer.json" 2>&1 | tee "$1/peer.txt" | grep -E '^peer'
+  }
+  for ((r = 1; r <= rounds; ++r)); do
+    dir=$out
+    if ((rounds > 1)); then dir=$out/round-$r; mkdir -p "$dir"; stamp "round $r"; fi
+    if ((r % 2 == 1)); then
+      [[ $parts == *p* ]] && block_docs "$dir"
+      [[ $parts == *c* ]] && peer_doc "$dir"
+    else
+      [[ $parts == *c* ]] && peer_doc "$dir"
+      [[ $parts == *p* ]] && block_docs "$dir"
+    fi
+  done
   stamp "done"
 }
 

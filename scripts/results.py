@@ -21,6 +21,7 @@ import glob
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -119,22 +120,27 @@ def sources(docs, results_dir):
     changes, False: clean, None: not recorded), command as markdown)."""
     rows = []
 
-    def bench_row(rel, doc):
+    def bench_row(rel, doc, label=None):
         b, m = doc["build"], doc["machine"]
-        return (f"[{os.path.basename(rel)}](../{rel})", f"{describe(doc)}, `{m['hostname']}`", b["commit"], b["dirty"],
-                f"`{doc['config']['command']}`")
+        return (f"[{label or os.path.basename(rel)}](../{rel})", f"{describe(doc)}, `{m['hostname']}`", b["commit"],
+                b["dirty"], f"`{doc['config']['command']}`")
     for stem, doc in docs:
         rows.append(bench_row(f"bench/results/{stem}.json", doc))
     peer_dir = os.path.join(results_dir, "peer")
-    if os.path.exists(os.path.join(peer_dir, "peer.json")):
-        for path in sorted(glob.glob(os.path.join(peer_dir, "h200-block-*.json"))):
+    for rdir in peer_round_dirs(peer_dir):
+        sub = os.path.relpath(rdir, peer_dir)
+        sub = "" if sub == "." else sub + "/"
+        for path in sorted(glob.glob(os.path.join(rdir, "h200-block-*.json"))):
             with open(path) as f:
-                rows.append(bench_row(f"bench/results/peer/{os.path.basename(path)}", json.load(f)))
-        with open(os.path.join(peer_dir, "peer.json")) as f:
+                rows.append(bench_row(f"bench/results/peer/{sub}{os.path.basename(path)}", json.load(f),
+                                      f"{sub}{os.path.basename(path)}"))
+        with open(os.path.join(rdir, "peer.json")) as f:
             peer = json.load(f)
         m = peer["machine"]
-        rows.append(("[peer.json](../bench/results/peer/peer.json)", f"{m['device_name']} (GPU), `{m['hostname']}`",
-                     peer["commit"], peer.get("dirty"), f"`{peer['command']}`"))
+        rows.append((f"[{sub}peer.json](../bench/results/peer/{sub}peer.json)",
+                     f"{m['device_name']} (GPU), `{m['hostname']}`", peer["commit"], peer.get("dirty"),
+                     f"`{peer['command']}`"))
+    if os.path.exists(peer_dir):
         rows += attention_source_rows(os.path.join(peer_dir, "attention-sustained.json"),
                                       "bench/results/peer/attention-sustained.json")
     for path in sorted(glob.glob(os.path.join(results_dir, "checks", "*.json"))):
@@ -149,6 +155,17 @@ def sources(docs, results_dir):
     rows += attention_source_rows(os.path.join(HERE, "..", "bench", "attention-providers.json"),
                                   "bench/attention-providers.json")
     return rows
+
+
+def peer_round_dirs(peer_dir):
+    """The folders of the PyTorch peer comparison's rounds (round-1/, round-2/, ... each with peer.json and the
+    h200-block-*.json documents), or the peer folder itself for a single round; [] when there is none."""
+    rounds = sorted((d for d in glob.glob(os.path.join(peer_dir, "round-*"))
+                     if os.path.exists(os.path.join(d, "peer.json"))),
+                    key=lambda d: int(os.path.basename(d).split("-")[1]))
+    if rounds:
+        return rounds
+    return [peer_dir] if os.path.exists(os.path.join(peer_dir, "peer.json")) else []
 
 
 def attention_source_rows(path, rel):
@@ -166,7 +183,8 @@ def other_sources(results_dir):
     rows = []
     for path in sorted(glob.glob(os.path.join(results_dir, "*", "**", "*.json"), recursive=True)):
         rel = os.path.relpath(path, os.path.join(results_dir, "..", ".."))
-        if os.path.dirname(rel) in ("bench/results/peer", "bench/results/checks"):
+        inner = os.path.relpath(path, results_dir)  # the peer's rounds and the checks have their own rows
+        if os.path.dirname(inner) in ("peer", "checks") or inner.startswith(os.path.join("peer", "round-")):
             continue
         with open(path) as f:
             d = json.load(f)
@@ -770,26 +788,35 @@ def peer_section(results_dir, schema):
     plain PyTorch (scripts/peer_torch_block.py), measured in one run: bench/results/peer/. And the attention
     table both providers were timed into (bench/attention-providers.json, what `auto` chooses from)."""
     folder = os.path.join(results_dir, "peer")
-    peer_path = os.path.join(folder, "peer.json")
-    if not os.path.exists(peer_path):
+    round_dirs = peer_round_dirs(folder)
+    if not round_dirs:
         return []
-    with open(peer_path) as f:
-        peer = json.load(f)
-    blocks = {}  # provider -> {(form, seq): point}
-    docs = {}
-    for path in sorted(glob.glob(os.path.join(folder, "h200-block-*.json"))):
-        doc, errors = check_bench.check_file(path, schema)
-        if errors:
-            raise SystemExit(f"{path} does not validate:\n  " + "\n  ".join(errors[:20]))
-        provider = doc["config"]["attention_provider"]
-        if doc["config"].get("deterministic") is False:
-            provider += "-nondet"  # --nondeterministic: cuDNN's non-deterministic backward
-        docs[provider] = (os.path.basename(path), doc)
-        for pt in doc["points"]:
-            blocks.setdefault(provider, {})[(pt["form"], pt["seq"])] = pt
-    ppts = {(p["form"], p["seq"], bool(p.get("compile"))): p for p in peer["points"] if "error" not in p}
-    seqs = sorted({k[1] for k in ppts})
-    providers = [p for p in ("laga", "cudnn", "auto", "cudnn-nondet", "auto-nondet") if p in blocks]
+    rounds = []  # per round: (folder name relative to peer/, {provider: (file, doc)}, peer document)
+    for rdir in round_dirs:
+        with open(os.path.join(rdir, "peer.json")) as f:
+            peer = json.load(f)
+        docs = {}
+        for path in sorted(glob.glob(os.path.join(rdir, "h200-block-*.json"))):
+            doc, errors = check_bench.check_file(path, schema)
+            if errors:
+                raise SystemExit(f"{path} does not validate:\n  " + "\n  ".join(errors[:20]))
+            provider = doc["config"]["attention_provider"]
+            if doc["config"].get("deterministic") is False:
+                provider += "-nondet"  # --nondeterministic: cuDNN's non-deterministic backward
+            docs[provider] = (os.path.basename(path), doc)
+        rounds.append((os.path.relpath(rdir, folder), docs, peer))
+    _, docs, peer = rounds[0]  # the first round: the machine, versions and commands (every round runs the same)
+    n_rounds = len(rounds)
+
+    def blocks_of(docs):  # provider -> {(form, seq): point}
+        return {prov: {(pt["form"], pt["seq"]): pt for pt in d["points"]} for prov, (_, d) in docs.items()}
+
+    def peer_pts(peer):  # (form, seq, compiled) -> point
+        return {(p["form"], p["seq"], bool(p.get("compile"))): p for p in peer["points"] if "error" not in p}
+    round_blocks = [blocks_of(d) for _, d, _ in rounds]
+    round_peers = [peer_pts(p) for _, _, p in rounds]
+    seqs = sorted({k[1] for k in round_peers[0]})
+    providers = [p for p in ("laga", "cudnn", "auto", "cudnn-nondet", "auto-nondet") if p in round_blocks[0]]
     deterministic = [p for p in providers if not p.endswith("-nondet")]
     m = peer["machine"]
     any_doc = next(iter(docs.values()))[1] if docs else None
@@ -801,13 +828,23 @@ def peer_section(results_dir, schema):
                "PyTorch's chunks all the rank's own head slice, laga's chunk p received = chunk p sent")
     # laga's block time: its passes' spans (ops and the gaps between them, as the peer's events around its passes
     # see them) where the documents have them, else its ops' sum.
-    spans = all("block_span" in pt["repeats"] for _, d in docs.values() for pt in d["points"])
+    spans = all("block_span" in pt["repeats"] for _, ds, _ in rounds for _, d in ds.values() for pt in d["points"])
     span_text = ("laga's block time is the span of its forward plus that of its backward (the ops and the gaps "
                  "between them, as PyTorch's events around its passes see them)." if spans else
                  "laga's block time is the sum of its ops' times (the gaps between them not counted).")
+    round_text = (f"Measured in {n_rounds} rounds in one run, the order alternating (odd rounds laga first, even "
+                  "rounds PyTorch first; `bash scripts/gpu.sh cudnn DIST pc SEQS ROUNDS`): every time below is the "
+                  "median over the rounds of each round's median, and each ratio the median over the rounds of "
+                  "that round's ratio, its smallest and largest in brackets. " if n_rounds > 1 else "")
 
     def block_ms(pt):
         return pt["repeats"]["block_span" if spans else "block"]["median"] * 1e3
+
+    def doc_links(r):
+        rel, ds, _ = rounds[r]
+        sub = "" if rel == "." else rel + "/"
+        return [f"[{sub}{n}](../bench/results/peer/{sub}{n})" for n, _ in ds.values()] + \
+               [f"[{sub}peer.json](../bench/results/peer/{sub}peer.json)"]
 
     md = ["## laga against the PyTorch peer: one a2a rank of DeepSeek-V3", "",
           f"The same rank (P = {peer['points'][0]['sp']}, rank P-1, bf16, batch 1, exchanges emulated by local "
@@ -822,17 +859,25 @@ def peer_section(results_dir, schema):
           "excluded); PyTorch's max_memory_allocated over the pass above what was allocated before it (its bf16 "
           "weight gradients included). PyTorch's SDPA runs cuDNN's non-deterministic backward; laga's cuDNN "
           "provider the deterministic one (whose workspace is the scratch below), or with `--nondeterministic` "
-          "(columns `-nondet`) the same non-deterministic one as PyTorch. " + span_text + " Documents: " +
-          ", ".join(f"[{n}](../bench/results/peer/{n})" for n, _ in docs.values()) +
-          ", [peer.json](../bench/results/peer/peer.json); commands: `" + peer["command"] + "`" +
+          "(columns `-nondet`) the same non-deterministic one as PyTorch. " + span_text + " " + round_text +
+          "Documents: " + ", ".join(link for r in range(n_rounds) for link in doc_links(r)) +
+          "; commands: `" + peer["command"] + "`" +
           "".join(f"; `{d['config']['command']}`" for _, d in docs.values()) + ".", ""]
 
-    def peer_ms(form, S):
-        vals = [ppts.get((form, S, c)) for c in (False, True)]
-        return " / ".join(f"{v['block_ms']:.2f}" if v else "-" for v in vals), [v["block_ms"] for v in vals if v]
+    def med(vals):
+        return statistics.median(vals) if vals else None
 
-    def laga_pt(provider, form, S):
-        return blocks.get(provider, {}).get((form, S))
+    def spread(vals):  # "median" or "median [min, max]" over the rounds
+        text = f"{med(vals):.2f}x"
+        return text + (f" [{min(vals):.2f}, {max(vals):.2f}]" if len(vals) > 1 else "")
+
+    def laga_ms(provider, form, S):  # the median over the rounds, or None
+        return med([block_ms(rb[provider][(form, S)]) for rb in round_blocks
+                    if (form, S) in rb.get(provider, {})])
+
+    def peer_ms(form, S):
+        vals = [med([rp[(form, S, c)]["block_ms"] for rp in round_peers if (form, S, c) in rp]) for c in (False, True)]
+        return " / ".join(f"{v:.2f}" if v is not None else "-" for v in vals), [v for v in vals if v is not None]
 
     def gib(pt):
         return (rank_of(pt)["peak_backward_bytes"] + rank_of(pt).get("backend_scratch_peak_bytes", 0)) / 2**30
@@ -844,31 +889,35 @@ def peer_section(results_dir, schema):
     md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     verdicts, verdicts_det = [], []
     for S in seqs:
-        pe_text, pe_vals = peer_ms("explicit", S)
-        pl_text, pl_vals = peer_ms("laga", S)
-        best_peer = min(pe_vals + pl_vals)
+        pe_text, _ = peer_ms("explicit", S)
+        pl_text, _ = peer_ms("laga", S)
+        ratios_any, ratios_det = [], []
+        for rb, rp in zip(round_blocks, round_peers):  # each round's best laga LAGA against its best PyTorch
+            peer_vals = [p["block_ms"] for (form, seq, _), p in rp.items() if seq == S]
+            if not peer_vals:
+                continue
+            lagas = {prov: block_ms(rb[prov][("laga", S)]) for prov in providers if ("laga", S) in rb.get(prov, {})}
+            if lagas:
+                ratios_any.append(min(lagas.values()) / min(peer_vals))
+            det = [v for prov, v in lagas.items() if prov in deterministic]
+            if det:
+                ratios_det.append(min(det) / min(peer_vals))
+        verdicts.append(med(ratios_any))
+        verdicts_det.append(med(ratios_det))
 
         def cell(form):
-            pts = [laga_pt(p, form, S) for p in providers]
-            return " / ".join(f"{block_ms(pt):.2f}" if pt else "-" for pt in pts)
-        lagas = [laga_pt(p, "laga", S) for p in providers]
-        best = min(block_ms(pt) for pt in lagas if pt)
-        ratio = best / best_peer
-        verdicts.append(ratio)
-        best_det = min(block_ms(laga_pt(p, "laga", S)) for p in deterministic if laga_pt(p, "laga", S))
-        verdicts_det.append(best_det / best_peer)
-        ratios = f"{best_det / best_peer:.2f}x / {ratio:.2f}x"
-        ab = laga_pt("laga", "absorbed", S)
-        pe = ppts.get(("explicit", S, False))
-        peaks = " / ".join(f"{gib(pt):.2f}" if pt else "-" for pt in lagas)
+            return " / ".join(f"{v:.2f}" if v is not None else "-" for v in (laga_ms(p, form, S) for p in providers))
+        ab = laga_ms("laga", "absorbed", S)
+        pe = round_peers[0].get(("explicit", S, False))
+        peaks = " / ".join(f"{gib(round_blocks[0][p][('laga', S)]):.2f}" if ("laga", S) in round_blocks[0].get(p, {})
+                           else "-" for p in providers)
         md.append(f"| {S // 1024}k | {pe_text} | {pl_text} | {cell('laga')} | {cell('explicit')} | "
-                  f"{block_ms(ab):.2f} | {ratios} | "
-                  f"{pe['peak_bytes'] / 2**30:.2f} / {peaks} |" if ab else
-                  f"| {S // 1024}k | {pe_text} | {pl_text} | {cell('laga')} | {cell('explicit')} | - | {ratios} | "
+                  f"{f'{ab:.2f}' if ab is not None else '-'} | {spread(ratios_det)} / {spread(ratios_any)} | "
                   f"{(pe['peak_bytes'] / 2**30) if pe else 0:.2f} / {peaks} |")
     worst, worst_det = max(verdicts), max(verdicts_det)
+    over = " (the median over the rounds)" if n_rounds > 1 else ""
     md += ["", f"Bar (laga's LAGA block per rank <= 1.0x the fastest PyTorch variant, at every point; goal 0.8x): "
-           f"worst {worst:.2f}x, **{'met' if worst <= 1.0 else 'not met'}**; with deterministic attention only "
+           f"worst {worst:.2f}x{over}, **{'met' if worst <= 1.0 else 'not met'}**; with deterministic attention only "
            f"(bitwise reruns, which PyTorch's SDPA does not give) worst {worst_det:.2f}x.", ""]
     table = attention_doc(os.path.join(HERE, "..", "bench", "attention-providers.json"))
     if table:
