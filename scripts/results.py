@@ -917,8 +917,8 @@ def peer_section(results_dir, schema):
     worst, worst_det = max(verdicts), max(verdicts_det)
     over = " (the median over the rounds)" if n_rounds > 1 else ""
     md += ["", f"Bar (laga's LAGA block per rank <= 1.0x the fastest PyTorch variant, at every point; goal 0.8x): "
-           f"worst {worst:.2f}x{over}, **{'met' if worst <= 1.0 else 'not met'}**; with deterministic attention only "
-           f"(bitwise reruns, which PyTorch's SDPA does not give) worst {worst_det:.2f}x.", ""]
+           f"worst {worst:.3f}x{over}, **{'met' if worst <= 1.0 else 'not met'}**; with deterministic attention only "
+           f"(bitwise reruns, which PyTorch's SDPA does not give) worst {worst_det:.3f}x.", ""]
     table = attention_doc(os.path.join(HERE, "..", "bench", "attention-providers.json"))
     if table:
         md += ["### Attention alone: laga's kernels beside cuDNN's", "",
