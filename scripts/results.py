@@ -803,6 +803,8 @@ def peer_section(results_dir, schema):
             provider = doc["config"]["attention_provider"]
             if doc["config"].get("deterministic") is False:
                 provider += "-nondet"  # --nondeterministic: cuDNN's non-deterministic backward
+            if {pt["form"] for pt in doc["points"]} == {"absorbed"}:
+                provider += "-absorbed"  # the absorbed form in a document of its own
             docs[provider] = (os.path.basename(path), doc)
         rounds.append((os.path.relpath(rdir, folder), docs, peer))
     _, docs, peer = rounds[0]  # the first round: the machine, versions and commands (every round runs the same)
@@ -849,7 +851,8 @@ def peer_section(results_dir, schema):
     md = ["## laga against the PyTorch peer: one a2a rank of DeepSeek-V3", "",
           f"The same rank (P = {peer['points'][0]['sp']}, rank P-1, bf16, batch 1, exchanges emulated by local "
           f"copies, {standin}) in laga (`laga bench --device cuda --phantom --layout a2a --kernel fused`, one document per "
-          "`--attention-provider`) and in plain PyTorch (`scripts/peer_torch_block.py`: projections, RMSNorm, RoPE, "
+          "`--attention-provider`" + (", the absorbed form in one of its own after them" if "laga-absorbed" in docs
+                                      else "") + ") and in plain PyTorch (`scripts/peer_torch_block.py`: projections, RMSNorm, RoPE, "
           "`scaled_dot_product_attention`, autograd; eager, and with the parts around attention under "
           "`torch.compile`), measured in one run on "
           f"{m['device_name']} (PyTorch {m['torch']} with its cuDNN {m['cudnn']}, which SDPA ran; laga's cuDNN "
@@ -907,7 +910,8 @@ def peer_section(results_dir, schema):
 
         def cell(form):
             return " / ".join(f"{v:.2f}" if v is not None else "-" for v in (laga_ms(p, form, S) for p in providers))
-        ab = laga_ms("laga", "absorbed", S)
+        ab = laga_ms("laga-absorbed", "absorbed", S)
+        ab = ab if ab is not None else laga_ms("laga", "absorbed", S)
         pe = round_peers[0].get(("explicit", S, False))
         peaks = " / ".join(f"{gib(round_blocks[0][p][('laga', S)]):.2f}" if ("laga", S) in round_blocks[0].get(p, {})
                            else "-" for p in providers)
