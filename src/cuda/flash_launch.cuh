@@ -103,7 +103,7 @@ inline int dkdv_row_splits(i64 rows, i64 key_blocks, const AttentionFwdParams& p
 // another, which holds the kernel back where a chain is long against a block's share of the work (short
 // sequences: every row tile adds to the first key block). A split is its own chain and its own copy of the fp32
 // key tiles: 2 x multiprocessors / (batch x kv heads x the mean key blocks a row tile walks) of them, rounded
-// down to a power of two, at most 16 and at most half the row tiles. Measured on the H200 (one kv head, causal):
+// down to a power of two, at most 16 and at most the row tiles. Measured on the H200 (one kv head, causal):
 // the best of 1, 2, 4, 8, 16 splits was 8 at S = 4k, 4 at 8k, 2 at 16k and 1 at 32k, with 16 or 128 heads.
 inline int vkq_splits(const AttentionFwdParams& p, int block_m, int block_n, int multiprocessors) {
   constexpr double kChainShare = 2.0;

@@ -397,11 +397,12 @@ int main(int argc, char** argv) {
       // 128 heads (a row tile is half a query's heads), 768 rows in 2 splits (the rule).
       {"vk_576_512_h128", 1, 6, 40, 128, 1, 576, 512, 34, false, true, 2, true},
       // The same sums by flash_bwd_vkq_kernel (a block per row tile, dK + [dV, 0] added into fp32 key tiles in
-      // row-tile order, the row tiles dealt to `splits` copies summed in order; splits by the rule: as many as
-      // halve the row tiles, at most 16, where the work is this small): one key block; four key blocks with a
-      // partial last one; unaligned views and an offset; 16 heads; batch 2 with a negative offset (key blocks no
-      // row sees stay zero); 128 heads (12 row tiles in 8 copies); 3 fixed splits of 10 row tiles; 16 fixed
-      // splits of 3 row tiles (copies no row tile adds to); two kv heads and batch 2, 3 fixed splits each.
+      // row-tile order, the row tiles dealt to `splits` copies summed in order; splits by the rule: the largest
+      // power of two up to the row tiles, at most 16, where the work is this small): one key block; four key
+      // blocks with a partial last one; unaligned views and an offset; 16 heads; batch 2 with a negative offset
+      // (key blocks no row sees stay zero); 128 heads (12 row tiles in 8 copies); 3 fixed splits of 10 row
+      // tiles; 16 fixed splits of 3 row tiles (copies no row tile adds to); two kv heads and batch 2, 3 fixed
+      // splits each.
       {"vkq_576_512_one_block", 1, 20, 20, 3, 1, 576, 512, 0, false, true, 1, true, false, true},
       {"vkq_576_512_four_key_blocks", 1, 48, 230, 4, 1, 576, 512, 182, false, true, 2, true, false, true},
       {"vkq_576_512_wide_offset", 1, 30, 150, 5, 1, 576, 512, 101, true, true, 2, true, false, true},
