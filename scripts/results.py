@@ -1139,7 +1139,8 @@ def main():
            f"- Re-measure from a clean tree the {len(flagged_rows)} documents flagged in Sources (GPU: {names(True) or 'none'}; "
            f"CPU: {names(False) or 'none'}): each one's command is in the tables above. On the GPU machine "
            "(docs/gpu-run.md) `bash scripts/gpu.sh all DIST 5` re-measures the two h200-deepseek-v3 documents, "
-           "`bash scripts/gpu.sh cudnn DIST apcs` the peer documents, attention-providers.json and attention-sustained.json, `bash scripts/gpu.sh "
+           "`bash scripts/gpu.sh cudnn DIST as` attention-providers.json and attention-sustained.json, `bash scripts/gpu.sh cudnn "
+           "DIST pc 4096,16384,32768 3` the peer documents (three rounds), `bash scripts/gpu.sh "
            "run-check DIST 45` and `bash scripts/gpu.sh multi DIST 1 1` the `laga run --check` documents that "
            "`python3 scripts/check_table.py --json` summarises into checks/, `bash scripts/gpu.sh multi DIST 1 2 16384` "
            "the NCCL timing at P = 1; then `python3 scripts/results.py`.",
