@@ -870,7 +870,9 @@ def peer_section(results_dir, schema):
     def med(vals):
         return statistics.median(vals) if vals else None
 
-    def spread(vals):  # "median" or "median [min, max]" over the rounds
+    def spread(vals):  # "median" or "median [min, max]" over the rounds; "-" without any
+        if not vals:
+            return "-"
         text = f"{med(vals):.2f}x"
         return text + (f" [{min(vals):.2f}, {max(vals):.2f}]" if len(vals) > 1 else "")
 
@@ -918,7 +920,8 @@ def peer_section(results_dir, schema):
         md.append(f"| {S // 1024}k | {pe_text} | {pl_text} | {cell('laga')} | {cell('explicit')} | "
                   f"{f'{ab:.2f}' if ab is not None else '-'} | {spread(ratios_det)} / {spread(ratios_any)} | "
                   f"{(pe['peak_bytes'] / 2**30) if pe else 0:.2f} / {peaks} |")
-    worst, worst_det = max(verdicts), max(verdicts_det)
+    worst = max((v for v in verdicts if v is not None), default=float("nan"))
+    worst_det = max((v for v in verdicts_det if v is not None), default=float("nan"))
     over = " (the median over the rounds)" if n_rounds > 1 else ""
     md += ["", f"Bar (laga's LAGA block per rank <= 1.0x the fastest PyTorch variant, at every point; goal 0.8x): "
            f"worst {worst:.3f}x{over}, **{'met' if worst <= 1.0 else 'not met'}**; with deterministic attention only "
