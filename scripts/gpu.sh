@@ -787,6 +787,8 @@ cmd_cudnn() {
   #      attention-sustained.json, with the SM clock, power and throttle reasons sampled (smi-sustained.csv).
   # The machine may have two cuDNNs (the system's, and PyTorch's wheel's): laga is pointed at PyTorch's (the one its
   # SDPA runs), and the JSON documents record the version loaded. Everything in cudnn.tar.gz; a summary to stdout.
+  local rounds=${4:-1}
+  [[ $rounds =~ ^[1-9]$ ]] || { echo "gpu.sh cudnn: rounds = '$rounds': a whole number from 1 to 9" >&2; return 2; }
   gpu_start "${1:-}" cudnn
   need_bin laga
   local parts=${2:-tbapc} seqs=${3:-4096,16384,32768} out t0 laga=$dist/laga
@@ -836,8 +838,7 @@ cmd_cudnn() {
   # Parts p and c in `rounds` rounds (4th argument, default 1), each into round-<r>/ when more than one, the
   # order alternating (odd rounds laga first, even rounds the peer first), so that the GPU's drift between the
   # two (clock, power) shows as the spread of the rounds instead of favouring one side.
-  local rounds=${4:-1} r dir
-  [[ $rounds =~ ^[1-9]$ ]] || { echo "gpu.sh cudnn: rounds = '$rounds': a whole number from 1 to 9" >&2; return 2; }
+  local r dir
   block_docs() {  # $1: the folder
     # cudnn-nondet, auto-nondet: the same with --nondeterministic (cuDNN's non-deterministic backward, as SDPA's).
     for run in laga cudnn auto cudnn-nondet auto-nondet; do

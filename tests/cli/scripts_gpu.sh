@@ -42,6 +42,11 @@ for sub in check sanitize run-check smoke short all multi overlap cudnn block-pr
   ! grep -qE 'line [0-9]+:|command not found|unbound variable' "$TMP/nogpu.txt" || fail "$sub without a GPU: shell error: $(cat "$TMP/nogpu.txt")"
 done
 
+# cudnn's rounds: a bad count is refused before any GPU work (exit 2, the value named).
+bash "$GPU_SH" cudnn "$TMP/no-dist" pc 4096 0 >"$TMP/rounds.txt" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "rounds = '0'" "$TMP/rounds.txt" || fail "cudnn with 0 rounds: exit $rc: $(cat "$TMP/rounds.txt")"
+
 # A carried build that is not there: exit 2, the folder named.
 bash "$GPU_SH" env "$TMP/no-dist" >"$TMP/nodist.txt" 2>&1
 rc=$?
