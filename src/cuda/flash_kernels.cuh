@@ -1481,6 +1481,38 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 //   warpgroup 1: dKV [288, 320) n32, [320, 512) n192, [512, 576) n64 (dS^T Q only);  dQ n32 [288, 320), 4 x n64
 // 144 accumulators a thread for dKV in both warpgroups. Shared memory: K 72 KB, Q 72 KB, dO 64 KB (one stage
 // each), P^T and dS^T 8 KB each, lse and D.
+// The 576 columns of a row's accumulator split between the two warpgroups of flash_bwd_vk_kernel (dKV) and
+// flash_bwd_vkq_kernel (dQ): warpgroup 0 [0, 256) and [256, 288); warpgroup 1 [288, 320), [320, 512) and
+// [512, 576). A: the wide block (kNA columns from kColA), B: the 32 columns from kColB, C: warpgroup 1's [512, 576)
+// (warpgroup 0 keeps one unused n tile).
+template <int kWg>
+struct Cols576 {
+  static constexpr int kNA = kWg == 0 ? 256 : 192, kColA = kWg == 0 ? 0 : 320, kColB = kWg == 0 ? 256 : 288;
+  using AccA = float[1][kNA / 8][4];
+  using AccB = float[1][4][4];
+  using AccC = float[1][kWg == 0 ? 1 : 8][4];
+};
+
+// acc += A B over the warpgroup's Cols576 columns (warpgroup 0: A then B; warpgroup 1: B, A, then C), each block
+// one committed group: A as warpgroup_mma_ss_tb_async's (K-major, kRowsA rows, 16 KS deep), B the columns of a
+// [kRowsB][576] tile in 64-column slabs.
+template <int kWg, int KS, int kRowsA, int kRowsB>
+__device__ __forceinline__ void warpgroup_mma_cols576_async(typename Cols576<kWg>::AccA& acc_a,
+                                                            typename Cols576<kWg>::AccB& acc_b,
+                                                            typename Cols576<kWg>::AccC& acc_c, const bf16* s_a,
+                                                            const bf16* s_b) {
+  using Cols = Cols576<kWg>;
+  auto col = [&](int c) { return s_b + (c / 64) * kRowsB * 64 + c % 64; };
+  if constexpr (kWg == 0) {
+    warpgroup_mma_ss_tb_async<1, Cols::kNA, KS, kRowsA, kRowsB>(acc_a, s_a, 0, col(Cols::kColA));
+    warpgroup_mma_ss_tb_async<1, 32, KS, kRowsA, kRowsB>(acc_b, s_a, 0, col(Cols::kColB));
+  } else {
+    warpgroup_mma_ss_tb_async<1, 32, KS, kRowsA, kRowsB>(acc_b, s_a, 0, col(Cols::kColB));
+    warpgroup_mma_ss_tb_async<1, Cols::kNA, KS, kRowsA, kRowsB>(acc_a, s_a, 0, col(Cols::kColA));
+    warpgroup_mma_ss_tb_async<1, 64, KS, kRowsA, kRowsB>(acc_c, s_a, 0, col(512));
+  }
+}
+
 template <int kDqk_, int kDv_>
 struct BwdVkTraits {
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockN = 64, kBlockM = 64, kThreads = 256;
@@ -1598,9 +1630,12 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
   if (n_tiles > 0) load_q(0), load_do(0);
   cp_async_commit();
 
-  // dKV accumulators: warpgroup 0 [0, 256) and [256, 288); warpgroup 1 [288, 320), [320, 512) and [512, 576).
-  constexpr int kNA = kWg == 0 ? 256 : 192, kColA = kWg == 0 ? 0 : 320, kColB = kWg == 0 ? 256 : 288;
-  float acc_a[1][kNA / 8][4], acc_b[1][4][4], acc_c[1][kWg == 0 ? 1 : 8][4];
+  // dKV accumulators (Cols576's split).
+  using Cols = Cols576<kWg>;
+  constexpr int kColA = Cols::kColA, kColB = Cols::kColB;
+  typename Cols::AccA acc_a;
+  typename Cols::AccB acc_b;
+  typename Cols::AccC acc_c;
   zero(acc_a);
   zero(acc_b);
   zero(acc_c);
@@ -1667,19 +1702,7 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
     // dKV += dS^T Q over the warpgroup's columns; then dQ = dS K by chunks, two accumulators in turn.
     float qa[8][4], qb[8][4], qc[4][4];
     const bool first = kblock == 0;
-    if constexpr (kWg == 0) {
-      warpgroup_mma_ss_tb_async<1, 256, kBM / 16, kBN, kBM>(acc_a, s_dst, 0,
-                                                            col(s_q, kBM, kColA));
-      warpgroup_mma_ss_tb_async<1, 32, kBM / 16, kBN, kBM>(acc_b, s_dst, 0,
-                                                           col(s_q, kBM, kColB));
-    } else {
-      warpgroup_mma_ss_tb_async<1, 32, kBM / 16, kBN, kBM>(acc_b, s_dst, 0,
-                                                           col(s_q, kBM, kColB));
-      warpgroup_mma_ss_tb_async<1, 192, kBM / 16, kBN, kBM>(acc_a, s_dst, 0,
-                                                            col(s_q, kBM, kColA));
-      warpgroup_mma_ss_tb_async<1, 64, kBM / 16, kBN, kBM>(acc_c, s_dst, 0,
-                                                           col(s_q, kBM, kDv));
-    }
+    warpgroup_mma_cols576_async<kWg, kBM / 16, kBN, kBM>(acc_a, acc_b, acc_c, s_dst, s_q);
     if (t + 1 < n_tiles) load_do(t + 1);  // requested while dS^T Q runs
     cp_async_commit();
     // The key blocks before this one have added theirs to the row tile: warpgroup 1 waits (every thread, the
@@ -1837,9 +1860,12 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
       rv[h] = row < rows ? delta[at] : 0.f;
   }
 
-  // dQ accumulators: warpgroup 0 [0, 256) and [256, 288); warpgroup 1 [288, 320), [320, 512) and [512, 576).
-  constexpr int kNA = kWg == 0 ? 256 : 192, kColA = kWg == 0 ? 0 : 320, kColB = kWg == 0 ? 256 : 288;
-  float acc_a[1][kNA / 8][4], acc_b[1][4][4], acc_c[1][kWg == 0 ? 1 : 8][4];
+  // dQ accumulators (Cols576's split).
+  using Cols = Cols576<kWg>;
+  constexpr int kColA = Cols::kColA, kColB = Cols::kColB;
+  typename Cols::AccA acc_a;
+  typename Cols::AccB acc_b;
+  typename Cols::AccC acc_c;
   zero(acc_a);
   zero(acc_b);
   zero(acc_c);
@@ -1893,15 +1919,8 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
 
     // dQ += dS K over the warpgroup's columns. Warpgroup 1 waits (every thread, the same count) until the row
     // tiles before this one have added theirs to key block t, while its chains run; barrier D passes it on.
-    if constexpr (kWg == 0) {
-      warpgroup_mma_ss_tb_async<1, 256, kBN / 16, kBM, kBN>(acc_a, s_ds, 0, col(s_k, kBN, kColA));
-      warpgroup_mma_ss_tb_async<1, 32, kBN / 16, kBM, kBN>(acc_b, s_ds, 0, col(s_k, kBN, kColB));
-    } else {
-      warpgroup_mma_ss_tb_async<1, 32, kBN / 16, kBM, kBN>(acc_b, s_ds, 0, col(s_k, kBN, kColB));
-      warpgroup_mma_ss_tb_async<1, 192, kBN / 16, kBM, kBN>(acc_a, s_ds, 0, col(s_k, kBN, kColA));
-      warpgroup_mma_ss_tb_async<1, 64, kBN / 16, kBM, kBN>(acc_c, s_ds, 0, col(s_k, kBN, kDv));
-      wait_counter(dkv_count + tile_base + t, place);
-    }
+    warpgroup_mma_cols576_async<kWg, kBN / 16, kBM, kBN>(acc_a, acc_b, acc_c, s_ds, s_k);
+    if constexpr (kWg == 1) wait_counter(dkv_count + tile_base + t, place);
     wgmma_wait<0>();
     reg_fence_all(acc_a);
     reg_fence_all(acc_b);
