@@ -11,7 +11,12 @@ Per rank (s = S / P local tokens, H / P heads after the exchange), bf16 weights 
 The exchanges are emulated by local copies, as laga's phantom rank emulates them (`--standin phantom`): chunk p
 of what the rank receives is chunk p of what it sends (its own tokens with rank p's heads for the all-to-all of
 Q, K, V; its head slice of chunk p's queries in head slot p for the all-to-all of O; its own latent for every
-chunk of the all-gather); `--standin repeat` gives every chunk the rank's own head slice of its own tokens. Forward and backward (autograd, upstream gradient dy) are timed with
+chunk of the all-gather); `--standin repeat` gives every chunk the rank's own head slice of its own tokens. Each
+all-to-all costs what it costs laga's phantom (`--exchange copy`): its packing (the concatenation of the chunks
+by destination) or unpacking, and the exchange itself as a device copy of the whole buffer, in both directions
+(an op torch.compile cannot see into or remove), where a collective would write its receive buffer; the
+all-gather's concatenation is its exchange. `--exchange none` leaves the all-to-alls' exchange out (the packed
+buffer stands for the received one). Forward and backward (autograd, upstream gradient dy) are timed with
 CUDA events (median of --repeat after --warmup; the timed passes queued back to back as a training loop runs
 them, or with --sync-each-pass each waited for, which idles the GPU between passes); peak memory is torch.cuda.max_memory_allocated over the
 pass, minus what was allocated before it (weights, x, dy). With --compile the non-attention parts run under
@@ -62,19 +67,40 @@ def rope(x, cos, sin):
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def a2a_tokens_to_heads(t, P, standin):
+@torch.library.custom_op("laga_peer::exchange", mutates_args=())
+def exchange(t: torch.Tensor) -> torch.Tensor:
+    """An all-to-all's exchange on one GPU: the received buffer as a device copy of the sent one (what laga's
+    phantom rank does), opaque to torch.compile so that it is neither fused nor removed."""
+    return t.clone()
+
+
+@exchange.register_fake
+def _exchange_fake(t):
+    return torch.empty_like(t)
+
+
+exchange.register_autograd(lambda ctx, g: exchange(g))  # the reverse all-to-all: the same copy
+
+
+def a2a_tokens_to_heads(t, P, standin, mode):
     """[s, B, H, d] -> [S, B, H/P, d]: the rank's head slice of every rank's tokens (others' emulated: chunk p is
-    the rank's tokens with rank p's heads, as laga's phantom; or with `repeat` its own heads every time)."""
+    the rank's tokens with rank p's heads, as laga's phantom; or with `repeat` its own heads every time). The
+    chunks packed by destination, then (mode "copy") exchanged."""
     hp = t.shape[2] // P
     if standin == "repeat":
-        return torch.cat([t[:, :, :hp]] * P, dim=0)
-    return torch.cat([t[:, :, p * hp:(p + 1) * hp] for p in range(P)], dim=0)
+        packed = torch.cat([t[:, :, :hp]] * P, dim=0)
+    else:
+        packed = torch.cat([t[:, :, p * hp:(p + 1) * hp] for p in range(P)], dim=0)
+    return exchange(packed) if mode == "copy" else packed
 
 
-def a2a_heads_to_tokens(t, P, standin):
+def a2a_heads_to_tokens(t, P, standin, mode):
     """[S, B, H/P, d] -> [s, B, H, d]: the rank's tokens of every head slice (others' emulated: head slot p is
-    chunk p's rows, as laga's phantom; or with `repeat` chunk 0's every time)."""
+    chunk p's rows, as laga's phantom; or with `repeat` chunk 0's every time). Exchanged (mode "copy"), then
+    the received chunks unpacked."""
     s = t.shape[0] // P
+    if mode == "copy":
+        t = exchange(t)
     if standin == "repeat":
         return torch.cat([t[:s]] * P, dim=2)
     return torch.cat([t[p * s:(p + 1) * s] for p in range(P)], dim=2)
@@ -84,7 +110,7 @@ def all_gather(t, P):
     return torch.cat([t] * P, dim=0)
 
 
-def make_block(c, S, P, B, form, compile_parts, init="randn", standin="phantom"):
+def make_block(c, S, P, B, form, compile_parts, init="randn", standin="phantom", exchange_mode="copy"):
     s, H, hp = S // P, c["heads"], c["heads"] // P
     d_qk, dn, dr, dv, r_kv = c["d_nope"] + c["d_rope"], c["d_nope"], c["d_rope"], c["d_v"], c["kv_lora"]
     inv_freq, rope_mscale, attn_mscale = yarn_inv_freq_and_mscale(c)
@@ -127,7 +153,8 @@ def make_block(c, S, P, B, form, compile_parts, init="randn", standin="phantom")
     def explicit_kv(q, ckv, kpe):  # K, V for every head of the local tokens, then all-to-all of Q, K, V
         k = torch.cat(((ckv @ W["uk"]).view(s, B, H, dn), kpe.expand(s, B, H, dr)), dim=-1)
         v = (ckv @ W["uv"]).view(s, B, H, dv)
-        return a2a_tokens_to_heads(q, P, standin), a2a_tokens_to_heads(k, P, standin), a2a_tokens_to_heads(v, P, standin)
+        return a2a_tokens_to_heads(q, P, standin, exchange_mode), a2a_tokens_to_heads(k, P, standin, exchange_mode), \
+            a2a_tokens_to_heads(v, P, standin, exchange_mode)
 
     def laga_kv(q, ckv, kpe):  # all-to-all of Q, all-gather of the latent, K, V for this rank's heads
         ckv_all, kpe_all = all_gather(ckv, P), all_gather(kpe, P)
@@ -135,10 +162,10 @@ def make_block(c, S, P, B, form, compile_parts, init="randn", standin="phantom")
         uv = W["uv"].view(r_kv, H, dv)[:, :hp].reshape(r_kv, hp * dv)
         k = torch.cat(((ckv_all @ uk).view(S, B, hp, dn), kpe_all.expand(S, B, hp, dr)), dim=-1)
         v = (ckv_all @ uv).view(S, B, hp, dv)
-        return a2a_tokens_to_heads(q, P, standin), k, v
+        return a2a_tokens_to_heads(q, P, standin, exchange_mode), k, v
 
     def back(o):  # [S, B, hp, dv] -> y [s, B, hidden]
-        return a2a_heads_to_tokens(o, P, standin).reshape(s, B, H * dv) @ W["o"]
+        return a2a_heads_to_tokens(o, P, standin, exchange_mode).reshape(s, B, H * dv) @ W["o"]
 
     pre = explicit_kv if form == "explicit" else laga_kv
     if compile_parts:
@@ -153,14 +180,15 @@ def make_block(c, S, P, B, form, compile_parts, init="randn", standin="phantom")
     return block, W
 
 
-def measure(c, S, P, B, form, compile_parts, warmup, repeat, sync_each_pass=False, init="randn", standin="phantom"):
+def measure(c, S, P, B, form, compile_parts, warmup, repeat, sync_each_pass=False, init="randn", standin="phantom",
+            exchange_mode="copy"):
     """Forward and backward times (CUDA events) and the peak memory of `repeat` passes after `warmup`. The timed
     passes are queued back to back, as a training loop runs them (the host waits once, at the end); with
     sync_each_pass the host waits for the GPU after every pass, which leaves the GPU idle between passes and so
     lets it hold higher clocks under its power limit than a training loop would."""
     torch.cuda.empty_cache()
     torch.manual_seed(0)
-    block, W = make_block(c, S, P, B, form, compile_parts, init, standin)
+    block, W = make_block(c, S, P, B, form, compile_parts, init, standin, exchange_mode)
     s = S // P
     if init == "uniform":  # x and dy in U(-1, 1), as laga's
         x = (torch.rand(s, B, c["hidden"], device="cuda") * 2 - 1).to(torch.bfloat16).requires_grad_()
@@ -266,6 +294,9 @@ def main():
     ap.add_argument("--standin", choices=("phantom", "repeat"), default="phantom",
                     help="what the emulated exchanges deliver: laga's phantom's stand-ins (chunk p received = chunk p "
                          "sent), or the rank's own head slice of its own tokens in every chunk")
+    ap.add_argument("--exchange", choices=("copy", "none"), default="copy",
+                    help="an all-to-all's exchange: a device copy of the whole buffer, each way, as laga's phantom "
+                         "rank's; or none (the packed buffer stands for the received one)")
     ap.add_argument("--sync-each-pass", action="store_true",
                     help="wait for the GPU after every timed pass (idle gaps: higher clocks than a training loop)")
     ap.add_argument("--out")
@@ -276,20 +307,22 @@ def main():
            "command": "python3 scripts/peer_torch_block.py " + " ".join(
                f"--{k} {v}" for k, v in [("seq", a.seq), ("sp", a.sp), ("batch", a.batch), ("form", a.form),
                                          ("compile", a.compile), ("warmup", a.warmup), ("repeat", a.repeat)]) +
-               (" --sync-each-pass" if a.sync_each_pass else "") + (f" --init {a.init}" if a.init != "randn" else "") + (" --standin repeat" if a.standin == "repeat" else ""),
+               (" --sync-each-pass" if a.sync_each_pass else "") + (f" --init {a.init}" if a.init != "randn" else "") + (" --standin repeat" if a.standin == "repeat" else "") +
+               (" --exchange none" if a.exchange == "none" else ""),
            "machine": {"hostname": platform.node(), "device_name": torch.cuda.get_device_name(),
                        "torch": torch.__version__, "cuda": torch.version.cuda,
                        "cudnn": torch.backends.cudnn.version()},
            "commit": commit, "dirty": dirty, "model": "deepseek-v3", "dtype": "bfloat16", "layout": "a2a",
            "rank": "P-1 of P, exchanges emulated by local copies",
            "timed_passes": "each pass waited for" if a.sync_each_pass else "queued back to back",
-           "init": a.init, "standin": a.standin, "points": []}
+           "init": a.init, "standin": a.standin, "exchange": a.exchange, "points": []}
     compiles = {"off": [False], "on": [True], "both": [False, True]}[a.compile]
     for S in [int(v) for v in a.seq.split(",")]:
         for form in a.form.split(","):
             for comp in compiles:
                 try:
-                    m = measure(c, S, a.sp, a.batch, form, comp, a.warmup, a.repeat, a.sync_each_pass, a.init, a.standin)
+                    m = measure(c, S, a.sp, a.batch, form, comp, a.warmup, a.repeat, a.sync_each_pass, a.init, a.standin,
+                                a.exchange)
                 except torch.cuda.OutOfMemoryError as e:
                     m = {"error": f"out of memory: {str(e).splitlines()[0][:160]}"}
                 pt = {"seq": S, "sp": a.sp, "batch": a.batch, "form": form, "compile": comp, **m}

@@ -828,6 +828,9 @@ def peer_section(results_dir, schema):
                  "in " + " and ".join(sorted(grad_dtypes)) + " (the peer's are bf16)")
     standin = ("the same stand-ins in both: chunk p received = chunk p sent" if peer.get("standin") == "phantom" else
                "PyTorch's chunks all the rank's own head slice, laga's chunk p received = chunk p sent")
+    standin += ("; each all-to-all's exchange a device copy of the whole buffer each way in both, as laga's phantom's"
+                if peer.get("exchange") == "copy" else
+                "; laga's all-to-alls copy the exchanged buffer each way, PyTorch's only pack and unpack it")
     # laga's block time: its passes' spans (ops and the gaps between them, as the peer's events around its passes
     # see them) where the documents have them, else its ops' sum.
     spans = all("block_span" in pt["repeats"] for _, ds, _ in rounds for _, d in ds.values() for pt in d["points"])
