@@ -863,6 +863,23 @@ __device__ __forceinline__ void recompute_pt(float (&pt)[kMT][kNT][4], const flo
     probs_from_lse_t<false>(pt, sl2, gid, lse2, [](int, int) { return i64(0); });
 }
 
+// dP^T's accumulator before its product, from the rows' D (= rowsum(dO o O), one per column): D itself
+// (kSign 1), for a product that subtracts V dO^T (wgmma with B negated) and so leaves D - dP^T; or -D (kSign -1,
+// mma.sync: leaves dP^T - D). Either way no subtraction waits for the product. Each register pair its own load.
+template <int kSign, int kMT, int kNT>
+__device__ __forceinline__ void d_into_acc(float (&ds)[kMT][kNT][4], const float* sdd, int tig) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      lds_f2(ds[mt][nt][0], ds[mt][nt][1], sdd + nt * 8 + 2 * tig);  // row gid
+      lds_f2(ds[mt][nt][2], ds[mt][nt][3], sdd + nt * 8 + 2 * tig);  // row gid + 8
+      if constexpr (kSign < 0)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ds[mt][nt][e] = -ds[mt][nt][e];
+    }
+}
+
 // The dK/dV kernels' epilogue: dK = scale * acc_dk and dV = acc_dv of a warp's keys in bf16 (fragment row
 // mt * 16 + gid + 8 h is key key0 + that; columns from dk_col0 and dv_col0), keys past kv_len skipped.
 template <bool kAligned, int kMT, int kNTK, int kNTV>
@@ -1041,7 +1058,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     // next step's rows are requested while S^T runs (their addresses are work off the tensor core's path).
     float pt[kMT][kNTQ][4], ds[kMT][kNTQ][4];
     zero(pt);
-    zero(ds);
     if constexpr (Tr::kWgmma) {
       warpgroup_mma_nt_async<kMT, kBM, kDqk, kBN>(pt, s_k, 64 * (warp / 4), sq);
       if (t + 1 < n_tiles) load_rows(t + 1, st ^ 1);
@@ -1065,15 +1081,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
           ph[nt][h] = pack_bf16(pt[0][nt][2 * h], pt[0][nt][2 * h + 1]);
           *reinterpret_cast<u32*>(s_pt + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) = ph[nt][h];
         }
-      warpgroup_mma_nt<kMT, kBM, kDv, kBN>(ds, s_v, 64 * (warp / 4), sdo);  // dP^T = V dO^T
+      d_into_acc<1>(ds, sdd, tig);
+      warpgroup_mma_nt<kMT, kBM, kDv, kBN, true, -1>(ds, s_v, 64 * (warp / 4), sdo);  // D - dP^T = D - V dO^T
 #pragma unroll
-      for (int nt = 0; nt < kNTQ; ++nt) {
-        const float d0 = sdd[nt * 8 + 2 * tig], d1 = sdd[nt * 8 + 2 * tig + 1];
+      for (int nt = 0; nt < kNTQ; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           *reinterpret_cast<u32*>(s_dst + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) =
-              pack_bf16(lo_bf16(ph[nt][h]) * (ds[0][nt][2 * h] - d0), hi_bf16(ph[nt][h]) * (ds[0][nt][2 * h + 1] - d1));
-      }
+              pack_bf16(-lo_bf16(ph[nt][h]) * ds[0][nt][2 * h], -hi_bf16(ph[nt][h]) * ds[0][nt][2 * h + 1]);
       fence_proxy_async();
       if constexpr (Tr::kFuseDq)  // the key blocks before this one have added theirs to this row tile
         if (tid == 0) wait_counter(dq_count + tile_base + r0 / kBM, unsigned(block));
@@ -1115,18 +1130,15 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       warpgroup_wait<0>(acc_dv);
       reg_fence_all(acc_dk);
     } else {
-      // dP^T = V dO^T, dS^T = P^T (dP^T - D); P^T and dS^T stay in registers as the A operands of dV and dK.
+      // dP^T - D = V dO^T - D, dS^T = P^T (dP^T - D); P^T and dS^T stay in registers as the A operands of dV and dK.
+      d_into_acc<-1>(ds, sdd, tig);
       warp_mma<kMT, kNTQ, kDv / 16, false, false, Tr::kLdV, kDv>(ds, s_v, wk0, sdo, 0, lane);
 #pragma unroll
       for (int nt = 0; nt < kNTQ; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float d = sdd[nt * 8 + 2 * tig + e];
+        for (int e = 0; e < 4; ++e)
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) ds[mt][nt][2 * h + e] = pt[mt][nt][2 * h + e] * (ds[mt][nt][2 * h + e] - d);
-        }
+          for (int mt = 0; mt < kMT; ++mt) ds[mt][nt][e] = pt[mt][nt][e] * ds[mt][nt][e];
       u32 pa[kMT][kBM / 16][4], dsa[kMT][kBM / 16][4];
       acc_to_a(pa, pt);
       acc_to_a(dsa, ds);
@@ -1390,8 +1402,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       bf16* sdst = s_dst(st);
 
       // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e), bf16 in registers as the A operand of dV += P^T dO;
-      // dP^T = V dO^T; dS^T = P^T (dP^T - D), bf16 in registers as the A operand of dK += dS^T Q and into this
-      // step's dS^T buffer for dQ (once both warpgroups' dQ^T of step t - 2 have read it).
+      // D - dP^T = D - V dO^T (the accumulator starts at D: its loads run under dV, and no subtraction is left
+      // for after the wait); dS^T = P^T (dP^T - D), bf16 in registers as the A operand of dK += dS^T Q and into
+      // this step's dS^T buffer for dQ (once both warpgroups' dQ^T of step t - 2 have read it).
       float pt[1][kBM / 8][4];
       // Turns: warpgroup 1 issues S^T of a step once warpgroup 0 has issued that step's dP^T, warpgroup 0 once
       // warpgroup 1 has issued the previous step's, so that each one's softmax and dS^T fall under the other's GEMMs.
@@ -1404,19 +1417,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       acc_to_a(pa, pt);
       warpgroup_mma_rs_tb_async<1, kDv, kBM / 16, kBM>(acc_dv, pa, sdo);
       float ds[1][kBM / 8][4];
-      warpgroup_mma_nt_async<1, kBM, kDv, kBN>(ds, s_v, m0, sdo);
+      d_into_acc<1>(ds, sdd, tig);
+      warpgroup_mma_nt_async<1, kBM, kDv, kBN, true, -1>(ds, s_v, m0, sdo);
       if (wg == 0) named_bar_arrive(Tr::kBarTurn1, Tr::kConsumerThreads);
       if (wg == 1 && t + 1 < n_tiles) named_bar_arrive(Tr::kBarTurn0, Tr::kConsumerThreads);
-      warpgroup_wait<0>(ds);  // dV (issued first) and dP^T done
+      warpgroup_wait<0>(ds);  // dV (issued first) and D - dP^T done
       if (t >= 2) mbar_wait(ds_free + st, u32((t >> 1) - 1) & 1u);
       u32 dsa[1][kBM / 16][4];
 #pragma unroll
       for (int nt = 0; nt < kBM / 8; ++nt) {
-        const float d0 = sdd[nt * 8 + 2 * tig], d1 = sdd[nt * 8 + 2 * tig + 1];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const u32 ph = pa[0][nt / 2][(nt % 2) * 2 + h];  // P^T of rows gid + 8 h, columns nt * 8 + 2 tig (+ 1)
-          const u32 v = pack_bf16(lo_bf16(ph) * (ds[0][nt][2 * h] - d0), hi_bf16(ph) * (ds[0][nt][2 * h + 1] - d1));
+          const u32 v = pack_bf16(-lo_bf16(ph) * ds[0][nt][2 * h], -hi_bf16(ph) * ds[0][nt][2 * h + 1]);
           dsa[0][nt / 2][(nt % 2) * 2 + h] = v;
           *reinterpret_cast<u32*>(sdst + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) = v;
         }

@@ -76,6 +76,11 @@ __device__ __forceinline__ void wgmma_wait() {
 // Shared memory written by ordinary stores or cp.async and read next by wgmma (the async proxy): each writing
 // thread fences before the barrier.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Two consecutive floats of shared memory (8-byte aligned) by a load of its own (ld.volatile: two loads of the
+// same address fill two register pairs, as two accumulator pairs that start equal, instead of one load and moves).
+__device__ __forceinline__ void lds_f2(float& a, float& b, const float* p) {
+  asm volatile("ld.volatile.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(a), "=f"(b) : "r"(smem_u32(p)));
+}
 // 2^x on the SFU alone (ex2.approx.ftz.f32: at most 2 ulp off, results below 2^-126 flushed to zero). exp2f
 // costs four instructions (a range test and two multiplies around the same SFU op, for subnormal results that
 // no probability or rescale factor needs), which made up a third of the 192/128 forward's loop.
@@ -112,8 +117,11 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], std::uint64_t 
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
+// kScaleB = -1: d (+)= A (-B), the sign applied by the tensor cores (wgmma's imm-scale-b).
+template <int kScaleB = 1>
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], std::uint64_t desc_a, std::uint64_t desc_b,
                                                 int accumulate) {
+  static_assert(kScaleB == 1 || kScaleB == -1, "wgmma's B scale is 1 or -1");
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -121,7 +129,7 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], std::uint64_t 
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n"
+      "%32, %33, p, 1, %35, 0, 0;\n"
       "}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -129,7 +137,7 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], std::uint64_t 
         "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
         "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
         "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kScaleB));
 }
 
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], std::uint64_t desc_a, std::uint64_t desc_b,

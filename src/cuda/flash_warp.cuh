@@ -171,13 +171,14 @@ __device__ __forceinline__ void warp_mma_ra(float (&acc)[MT][NT][4], const u32 (
 // ---------------------------------------------------------------- warpgroup GEMMs (wgmma)
 // Issued, committed and waited for in place (the accumulators are ready on return). Warp w of the group holds
 // rows 64 mt + 16 (w % 4).. of each m64 tile in the mma.sync C layout. Every tile is in the swz_k64 layout.
-template <int N>
+template <int N, int kScaleB = 1>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t da, std::uint64_t db, int accumulate) {
   static_assert(N == 32 || N == 64 || N == 128, "wgmma SS shapes in use: n32, n64, n128");
+  static_assert(kScaleB == 1 || N == 64, "a negated B in use at n64 only");
   if constexpr (N == 32)
     wgmma_m64n32k16(d, da, db, accumulate);
   else if constexpr (N == 64)
-    wgmma_m64n64k16(d, da, db, accumulate);
+    wgmma_m64n64k16<kScaleB>(d, da, db, accumulate);
   else
     wgmma_m64n128k16(d, da, db, accumulate);
 }
@@ -234,8 +235,9 @@ __device__ __forceinline__ void warpgroup_wait(Acc& acc) {
 }
 
 // acc[MT][N/8][4] = A B^T: A the rows m0 + 64 mt.. of a tile [kRowsA][kK], B a tile [N][kK] (as K in Q K^T).
-// Issued and committed as one group; acc is ready after warpgroup_wait.
-template <int MT, int N, int kK, int kRowsA>
+// kFromAcc: acc += kScaleB A B^T (the accumulator's values are the start). Issued and committed as one group; acc
+// is ready after warpgroup_wait.
+template <int MT, int N, int kK, int kRowsA, bool kFromAcc = false, int kScaleB = 1>
 __device__ __forceinline__ void warpgroup_mma_nt_async(float (&acc)[MT][N / 8][4], const bf16* s_a, int m0,
                                                        const bf16* s_b) {
   static_assert(kK % 64 == 0, "whole 64-column slabs");
@@ -248,14 +250,14 @@ __device__ __forceinline__ void warpgroup_mma_nt_async(float (&acc)[MT][N / 8][4
     const std::uint64_t db = desc_advance(db0, u32((kk / 4) * N * 128 + (kk % 4) * 32));
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
-      wgmma_ss<N>(acc[mt], desc_advance(da0, u32((kk / 4) * kRowsA * 128 + mt * 64 * 128 + (kk % 4) * 32)), db,
-                  kk > 0 ? 1 : 0);
+      wgmma_ss<N, kScaleB>(acc[mt], desc_advance(da0, u32((kk / 4) * kRowsA * 128 + mt * 64 * 128 + (kk % 4) * 32)),
+                           db, kFromAcc || kk > 0 ? 1 : 0);
   }
   wgmma_commit();
 }
-template <int MT, int N, int kK, int kRowsA>
+template <int MT, int N, int kK, int kRowsA, bool kFromAcc = false, int kScaleB = 1>
 __device__ __forceinline__ void warpgroup_mma_nt(float (&acc)[MT][N / 8][4], const bf16* s_a, int m0, const bf16* s_b) {
-  warpgroup_mma_nt_async<MT, N, kK, kRowsA>(acc, s_a, m0, s_b);
+  warpgroup_mma_nt_async<MT, N, kK, kRowsA, kFromAcc, kScaleB>(acc, s_a, m0, s_b);
   warpgroup_wait<0>(acc);
 }
 

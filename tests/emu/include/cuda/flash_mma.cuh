@@ -290,6 +290,10 @@ inline void st_shared_v4(float* p, float a, float b, float c, float d) {
   emu::check_smem(p, 16, 16);
   p[0] = a, p[1] = b, p[2] = c, p[3] = d;
 }
+inline void lds_f2(float& a, float& b, const float* p) {
+  emu::check_smem(p, 8, 8);
+  a = p[0], b = p[1];
+}
 inline void bulk_commit() {}
 template <int kPending>
 inline void bulk_wait_read() {}
@@ -503,17 +507,22 @@ inline float wgmma_elem(std::uint64_t desc, int row, int k) {
   return bf16_to_float(bf16{smem_b16(phys)});
 }
 template <int N>
-inline void emu_wgmma_ss(float (&d)[N / 8][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate) {
+inline void emu_wgmma_ss(float (&d)[N / 8][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate,
+                         int scale_b = 1) {
   const int t = int(threadIdx.x) % 128, w = t / 32, lane = t % 32;
   for (int n = 0; n < N / 8; ++n)
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * w + lane / 4 + 8 * (e >> 1), col = 8 * n + 2 * (lane % 4) + (e & 1);
       double acc = 0;
       for (int k = 0; k < 16; ++k) acc += double(wgmma_elem(desc_a, row, k)) * double(wgmma_elem(desc_b, col, k));
-      d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
+      d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + scale_b * acc);
     }
 }
-inline void wgmma_m64n64k16(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss<64>(d, a, b, acc); }
+template <int kScaleB = 1>
+inline void wgmma_m64n64k16(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int acc) {
+  static_assert(kScaleB == 1 || kScaleB == -1, "wgmma's B scale is 1 or -1");
+  emu_wgmma_ss<64>(d, a, b, acc, kScaleB);
+}
 inline void wgmma_m64n32k16(float (&d)[4][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss<32>(d, a, b, acc); }
 inline void wgmma_m64n128k16(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss<128>(d, a, b, acc); }
 }  // namespace laga::cuda::flash
