@@ -1422,19 +1422,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if (wg == 0) named_bar_arrive(Tr::kBarTurn1, Tr::kConsumerThreads);
       if (wg == 1 && t + 1 < n_tiles) named_bar_arrive(Tr::kBarTurn0, Tr::kConsumerThreads);
       warpgroup_wait<0>(ds);  // dV (issued first) and D - dP^T done
-      if (t >= 2) mbar_wait(ds_free + st, u32((t >> 1) - 1) & 1u);
       u32 dsa[1][kBM / 16][4];
 #pragma unroll
       for (int nt = 0; nt < kBM / 8; ++nt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const u32 ph = pa[0][nt / 2][(nt % 2) * 2 + h];  // P^T of rows gid + 8 h, columns nt * 8 + 2 tig (+ 1)
-          const u32 v = pack_bf16(-lo_bf16(ph) * ds[0][nt][2 * h], -hi_bf16(ph) * ds[0][nt][2 * h + 1]);
-          dsa[0][nt / 2][(nt % 2) * 2 + h] = v;
-          *reinterpret_cast<u32*>(sdst + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) = v;
+          dsa[0][nt / 2][(nt % 2) * 2 + h] =
+              pack_bf16(-lo_bf16(ph) * ds[0][nt][2 * h], -hi_bf16(ph) * ds[0][nt][2 * h + 1]);
         }
       }
       warpgroup_mma_rs_tb_async<1, kDqk, kBM / 16, kBM>(acc_dk, dsa, sq);
+      // dS^T into this step's buffer for dQ while dK runs (once both warpgroups' dQ^T of step t - 2 have read it),
+      // four 8x8 matrices a stmatrix: dsa[0][i][j] holds rows gid + 8 (j % 2), columns 8 (2 i + j / 2) + 2 tig
+      // (+ 1); lane l addresses row l % 8 of matrix l / 8.
+      if (t >= 2) mbar_wait(ds_free + st, u32((t >> 1) - 1) & 1u);
+#pragma unroll
+      for (int i = 0; i < kBM / 16; ++i) {
+        const int j = lane >> 3;
+        stsm_x4(smem_u32(sdst + swz_k64<kBN>(wk0 + (lane & 7) + 8 * (j & 1), 8 * (2 * i + (j >> 1)))), dsa[0][i]);
+      }
       fence_proxy_async();  // the other warpgroup's dQ^T wgmma (async proxy) reads these stores
       mbar_arrive(ds_full + st);
       if (t == 0) {  // no dQ^T this step: this stage's Q and dO are read once dK is done

@@ -48,6 +48,12 @@ __device__ __forceinline__ void ldsm_x2(u32 (&r)[2], u32 addr) {
 __device__ __forceinline__ void ldsm_x2_t(u32 (&r)[2], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
+// stmatrix: four 8x8 matrices, matrix j's row addresses from lanes 8j..8j+7; lane l gives r[j] = row l / 4,
+// columns 2 (l % 4)..+1 of matrix j (the mma.sync C fragment layout, packed to bf16 pairs).
+__device__ __forceinline__ void stsm_x4(u32 addr, const u32 (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
 
 // d += a * b for one 16 x 8 x 16 tile.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {

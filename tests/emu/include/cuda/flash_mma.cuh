@@ -198,6 +198,21 @@ inline void ldsm(u32* r, u32 addr) {
 inline void ldsm_x4(u32 (&r)[4], u32 addr) { ldsm<4, false>(r, addr); }
 inline void ldsm_x4_t(u32 (&r)[4], u32 addr) { ldsm<4, true>(r, addr); }
 inline void ldsm_x2(u32 (&r)[2], u32 addr) { ldsm<2, false>(r, addr); }
+// stmatrix .x4: lane l's r[j] is row l / 4, columns 2 (l % 4)..+1 of matrix j, whose row i lane 8j + i addresses.
+inline void stsm_x4(u32 addr, const u32 (&r)[4]) {
+  emu::Warp& w = *emu::tl_warp;
+  const int lane = emu::tl_lane;
+  w.slot[lane][0] = addr;
+  w.bar.arrive_and_wait();
+  for (int j = 0; j < 4; ++j) {
+    const u32 row = w.slot[8 * j + lane / 4][0];
+    emu::check_smem(emu::tl_block->smem + row, 16, 16);
+    const std::uint16_t lo = std::uint16_t(r[j] & 0xffffu), hi = std::uint16_t(r[j] >> 16);
+    std::memcpy(emu::tl_block->smem + row + 4 * (lane % 4), &lo, 2);
+    std::memcpy(emu::tl_block->smem + row + 4 * (lane % 4) + 2, &hi, 2);
+  }
+  w.bar.arrive_and_wait();
+}
 inline void ldsm_x2_t(u32 (&r)[2], u32 addr) { ldsm<2, true>(r, addr); }
 
 inline float lo_f(u32 v) { return bf16_to_float(bf16{std::uint16_t(v & 0xffff)}); }
