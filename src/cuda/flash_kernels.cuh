@@ -850,13 +850,11 @@ __global__ void __launch_bounds__(256) flash_bwd_delta_kernel(const AttentionBwd
 // mt * 16 + gid + 8 h is the warp's key wk0 + that of the block's keys from key0; column c0 + nt * 8 + 2 tig + e
 // is that row of the tile of rows from r0, whose log-sum-exps `slse` holds. The causal mask is needed only
 // when the block's last key lies past the tile's first row's visible prefix (core/causal.hpp).
-// kLseInAcc: S^T's accumulator started at -lse / scale (lse_into_acc), so that it holds S^T - lse / scale and
-// P^T = exp2(acc sl2) needs no log-sum-exp here.
-template <int kBN, bool kLseInAcc = false, int kMT, int kNT>
+template <int kBN, int kMT, int kNT>
 __device__ __forceinline__ void recompute_pt(float (&pt)[kMT][kNT][4], const float* slse, int c0, float sl2,
                                              RowMap rm, i64 r0, const AttentionFwdParams& p, i64 key0, int wk0,
                                              int gid, int tig) {
-  auto lse2 = [&](int nt, int e) { return kLseInAcc ? 0.f : slse[c0 + frag_col(nt, tig, e)] * kLog2e; };
+  auto lse2 = [&](int nt, int e) { return slse[c0 + frag_col(nt, tig, e)] * kLog2e; };
   if (key0 + kBN - 1 > rm.query(r0) + p.q_offset)
     probs_from_lse_t(pt, sl2, gid, lse2, [&](int nt, int e) {  // keys this row sees, relative to the warp's first key
       return rm.query(r0 + c0 + frag_col(nt, tig, e)) + p.q_offset + 1 - key0 - wk0;
@@ -879,25 +877,6 @@ __device__ __forceinline__ void d_into_acc(float (&ds)[kMT][kNT][4], const float
       if constexpr (kSign < 0)
 #pragma unroll
         for (int e = 0; e < 4; ++e) ds[mt][nt][e] = -ds[mt][nt][e];
-    }
-}
-
-// S^T's accumulator before its product: -lse / scale of each column (the row's log-sum-exp), so that the product
-// leaves S^T - lse / scale and the exponent is one multiply (recompute_pt<..., true>). `slse` holds the rows'
-// lse (kScaled false: multiplied here by neg_inv_scale = -1 / scale) or already -lse / scale (kScaled true).
-// Each register pair its own load, as d_into_acc.
-template <bool kScaled, int kMT, int kNT>
-__device__ __forceinline__ void lse_into_acc(float (&pt)[kMT][kNT][4], const float* slse, float neg_inv_scale,
-                                             int tig) {
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      lds_f2(pt[mt][nt][0], pt[mt][nt][1], slse + nt * 8 + 2 * tig);  // row gid
-      lds_f2(pt[mt][nt][2], pt[mt][nt][3], slse + nt * 8 + 2 * tig);  // row gid + 8
-      if constexpr (!kScaled)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pt[mt][nt][e] *= neg_inv_scale;
     }
 }
 
@@ -1058,7 +1037,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   float acc_dk[kMT][kDqk / 8][4], acc_dv[kMT][kDv / 8][4];
   zero(acc_dk);
   zero(acc_dv);
-  const float sl2 = float(p.scale) * kLog2e, neg_inv_scale = -1.f / float(p.scale);
+  const float sl2 = float(p.scale) * kLog2e;
   const int wk0 = warp * 16 * kMT;  // the warp's first key in the block
 
   for (int t = 0; t < n_tiles; ++t) {
@@ -1078,9 +1057,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e), zero where the row does not see the key. With wgmma the
     // next step's rows are requested while S^T runs (their addresses are work off the tensor core's path).
     float pt[kMT][kNTQ][4], ds[kMT][kNTQ][4];
-    lse_into_acc<false>(pt, slse, neg_inv_scale, tig);  // P^T's exponent as flash_bwd_ws_kernel's, bit for bit
+    zero(pt);
     if constexpr (Tr::kWgmma) {
-      warpgroup_mma_nt_async<kMT, kBM, kDqk, kBN, true>(pt, s_k, 64 * (warp / 4), sq);
+      warpgroup_mma_nt_async<kMT, kBM, kDqk, kBN>(pt, s_k, 64 * (warp / 4), sq);
       if (t + 1 < n_tiles) load_rows(t + 1, st ^ 1);
       cp_async_commit();
       warpgroup_wait<0>(pt);
@@ -1089,7 +1068,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       cp_async_commit();
       warp_mma<kMT, kNTQ, kDqk / 16, false, false, kDqk, kDqk>(pt, s_k, wk0, sq, 0, lane);
     }
-    recompute_pt<kBN, true>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
+    recompute_pt<kBN>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
     if constexpr (Tr::kWgmma) {
       // P^T and dS^T (bf16) through shared memory, then dV += P^T dO and dK += dS^T Q from there. P^T is kept as
       // bf16 pairs and dP^T computed only now (the registers are what limits the step); dS^T = P^T (dP^T - D)
@@ -1301,12 +1280,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int n_tiles = kt.n_tiles;
   const RowMap rm{1u};  // MHA (the launcher's rule): a row is a query, at compile time
   auto step_row0 = [&](int t) { return kt.step_row0(t); };
-  const float neg_inv_scale = -1.f / float(p.scale);
 
   if (tid == 0) {
     mbar_init(kv_full, Tr::kLoadThreads);
-    for (int st = 0; st < 2; ++st) {  // stage_full: each loading thread's copies, then its -lse / scale
-      mbar_init(stage_full + st, 2 * Tr::kLoadThreads), mbar_init(stage_free + st, Tr::kConsumerThreads);
+    for (int st = 0; st < 2; ++st) {
+      mbar_init(stage_full + st, Tr::kLoadThreads), mbar_init(stage_free + st, Tr::kConsumerThreads);
       mbar_init(ds_full + st, Tr::kConsumerThreads), mbar_init(ds_free + st, Tr::kConsumerThreads);
     }
   }
@@ -1340,15 +1318,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         load_rows_async<kBM, kDv, Tr::kLoadThreads>(s_do(st), dout + r0 * p.dout_token_stride, p.dout_token_stride,
                                                     rows - r0, ltid);
         // Rows past the end: lse = D = 0, so P^T = 1 against zero Q and dO rows, and their dS^T, dV and dK terms
-        // are 0 (dQ of those rows is never written out). The row's lse goes in as -lse / scale, S^T's
-        // accumulator start (lse_into_acc), by this thread's second arrival.
+        // are 0 (dQ of those rows is never written out).
         static_assert(kBM == Tr::kLoadThreads, "a row's lse and D per loading thread");
         const bool in = r0 + ltid < rows;
         const i64 r = in ? r0 + ltid : 0;
+        cp_async4_fill(s_lse(st) + ltid, static_cast<const float*>(p.lse) + lse0 + r, in);
         cp_async4_fill(s_dd(st) + ltid, delta + lse0 + r, in);
         cp_async_mbar_arrive(stage_full + st);
-        s_lse(st)[ltid] = (in ? static_cast<const float*>(p.lse)[lse0 + r] : 0.f) * neg_inv_scale;
-        mbar_arrive(stage_full + st);
       }
       cp_async_wait<0>();
     } else {
@@ -1425,19 +1401,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const float* sdd = s_dd(st);
       bf16* sdst = s_dst(st);
 
-      // S^T = K Q^T; P^T = exp2((S^T - lse / scale) sl2), bf16 in registers as the A operand of dV += P^T dO;
+      // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e), bf16 in registers as the A operand of dV += P^T dO;
       // D - dP^T = D - V dO^T (the accumulator starts at D: its loads run under dV, and no subtraction is left
       // for after the wait); dS^T = P^T (dP^T - D), bf16 in registers as the A operand of dK += dS^T Q and into
       // this step's dS^T buffer for dQ (once both warpgroups' dQ^T of step t - 2 have read it).
       float pt[1][kBM / 8][4];
-      lse_into_acc<true>(pt, slse, neg_inv_scale, tig);  // S^T - lse / scale: the exponent is one multiply
       // Turns: warpgroup 1 issues S^T of a step once warpgroup 0 has issued that step's dP^T, warpgroup 0 once
       // warpgroup 1 has issued the previous step's, so that each one's softmax and dS^T fall under the other's GEMMs.
       if (wg == 1) named_bar_sync(Tr::kBarTurn1, Tr::kConsumerThreads);
       if (wg == 0 && t > 0) named_bar_sync(Tr::kBarTurn0, Tr::kConsumerThreads);
-      warpgroup_mma_nt_async<1, kBM, kDqk, kBN, true>(pt, s_k, m0, sq);
+      warpgroup_mma_nt_async<1, kBM, kDqk, kBN>(pt, s_k, m0, sq);
       warpgroup_wait<0>(pt);
-      recompute_pt<kBN, true>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
+      recompute_pt<kBN>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
       u32 pa[1][kBM / 16][4];
       acc_to_a(pa, pt);
       warpgroup_mma_rs_tb_async<1, kDv, kBM / 16, kBM>(acc_dv, pa, sdo);
