@@ -863,10 +863,10 @@ __device__ __forceinline__ void recompute_pt(float (&pt)[kMT][kNT][4], const flo
     probs_from_lse_t<false>(pt, sl2, gid, lse2, [](int, int) { return i64(0); });
 }
 
-// dP^T's accumulator before its product, from the rows' D (= rowsum(dO o O), one per column): D itself
-// (kSign 1), for a product that subtracts V dO^T (wgmma with B negated) and so leaves D - dP^T; or -D (kSign -1,
-// mma.sync: leaves dP^T - D). Either way no subtraction waits for the product. Each register pair its own load.
-template <int kSign, int kMT, int kNT>
+// dP^T's accumulator before its product: the rows' D (= rowsum(dO o O), one per column), for a product that
+// subtracts V dO^T (wgmma with B negated) and so leaves D - dP^T, with no subtraction waiting for the product.
+// Each register pair its own load.
+template <int kMT, int kNT>
 __device__ __forceinline__ void d_into_acc(float (&ds)[kMT][kNT][4], const float* sdd, int tig) {
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt)
@@ -874,9 +874,6 @@ __device__ __forceinline__ void d_into_acc(float (&ds)[kMT][kNT][4], const float
     for (int mt = 0; mt < kMT; ++mt) {
       lds_f2(ds[mt][nt][0], ds[mt][nt][1], sdd + nt * 8 + 2 * tig);  // row gid
       lds_f2(ds[mt][nt][2], ds[mt][nt][3], sdd + nt * 8 + 2 * tig);  // row gid + 8
-      if constexpr (kSign < 0)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ds[mt][nt][e] = -ds[mt][nt][e];
     }
 }
 
@@ -1081,7 +1078,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
           ph[nt][h] = pack_bf16(pt[0][nt][2 * h], pt[0][nt][2 * h + 1]);
           *reinterpret_cast<u32*>(s_pt + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) = ph[nt][h];
         }
-      d_into_acc<1>(ds, sdd, tig);
+      d_into_acc(ds, sdd, tig);
       warpgroup_mma_nt<kMT, kBM, kDv, kBN, true, -1>(ds, s_v, 64 * (warp / 4), sdo);  // D - dP^T = D - V dO^T
 #pragma unroll
       for (int nt = 0; nt < kNTQ; ++nt)
@@ -1130,15 +1127,19 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       warpgroup_wait<0>(acc_dv);
       reg_fence_all(acc_dk);
     } else {
-      // dP^T - D = V dO^T - D, dS^T = P^T (dP^T - D); P^T and dS^T stay in registers as the A operands of dV and dK.
-      d_into_acc<-1>(ds, sdd, tig);
+      // dP^T = V dO^T, dS^T = P^T (dP^T - D); P^T and dS^T stay in registers as the A operands of dV and dK.
+      zero(ds);
       warp_mma<kMT, kNTQ, kDv / 16, false, false, Tr::kLdV, kDv>(ds, s_v, wk0, sdo, 0, lane);
 #pragma unroll
       for (int nt = 0; nt < kNTQ; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
+        for (int e = 0; e < 2; ++e) {
+          const float d = sdd[nt * 8 + 2 * tig + e];
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) ds[mt][nt][e] = pt[mt][nt][e] * ds[mt][nt][e];
+          for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) ds[mt][nt][2 * h + e] = pt[mt][nt][2 * h + e] * (ds[mt][nt][2 * h + e] - d);
+        }
       u32 pa[kMT][kBM / 16][4], dsa[kMT][kBM / 16][4];
       acc_to_a(pa, pt);
       acc_to_a(dsa, ds);
@@ -1417,7 +1418,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       acc_to_a(pa, pt);
       warpgroup_mma_rs_tb_async<1, kDv, kBM / 16, kBM>(acc_dv, pa, sdo);
       float ds[1][kBM / 8][4];
-      d_into_acc<1>(ds, sdd, tig);
+      d_into_acc(ds, sdd, tig);
       warpgroup_mma_nt_async<1, kBM, kDv, kBN, true, -1>(ds, s_v, m0, sdo);
       if (wg == 0) named_bar_arrive(Tr::kBarTurn1, Tr::kConsumerThreads);
       if (wg == 1 && t + 1 < n_tiles) named_bar_arrive(Tr::kBarTurn0, Tr::kConsumerThreads);
