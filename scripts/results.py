@@ -883,9 +883,9 @@ def peer_section(results_dir, schema):
         return med([block_ms(rb[provider][(form, S)]) for rb in round_blocks
                     if (form, S) in rb.get(provider, {})])
 
-    def peer_ms(form, S):
+    def peer_ms(form, S):  # "eager / compiled": each the median over the rounds
         vals = [med([rp[(form, S, c)]["block_ms"] for rp in round_peers if (form, S, c) in rp]) for c in (False, True)]
-        return " / ".join(f"{v:.2f}" if v is not None else "-" for v in vals), [v for v in vals if v is not None]
+        return " / ".join(f"{v:.2f}" if v is not None else "-" for v in vals)
 
     def gib(pt):
         return (rank_of(pt)["peak_backward_bytes"] + rank_of(pt).get("backend_scratch_peak_bytes", 0)) / 2**30
@@ -897,8 +897,8 @@ def peer_section(results_dir, schema):
     md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     verdicts, verdicts_det = [], []
     for S in seqs:
-        pe_text, _ = peer_ms("explicit", S)
-        pl_text, _ = peer_ms("laga", S)
+        pe_text = peer_ms("explicit", S)
+        pl_text = peer_ms("laga", S)
         ratios_any, ratios_det = [], []
         for rb, rp in zip(round_blocks, round_peers):  # each round's best laga LAGA against its best PyTorch
             peer_vals = [p["block_ms"] for (form, seq, _), p in rp.items() if seq == S]
