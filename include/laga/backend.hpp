@@ -76,6 +76,11 @@ struct RmsNormArgs {
 // cos and sin are multiplied by `mscale` (YaRN). Position of token t is pos_offset + t.
 // Backward applies the transpose: dx from dy (same strides, x->dy, y->dx). y may be x (in place) when both
 // have the same strides and dtype.
+// With copy_cols > 0, x and y point at the start of each head's row: its first copy_cols columns are copied
+// unchanged and the `dim` after them rotated (a query's nope and rope columns in one pass, into another layout);
+// y is then x itself or apart from it.
+// With head_group > 0, head h sits at (h / head_group) * group stride + (h % head_group) * head stride: the
+// all-to-all's buffer of one chunk per rank.
 struct RopeArgs {
   DType dtype = DType::F32;
   std::int64_t tokens = 0, batch = 0, heads = 0, dim = 0;
@@ -88,6 +93,15 @@ struct RopeArgs {
   std::int64_t y_token_stride = 0, y_batch_stride = 0, y_head_stride = 0;
   // x's dtype when it differs from y's (`dtype`): backward reads a float32 gradient, writes bfloat16.
   std::optional<DType> x_dtype;
+  std::int64_t copy_cols = 0;
+  std::int64_t head_group = 0, x_group_stride = 0, y_group_stride = 0;
+  // Offsets of head h's row in x and y, in elements.
+  std::int64_t x_head_offset(std::int64_t h) const {
+    return head_group > 0 ? (h / head_group) * x_group_stride + (h % head_group) * x_head_stride : h * x_head_stride;
+  }
+  std::int64_t y_head_offset(std::int64_t h) const {
+    return head_group > 0 ? (h / head_group) * y_group_stride + (h % head_group) * y_head_stride : h * y_head_stride;
+  }
 };
 
 enum class AttentionKernel {

@@ -1,6 +1,7 @@
 #include "cuda/cuda_ops.cuh"
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 namespace laga::cuda {
@@ -144,13 +145,26 @@ __global__ void __launch_bounds__(kDgammaThreads) rmsnorm_dgamma_final_kernel(i6
 // One block per (token, batch) row and kRopeWarps warps over its heads. The block's angles are computed once in
 // double (positions reach 1e5 and more: in float the angle alone would be off by 1e-2) into shared memory and
 // reused by every head; each warp stages a head's `dim` inputs in shared memory before it writes, so y may be x
-// (in place), and reads and writes are whole rows.
+// (in place), and reads and writes are whole rows. A head's copy_cols columns ahead of the rotated ones go
+// straight from x to y, in 16-byte vectors with kVec (one dtype, every row and stride on 16 bytes).
 constexpr int kRopeWarps = 8;
 
-template <typename X, typename T, bool kBackward>
+// The rotation of one pair and its transpose, each product rounded on its own (no contraction left to the
+// compiler), so that rope_kernel and rope_copy_vec_kernel give the same bits: the block's layouts are bitwise
+// equal at P = 1 whichever kernel ran its RoPE.
+__device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float& y0, float& y1) {
+  y0 = fmaf(x0, c, -__fmul_rn(x1, s));
+  y1 = fmaf(x1, c, __fmul_rn(x0, s));
+}
+__device__ __forceinline__ void rope_rotate_t(float d0, float d1, float c, float s, float& x0, float& x1) {
+  x0 = fmaf(d0, c, __fmul_rn(d1, s));
+  x1 = fmaf(d1, c, -__fmul_rn(d0, s));
+}
+
+template <typename X, typename T, bool kBackward, bool kVec>
 __global__ void __launch_bounds__(32 * kRopeWarps) rope_kernel(RopeArgs a, const double* inv_freq) {
   extern __shared__ float rope_smem[];
-  const int half = int(a.dim / 2), dim = int(a.dim);
+  const int half = int(a.dim / 2), dim = int(a.dim), copy_cols = int(a.copy_cols), group = int(a.head_group);
   float* cs = rope_smem;                                // [half]
   float* sn = cs + half;                                // [half]
   float* row = sn + half + threadIdx.y * dim;           // this warp's [dim]
@@ -164,24 +178,127 @@ __global__ void __launch_bounds__(32 * kRopeWarps) rope_kernel(RopeArgs a, const
   __syncthreads();
   const X* x = static_cast<const X*>(a.x) + t * a.x_token_stride + b * a.x_batch_stride;
   T* y = static_cast<T*>(a.y) + t * a.y_token_stride + b * a.y_batch_stride;
-  for (i64 h = threadIdx.y; h < a.heads; h += kRopeWarps) {
-    const X* xs = x + h * a.x_head_stride;
-    T* ys = y + h * a.y_head_stride;
+  for (int h = threadIdx.y; h < int(a.heads); h += kRopeWarps) {
+    const int g = group > 0 ? h / group : 0, hg = group > 0 ? h - g * group : h;
+    const X* xs = x + g * a.x_group_stride + hg * a.x_head_stride;
+    T* ys = y + g * a.y_group_stride + hg * a.y_head_stride;
+    if constexpr (kVec) {
+      constexpr int kPer = 16 / sizeof(T);
+      for (int j = threadIdx.x; j < copy_cols / kPer; j += 32)
+        reinterpret_cast<uint4*>(ys)[j] = reinterpret_cast<const uint4*>(xs)[j];
+    } else {
+      for (int j = threadIdx.x; j < copy_cols; j += 32) ys[j] = from_float<T>(to_float(xs[j]));
+    }
+    xs += copy_cols;
+    ys += copy_cols;
     for (int j = threadIdx.x; j < dim; j += 32) row[j] = to_float(xs[j]);
     __syncwarp();
     for (int i = threadIdx.x; i < half; i += 32) {
       const float c = cs[i], s = sn[i];
+      float r0, r1;
       if constexpr (!kBackward) {
-        const float x0 = row[2 * i], x1 = row[2 * i + 1];
-        ys[i] = from_float<T>(x0 * c - x1 * s);
-        ys[i + half] = from_float<T>(x1 * c + x0 * s);
+        rope_rotate(row[2 * i], row[2 * i + 1], c, s, r0, r1);
+        ys[i] = from_float<T>(r0);
+        ys[i + half] = from_float<T>(r1);
       } else {
-        const float d0 = row[i], d1 = row[i + half];
-        ys[2 * i] = from_float<T>(d0 * c + d1 * s);
-        ys[2 * i + 1] = from_float<T>(-d0 * s + d1 * c);
+        rope_rotate_t(row[i], row[i + half], c, s, r0, r1);
+        ys[2 * i] = from_float<T>(r0);
+        ys[2 * i + 1] = from_float<T>(r1);
       }
     }
     __syncwarp();
+  }
+}
+
+// RoPE with copied columns into another buffer (the all-to-all's packing of the queries; x and y do not
+// overlap): every thread moves whole 16-byte vectors, several in flight, where rope_kernel stages each head in
+// shared memory one element a lane. A head's row is copy_cols / E copied vectors then dim / E rotated units
+// (E = 16 / sizeof(T) elements): forward, unit k reads x[E k, E k + E) (E/2 pairs) and writes E/2 elements at
+// y[E/2 k] and at y[dim/2 + E/2 k]; backward the transpose. One block per (token, batch) row, its angles in
+// shared memory as in rope_kernel.
+constexpr int kRopeVecThreads = 256;
+constexpr int kRopeVecUnroll = 4;
+
+template <typename T, bool kBackward>
+__global__ void __launch_bounds__(kRopeVecThreads) rope_copy_vec_kernel(RopeArgs a, const double* inv_freq) {
+  constexpr int E = 16 / sizeof(T), H2 = E / 2;
+  extern __shared__ float rope_smem[];
+  const int half = int(a.dim / 2), group = int(a.head_group);
+  const int copy_v = int(a.copy_cols) / E, per_head = copy_v + int(a.dim) / E, units = int(a.heads) * per_head;
+  float* cs = rope_smem;
+  float* sn = cs + half;
+  const i64 t = blockIdx.x / a.batch, b = blockIdx.x - t * a.batch;
+  for (int i = threadIdx.x; i < half; i += kRopeVecThreads) {
+    double sd, cd;
+    sincos(double(a.pos_offset + t) * inv_freq[i], &sd, &cd);
+    cs[i] = float(cd * a.mscale);
+    sn[i] = float(sd * a.mscale);
+  }
+  __syncthreads();
+  const T* __restrict__ x = static_cast<const T*>(a.x) + t * a.x_token_stride + b * a.x_batch_stride;
+  T* __restrict__ y = static_cast<T*>(a.y) + t * a.y_token_stride + b * a.y_batch_stride;
+  for (int u0 = threadIdx.x; u0 < units; u0 += kRopeVecThreads * kRopeVecUnroll) {
+    uint4 in[kRopeVecUnroll];
+    const T* xs[kRopeVecUnroll];
+    T* ys[kRopeVecUnroll];
+    int k[kRopeVecUnroll];  // the unit within the head: < copy_v copied, else rotated (k - copy_v)
+#pragma unroll
+    for (int j = 0; j < kRopeVecUnroll; ++j) {
+      const int u = u0 + j * kRopeVecThreads;
+      if (u >= units) break;
+      const int h = u / per_head, g = group > 0 ? h / group : 0, hg = group > 0 ? h - g * group : h;
+      k[j] = u - h * per_head;
+      xs[j] = x + g * a.x_group_stride + hg * a.x_head_stride;
+      ys[j] = y + g * a.y_group_stride + hg * a.y_head_stride;
+      if (k[j] < copy_v) {
+        in[j] = reinterpret_cast<const uint4*>(xs[j])[k[j]];
+      } else if constexpr (!kBackward) {
+        in[j] = reinterpret_cast<const uint4*>(xs[j] + a.copy_cols)[k[j] - copy_v];
+      } else {
+        const T* r = xs[j] + a.copy_cols + (k[j] - copy_v) * H2;
+        const uint2 lo = *reinterpret_cast<const uint2*>(r), hi = *reinterpret_cast<const uint2*>(r + half);
+        in[j] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kRopeVecUnroll; ++j) {
+      const int u = u0 + j * kRopeVecThreads;
+      if (u >= units) break;
+      if (k[j] < copy_v) {
+        reinterpret_cast<uint4*>(ys[j])[k[j]] = in[j];
+        continue;
+      }
+      const int kr = k[j] - copy_v;
+      const T* e = reinterpret_cast<const T*>(&in[j]);
+      T* yr = ys[j] + a.copy_cols;
+      if constexpr (!kBackward) {  // pairs (e[2q], e[2q+1]) -> y[i], y[i + half], i = H2 kr + q
+        uint2 lo, hi;
+        T* l = reinterpret_cast<T*>(&lo);
+        T* hh = reinterpret_cast<T*>(&hi);
+#pragma unroll
+        for (int q = 0; q < H2; ++q) {
+          const int i = kr * H2 + q;
+          float r0, r1;
+          rope_rotate(to_float(e[2 * q]), to_float(e[2 * q + 1]), cs[i], sn[i], r0, r1);
+          l[q] = from_float<T>(r0);
+          hh[q] = from_float<T>(r1);
+        }
+        *reinterpret_cast<uint2*>(yr + kr * H2) = lo;
+        *reinterpret_cast<uint2*>(yr + half + kr * H2) = hi;
+      } else {  // (dy[i], dy[i + half]) -> dx[2i], dx[2i+1]; e = dy[H2 kr, +H2) then dy[half + H2 kr, +H2)
+        uint4 out;
+        T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+        for (int q = 0; q < H2; ++q) {
+          const int i = kr * H2 + q;
+          float r0, r1;
+          rope_rotate_t(to_float(e[q]), to_float(e[H2 + q]), cs[i], sn[i], r0, r1);
+          o[2 * q] = from_float<T>(r0);
+          o[2 * q + 1] = from_float<T>(r1);
+        }
+        reinterpret_cast<uint4*>(yr)[kr] = out;
+      }
+    }
   }
 }
 
@@ -287,6 +404,12 @@ void copy_op(Context& ctx, const CopyArgs& c) {
 
 void fill_op(Context& ctx, void* ptr, i64 n, DType dtype, double value) {
   if (ptr == nullptr || n <= 0) return;
+  // Zero (+0.0 in every dtype, all bits clear) by the driver's memset: a gradient's start, the common case, at
+  // the copy engine's rate where fill_kernel's element-wise stores reach a fraction of it.
+  if (value == 0.0 && !std::signbit(value)) {
+    LAGA_CUDA_CHECK(cudaMemsetAsync(ptr, 0, std::size_t(n) * dtype_size(dtype), ctx.stream));
+    return;
+  }
   dispatch_any(dtype, [&](auto z) {
     using T = decltype(z);
     fill_kernel<T><<<blocks_for(n, kElementwiseThreads), kElementwiseThreads, 0, ctx.stream>>>(
@@ -350,17 +473,44 @@ void rope_op(Context& ctx, const RopeArgs& a, const double* inv_freq_device, boo
   LAGA_REQUIRE(rows <= INT32_MAX, "rope: tokens x batch = ", rows, " exceeds the grid limit");
   const std::size_t smem = sizeof(float) * std::size_t(a.dim + kRopeWarps * a.dim);
   LAGA_REQUIRE(smem <= 48 * 1024, "rope: dim = ", a.dim, " needs more shared memory than a block has");
+  LAGA_REQUIRE(a.copy_cols >= 0 && a.head_group >= 0, "rope: copy_cols = ", a.copy_cols, " and head_group = ",
+               a.head_group, " must be >= 0");
+  LAGA_REQUIRE(a.heads <= INT32_MAX && a.copy_cols <= INT32_MAX, "rope: heads = ", a.heads, " or copy_cols = ",
+               a.copy_cols, " exceeds 32 bits");
+  // The copied columns in 16-byte vectors where nothing is converted and every head row starts on 16 bytes.
+  const DType xd = a.x_dtype.value_or(a.dtype);
+  const i64 es = i64(dtype_size(a.dtype));
+  auto on16 = [&](i64 elements) { return (elements * es) % 16 == 0; };
+  const bool vec = a.copy_cols > 0 && xd == a.dtype && on16(a.copy_cols) &&
+                   reinterpret_cast<std::uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.y) % 16 == 0 &&
+                   on16(a.x_token_stride) && on16(a.x_batch_stride) && on16(a.x_head_stride) &&
+                   on16(a.x_group_stride) && on16(a.y_token_stride) && on16(a.y_batch_stride) &&
+                   on16(a.y_head_stride) && on16(a.y_group_stride);
+  // x and y apart with copied columns (the all-to-all's packing): whole vectors a thread, when they fit.
+  const bool vec_units = vec && a.dim % (16 / es) == 0 && a.x != a.y;
   const dim3 grid{unsigned(rows)}, block{32, kRopeWarps};
   dispatch_compute(a.dtype, "rope", [](auto) {});
-  dispatch_pair(a.x_dtype.value_or(a.dtype), a.dtype, "rope", [&](auto zx, auto z) {
+  dispatch_pair(xd, a.dtype, "rope", [&](auto zx, auto z) {
     using X = decltype(zx);
     using T = decltype(z);
     if constexpr (std::is_same_v<X, double> || std::is_same_v<T, double>) {
       LAGA_REQUIRE(false, "rope: float64 is not supported by the cuda backend: use float32 or bfloat16");
-    } else if (backward) {
-      rope_kernel<X, T, true><<<grid, block, smem, ctx.stream>>>(a, inv_freq_device);
     } else {
-      rope_kernel<X, T, false><<<grid, block, smem, ctx.stream>>>(a, inv_freq_device);
+      auto launch = [&](auto kernel) { kernel<<<grid, block, smem, ctx.stream>>>(a, inv_freq_device); };
+      if constexpr (std::is_same_v<X, T>) {
+        if (vec_units) {
+          const std::size_t angles = sizeof(float) * std::size_t(a.dim);
+          if (backward)
+            rope_copy_vec_kernel<T, true><<<grid, kRopeVecThreads, angles, ctx.stream>>>(a, inv_freq_device);
+          else
+            rope_copy_vec_kernel<T, false><<<grid, kRopeVecThreads, angles, ctx.stream>>>(a, inv_freq_device);
+          return;
+        }
+      }
+      if (backward)
+        vec ? launch(rope_kernel<X, T, true, true>) : launch(rope_kernel<X, T, true, false>);
+      else
+        vec ? launch(rope_kernel<X, T, false, true>) : launch(rope_kernel<X, T, false, false>);
     }
   });
   LAGA_CUDA_CHECK_LAUNCH("rope_kernel");

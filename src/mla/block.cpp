@@ -197,21 +197,21 @@ struct BlockImpl {
 
   // ---------------------------------------------------------------- collectives
   // a2a, forward direction: [s*B rows, n_h * w] (all heads, local tokens) -> [S*B rows, H * w] (own heads).
-  Tensor scatter_heads(const Tensor& local, std::int64_t w, const std::string& what) {
+  // With `rope` (the queries), RoPE runs on the way into the send buffer (query_forward leaves it to this).
+  Tensor scatter_heads(const Tensor& local, std::int64_t w, const std::string& what, bool rope = false) {
     if (!a2a()) return local;
     const std::int64_t chunk = T * H * w;
     Tensor send = empty({P, chunk}, what + ".a2a_send");
-    copy(OpPhase::Communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = local.data(), .src_ld = nh * w,
-                                          .src_batch_stride = H * w, .dst = send.data(), .dst_ld = H * w,
-                                          .dst_batch_stride = chunk});
+    pack_heads(local, w, send, rope);
     Tensor recv = empty({Tk, H * w}, what + ".a2a");
     comm.label(phase, what);
     Timer timer{*this, OpPhase::Communication, true};
     comm.all_to_all(send.data(), recv.data(), chunk, dt);
     return recv;
   }
-  // a2a, the inverse: [S*B rows, H * w] -> [s*B rows, n_h * w].
-  Tensor gather_heads(const Tensor& att, std::int64_t w, const std::string& what) {
+  // a2a, the inverse: [S*B rows, H * w] -> [s*B rows, n_h * w]. With `rope` (the queries' gradient), RoPE's
+  // backward runs on the way out of the receive buffer (query_backward leaves it to this).
+  Tensor gather_heads(const Tensor& att, std::int64_t w, const std::string& what, bool rope = false) {
     if (!a2a()) return att;
     const std::int64_t chunk = T * H * w;
     Tensor recv = empty({P, chunk}, what + ".a2a_recv");
@@ -220,7 +220,30 @@ struct BlockImpl {
       Timer timer{*this, OpPhase::Communication, true};
       comm.all_to_all(att.data(), recv.data(), chunk, dt);
     }
+    return unpack_heads(recv, w, what, rope);
+  }
+  // The all-to-all's buffers, chunk p = this rank's tokens x rank p's heads [s*B, H * w], to and from the local
+  // layout [s*B, n_h * w]: a copy, or with `rope` RoPE (forward into the send buffer, backward out of the
+  // receive buffer) that copies each head's nope columns as it rotates its rope ones, one pass instead of two.
+  void pack_heads(const Tensor& local, std::int64_t w, Tensor& send, bool rope) {
+    const std::int64_t chunk = T * H * w;
+    if (rope) {
+      Timer timer{*this, OpPhase::Projections};
+      apply_rope(grouped_rope_args(local.data(), nh * w, send.data(), H * w, H * w, chunk, w), false);
+      return;
+    }
+    copy(OpPhase::Communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = local.data(), .src_ld = nh * w,
+                                          .src_batch_stride = H * w, .dst = send.data(), .dst_ld = H * w,
+                                          .dst_batch_stride = chunk});
+  }
+  Tensor unpack_heads(const Tensor& recv, std::int64_t w, const std::string& what, bool rope) {
+    const std::int64_t chunk = T * H * w;
     Tensor local = empty({T, nh * w}, what + ".local");
+    if (rope) {
+      Timer timer{*this, OpPhase::Projections};
+      apply_rope(grouped_rope_args(recv.data(), H * w, local.data(), nh * w, chunk, H * w, w), true);
+      return local;
+    }
     copy(OpPhase::Communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = recv.data(), .src_ld = H * w,
                                           .src_batch_stride = chunk, .dst = local.data(), .dst_ld = nh * w,
                                           .dst_batch_stride = H * w});
@@ -271,7 +294,7 @@ struct BlockImpl {
     f.record = comm.last_record();
   }
   // As scatter_heads; the packed send buffer lives until finish().
-  InFlight start_scatter_heads(const Tensor& local, std::int64_t w, const std::string& what) {
+  InFlight start_scatter_heads(const Tensor& local, std::int64_t w, const std::string& what, bool rope = false) {
     InFlight f;
     if (!a2a()) {
       f.out = local;
@@ -279,9 +302,7 @@ struct BlockImpl {
     }
     const std::int64_t chunk = T * H * w;
     f.keep = empty({P, chunk}, what + ".a2a_send");
-    copy(OpPhase::Communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = local.data(), .src_ld = nh * w,
-                                          .src_batch_stride = H * w, .dst = f.keep.data(), .dst_ld = H * w,
-                                          .dst_batch_stride = chunk});
+    pack_heads(local, w, f.keep, rope);
     f.out = empty({Tk, H * w}, what + ".a2a");
     start(f, &Communicator::start_all_to_all, what, f.keep.data(), f.out.data(), chunk, dt);
     return f;
@@ -299,15 +320,10 @@ struct BlockImpl {
     start(f, &Communicator::start_all_to_all, what, att.data(), f.out.data(), chunk, dt);
     return f;
   }
-  Tensor finish_gather_heads(InFlight& f, std::int64_t w, const std::string& what) {
+  Tensor finish_gather_heads(InFlight& f, std::int64_t w, const std::string& what, bool rope = false) {
     Tensor recv = finish(f);
     if (!a2a()) return recv;
-    const std::int64_t chunk = T * H * w;
-    Tensor local = empty({T, nh * w}, what + ".local");
-    copy(OpPhase::Communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = recv.data(), .src_ld = H * w,
-                                          .src_batch_stride = chunk, .dst = local.data(), .dst_ld = nh * w,
-                                          .dst_batch_stride = H * w});
-    return local;
+    return unpack_heads(recv, w, what, rope);
   }
   InFlight start_all_gather(const Tensor& local, std::int64_t w, const std::string& what) {
     InFlight f;
@@ -336,6 +352,19 @@ struct BlockImpl {
                     .x_token_stride = B * x_row, .x_batch_stride = x_row, .x_head_stride = head_stride,
                     .y = const_cast<void*>(y), .y_token_stride = B * y_row, .y_batch_stride = y_row,
                     .y_head_stride = head_stride};
+  }
+
+  // RoPE of the queries between the local layout and the all-to-all's chunks (pack_heads, unpack_heads): rows of
+  // n_h heads of width w, nope columns copied, heads in groups of H, a group x_group / y_group elements from the
+  // next in x / y (a chunk in the buffer, H * w in the local rows).
+  RopeArgs grouped_rope_args(const void* x, std::int64_t x_row, void* y, std::int64_t y_row, std::int64_t x_group,
+                             std::int64_t y_group, std::int64_t w) {
+    RopeArgs a = rope_args(nh, x, x_row, y, y_row, w);
+    a.copy_cols = w - dr;
+    a.head_group = H;
+    a.x_group_stride = x_group;
+    a.y_group_stride = y_group;
+    return a;
   }
 
   // RoPE at the global positions of this rank's tokens (include/laga/token_map.hpp): one call per span of
@@ -581,6 +610,7 @@ struct BlockImpl {
 
   // ---------------------------------------------------------------- the query path
   // Queries: q = RMSNorm(x W_DQ) W_UQ (or x W_Q), RoPE on the rope part, at global positions. [T, n_h * d_qk]
+  // Under a2a RoPE runs in the all-to-all's packing (scatter_heads with rope), so q is returned before it.
   Tensor query_forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     const void* xp = x.data();
     Tensor q_pre = empty({T, nh * dqk}, "q");  // q once RoPE has run on it in place
@@ -606,16 +636,17 @@ struct BlockImpl {
               .ldy = nh * dqk});
     }
     // RoPE in place on each head's rope columns: the nope columns are q's already.
-    {
+    if (!a2a()) {
       Timer timer{*this, OpPhase::Projections};
       apply_rope(rope_args(nh, q_pre.at(dn), nh * dqk, q_pre.at(dn), nh * dqk, dqk), false);
     }
     return q_pre;
   }
-  // dq [T, n_h * d_qk] (consumed): RoPE^T in place on the rope part, then the up- and down-projections; adds the
-  // queries' share of the input gradient to dx.
+  // dq [T, n_h * d_qk] (consumed): RoPE^T in place on the rope part (under a2a the all-to-all's unpacking ran it:
+  // gather_heads with rope), then the up- and down-projections; adds the queries' share of the input gradient
+  // to dx.
   void query_backward(SavedContext& ctx, Tensor dq_pre, const Tensor& x, const MlaWeights& w, MlaGrads& g, Tensor& dx) {
-    {
+    if (!a2a()) {
       Timer timer{*this, OpPhase::Projections};
       apply_rope(rope_args(nh, dq_pre.at(dn), nh * dqk, dq_pre.at(dn), nh * dqk, dqk), true);
     }
@@ -702,7 +733,7 @@ struct BlockImpl {
     Tensor latent = latent_forward(ctx, x, w);
 
     // Queries to the attention layout.
-    Tensor q_att = scatter_heads(q, dqk, "q");
+    Tensor q_att = scatter_heads(q, dqk, "q", true);
     q = Tensor();
     ctx.save(Saved::QAtt, q_att);
 
@@ -752,7 +783,7 @@ struct BlockImpl {
         k_loc = Tensor();
         InFlight v = start_kv_exchange(v_loc, dv, "v");
         v_loc = Tensor();
-        InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under K and V's exchange
+        InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q", true);  // the query path under K and V's exchange
         Tensor k_att = finish(k), v_att = finish(v), q_att = finish(q);
         ctx.save(Saved::QAtt, q_att);
         o_att = explicit_forward(ctx, q_att, k_att, v_att);
@@ -761,7 +792,7 @@ struct BlockImpl {
       case Form::Laga: {
         InFlight lat = start_all_gather(latent, dl, "kv_latent");
         latent = Tensor();
-        InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under the all-gather
+        InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q", true);  // the query path under the all-gather
         Tensor lat_full = finish(lat);
         ctx.save(Saved::LatentGathered, lat_full);
         Tensor k_att, v_att;
@@ -774,7 +805,7 @@ struct BlockImpl {
       case Form::Absorbed: {
         InFlight lat = start_all_gather(latent, dl, "kv_latent");
         latent = Tensor();
-        InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under the all-gather
+        InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q", true);  // the query path under the all-gather
         Tensor lat_full = finish(lat);
         Tensor q_att = finish(q);
         ctx.save(Saved::QAtt, q_att);
@@ -1417,7 +1448,7 @@ struct BlockImpl {
       }
     }
     ctx.release({Saved::QAtt});
-    Tensor dq = overlapped() ? finish_gather_heads(pg.dq_flight, dqk, "q") : gather_heads(pg.dq_att, dqk, "q");
+    Tensor dq = overlapped() ? finish_gather_heads(pg.dq_flight, dqk, "q", true) : gather_heads(pg.dq_att, dqk, "q", true);
     pg.dq_att = Tensor();
 
     Tensor dx = Tensor(be.allocator(), dt, {s, B, d}, "dx", MemoryKind::External);
