@@ -210,95 +210,90 @@ __global__ void __launch_bounds__(32 * kRopeWarps) rope_kernel(RopeArgs a, const
   }
 }
 
-// RoPE with copied columns into another buffer (the all-to-all's packing of the queries; x and y do not
-// overlap): every thread moves whole 16-byte vectors, several in flight, where rope_kernel stages each head in
-// shared memory one element a lane. A head's row is copy_cols / E copied vectors then dim / E rotated units
-// (E = 16 / sizeof(T) elements): forward, unit k reads x[E k, E k + E) (E/2 pairs) and writes E/2 elements at
-// y[E/2 k] and at y[dim/2 + E/2 k]; backward the transpose. One block per (token, batch) row, its angles in
-// shared memory as in rope_kernel.
+// RoPE in 16-byte vectors (bfloat16 rows, dim = kDim, every row and stride on 16 bytes, many heads): the query
+// path's RoPE, in place or into the all-to-all's buffer with the nope columns copied. rope_kernel stages each
+// head in shared memory one element a lane; here a thread moves whole vectors, several in flight: first the
+// copied columns (one vector a thread, kRopeVecUnroll at a time), then the rotated ones (a head's whole rope
+// segment a thread, read before it is written, so y may be x). A block takes kRopeVecRows (token, batch) rows,
+// their angles in shared memory as in rope_kernel.
 constexpr int kRopeVecThreads = 256;
 constexpr int kRopeVecUnroll = 4;
+constexpr int kRopeVecRows = 1;  // 4 ran slower (fewer blocks in flight)
+constexpr int kRopeVecDim = 64;         // DeepSeek's rope head dim; other dims take rope_kernel
+constexpr i64 kRopeVecMinHeads = 32;    // fewer heads (the latent's one) take rope_kernel, cheaper a row
 
-template <typename T, bool kBackward>
-__global__ void __launch_bounds__(kRopeVecThreads) rope_copy_vec_kernel(RopeArgs a, const double* inv_freq) {
-  constexpr int E = 16 / sizeof(T), H2 = E / 2;
-  extern __shared__ float rope_smem[];
-  const int half = int(a.dim / 2), group = int(a.head_group);
-  const int copy_v = int(a.copy_cols) / E, per_head = copy_v + int(a.dim) / E, units = int(a.heads) * per_head;
-  float* cs = rope_smem;
-  float* sn = cs + half;
-  const i64 t = blockIdx.x / a.batch, b = blockIdx.x - t * a.batch;
-  for (int i = threadIdx.x; i < half; i += kRopeVecThreads) {
+template <typename T, bool kBackward, int kDim>
+__global__ void __launch_bounds__(kRopeVecThreads) rope_vec_kernel(RopeArgs a, const double* inv_freq, int rows) {
+  constexpr int E = 16 / sizeof(T), kVecs = kDim / E, kHalf = kDim / 2;
+  __shared__ float cs[kRopeVecRows][kHalf], sn[kRopeVecRows][kHalf];
+  const int group = int(a.head_group), heads = int(a.heads), batch = int(a.batch);
+  const int row0 = blockIdx.x * kRopeVecRows, nrows = min(kRopeVecRows, rows - row0);
+  const int copy_v = int(a.copy_cols) / E, copy_units = nrows * heads * copy_v, rope_units = nrows * heads;
+  for (int i = threadIdx.x; i < nrows * kHalf; i += kRopeVecThreads) {
+    const int rr = i / kHalf, k = i - rr * kHalf;
     double sd, cd;
-    sincos(double(a.pos_offset + t) * inv_freq[i], &sd, &cd);
-    cs[i] = float(cd * a.mscale);
-    sn[i] = float(sd * a.mscale);
+    sincos(double(a.pos_offset + (row0 + rr) / batch) * inv_freq[k], &sd, &cd);
+    cs[rr][k] = float(cd * a.mscale);
+    sn[rr][k] = float(sd * a.mscale);
   }
   __syncthreads();
-  const T* __restrict__ x = static_cast<const T*>(a.x) + t * a.x_token_stride + b * a.x_batch_stride;
-  T* __restrict__ y = static_cast<T*>(a.y) + t * a.y_token_stride + b * a.y_batch_stride;
-  for (int u0 = threadIdx.x; u0 < units; u0 += kRopeVecThreads * kRopeVecUnroll) {
-    uint4 in[kRopeVecUnroll];
-    const T* xs[kRopeVecUnroll];
-    T* ys[kRopeVecUnroll];
-    int k[kRopeVecUnroll];  // the unit within the head: < copy_v copied, else rotated (k - copy_v)
+  // Head h of the block's row rr, in x and in y.
+  auto row_base = [&](int rr, i64 token_stride, i64 batch_stride) {
+    const int r = row0 + rr, t = r / batch;
+    return i64(t) * token_stride + i64(r - t * batch) * batch_stride;
+  };
+  auto head_x = [&](int rr, int h) {
+    const int g = group > 0 ? h / group : 0, hg = group > 0 ? h - g * group : h;
+    return static_cast<const T*>(a.x) + row_base(rr, a.x_token_stride, a.x_batch_stride) + g * a.x_group_stride +
+           hg * a.x_head_stride;
+  };
+  auto head_y = [&](int rr, int h) {
+    const int g = group > 0 ? h / group : 0, hg = group > 0 ? h - g * group : h;
+    return static_cast<T*>(a.y) + row_base(rr, a.y_token_stride, a.y_batch_stride) + g * a.y_group_stride +
+           hg * a.y_head_stride;
+  };
+  if (a.x != a.y) {
+    const int per_row = heads * copy_v;
+    for (int u0 = threadIdx.x; u0 < copy_units; u0 += kRopeVecThreads * kRopeVecUnroll) {
+      uint4 v[kRopeVecUnroll];
+      int rr[kRopeVecUnroll], h[kRopeVecUnroll], k[kRopeVecUnroll];
 #pragma unroll
-    for (int j = 0; j < kRopeVecUnroll; ++j) {
-      const int u = u0 + j * kRopeVecThreads;
-      if (u >= units) break;
-      const int h = u / per_head, g = group > 0 ? h / group : 0, hg = group > 0 ? h - g * group : h;
-      k[j] = u - h * per_head;
-      xs[j] = x + g * a.x_group_stride + hg * a.x_head_stride;
-      ys[j] = y + g * a.y_group_stride + hg * a.y_head_stride;
-      if (k[j] < copy_v) {
-        in[j] = reinterpret_cast<const uint4*>(xs[j])[k[j]];
-      } else if constexpr (!kBackward) {
-        in[j] = reinterpret_cast<const uint4*>(xs[j] + a.copy_cols)[k[j] - copy_v];
-      } else {
-        const T* r = xs[j] + a.copy_cols + (k[j] - copy_v) * H2;
-        const uint2 lo = *reinterpret_cast<const uint2*>(r), hi = *reinterpret_cast<const uint2*>(r + half);
-        in[j] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      for (int j = 0; j < kRopeVecUnroll; ++j) {
+        const int u = u0 + j * kRopeVecThreads;
+        rr[j] = u / per_row;
+        h[j] = (u - rr[j] * per_row) / copy_v;
+        k[j] = u - rr[j] * per_row - h[j] * copy_v;
+        if (u < copy_units) v[j] = reinterpret_cast<const uint4*>(head_x(rr[j], h[j]))[k[j]];
+      }
+#pragma unroll
+      for (int j = 0; j < kRopeVecUnroll; ++j)
+        if (u0 + j * kRopeVecThreads < copy_units) reinterpret_cast<uint4*>(head_y(rr[j], h[j]))[k[j]] = v[j];
+    }
+  }
+  for (int u = threadIdx.x; u < rope_units; u += kRopeVecThreads) {
+    const int rr = u / heads, h = u - rr * heads;
+    const uint4* xs = reinterpret_cast<const uint4*>(head_x(rr, h) + a.copy_cols);
+    uint4* ys = reinterpret_cast<uint4*>(head_y(rr, h) + a.copy_cols);
+    uint4 in[kVecs], out[kVecs];
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) in[j] = xs[j];
+    const T* e = reinterpret_cast<const T*>(in);
+    T* o = reinterpret_cast<T*>(out);
+#pragma unroll
+    for (int i = 0; i < kHalf; ++i) {
+      float r0, r1;
+      if constexpr (!kBackward) {  // (x[2i], x[2i+1]) -> y[i], y[i + half]
+        rope_rotate(to_float(e[2 * i]), to_float(e[2 * i + 1]), cs[rr][i], sn[rr][i], r0, r1);
+        o[i] = from_float<T>(r0);
+        o[i + kHalf] = from_float<T>(r1);
+      } else {  // (dy[i], dy[i + half]) -> dx[2i], dx[2i+1]
+        rope_rotate_t(to_float(e[i]), to_float(e[i + kHalf]), cs[rr][i], sn[rr][i], r0, r1);
+        o[2 * i] = from_float<T>(r0);
+        o[2 * i + 1] = from_float<T>(r1);
       }
     }
 #pragma unroll
-    for (int j = 0; j < kRopeVecUnroll; ++j) {
-      const int u = u0 + j * kRopeVecThreads;
-      if (u >= units) break;
-      if (k[j] < copy_v) {
-        reinterpret_cast<uint4*>(ys[j])[k[j]] = in[j];
-        continue;
-      }
-      const int kr = k[j] - copy_v;
-      const T* e = reinterpret_cast<const T*>(&in[j]);
-      T* yr = ys[j] + a.copy_cols;
-      if constexpr (!kBackward) {  // pairs (e[2q], e[2q+1]) -> y[i], y[i + half], i = H2 kr + q
-        uint2 lo, hi;
-        T* l = reinterpret_cast<T*>(&lo);
-        T* hh = reinterpret_cast<T*>(&hi);
-#pragma unroll
-        for (int q = 0; q < H2; ++q) {
-          const int i = kr * H2 + q;
-          float r0, r1;
-          rope_rotate(to_float(e[2 * q]), to_float(e[2 * q + 1]), cs[i], sn[i], r0, r1);
-          l[q] = from_float<T>(r0);
-          hh[q] = from_float<T>(r1);
-        }
-        *reinterpret_cast<uint2*>(yr + kr * H2) = lo;
-        *reinterpret_cast<uint2*>(yr + half + kr * H2) = hi;
-      } else {  // (dy[i], dy[i + half]) -> dx[2i], dx[2i+1]; e = dy[H2 kr, +H2) then dy[half + H2 kr, +H2)
-        uint4 out;
-        T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-        for (int q = 0; q < H2; ++q) {
-          const int i = kr * H2 + q;
-          float r0, r1;
-          rope_rotate_t(to_float(e[q]), to_float(e[H2 + q]), cs[i], sn[i], r0, r1);
-          o[2 * q] = from_float<T>(r0);
-          o[2 * q + 1] = from_float<T>(r1);
-        }
-        reinterpret_cast<uint4*>(yr)[kr] = out;
-      }
-    }
+    for (int j = 0; j < kVecs; ++j) ys[j] = out[j];
   }
 }
 
@@ -481,13 +476,14 @@ void rope_op(Context& ctx, const RopeArgs& a, const double* inv_freq_device, boo
   const DType xd = a.x_dtype.value_or(a.dtype);
   const i64 es = i64(dtype_size(a.dtype));
   auto on16 = [&](i64 elements) { return (elements * es) % 16 == 0; };
-  const bool vec = a.copy_cols > 0 && xd == a.dtype && on16(a.copy_cols) &&
-                   reinterpret_cast<std::uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.y) % 16 == 0 &&
-                   on16(a.x_token_stride) && on16(a.x_batch_stride) && on16(a.x_head_stride) &&
-                   on16(a.x_group_stride) && on16(a.y_token_stride) && on16(a.y_batch_stride) &&
-                   on16(a.y_head_stride) && on16(a.y_group_stride);
-  // x and y apart with copied columns (the all-to-all's packing): whole vectors a thread, when they fit.
-  const bool vec_units = vec && a.dim % (16 / es) == 0 && a.x != a.y;
+  const bool aligned = reinterpret_cast<std::uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.y) % 16 == 0 &&
+                       on16(a.x_token_stride) && on16(a.x_batch_stride) && on16(a.x_head_stride) &&
+                       on16(a.x_group_stride) && on16(a.y_token_stride) && on16(a.y_batch_stride) &&
+                       on16(a.y_head_stride) && on16(a.y_group_stride) && on16(a.copy_cols);
+  const bool vec = a.copy_cols > 0 && xd == a.dtype && aligned;
+  // bfloat16 with DeepSeek's rope dim, every vector on 16 bytes: rope_vec_kernel.
+  const bool fast = xd == a.dtype && a.dtype == DType::BF16 && a.dim == kRopeVecDim && a.heads >= kRopeVecMinHeads &&
+                    a.batch <= INT32_MAX && aligned;
   const dim3 grid{unsigned(rows)}, block{32, kRopeWarps};
   dispatch_compute(a.dtype, "rope", [](auto) {});
   dispatch_pair(xd, a.dtype, "rope", [&](auto zx, auto z) {
@@ -497,13 +493,15 @@ void rope_op(Context& ctx, const RopeArgs& a, const double* inv_freq_device, boo
       LAGA_REQUIRE(false, "rope: float64 is not supported by the cuda backend: use float32 or bfloat16");
     } else {
       auto launch = [&](auto kernel) { kernel<<<grid, block, smem, ctx.stream>>>(a, inv_freq_device); };
-      if constexpr (std::is_same_v<X, T>) {
-        if (vec_units) {
-          const std::size_t angles = sizeof(float) * std::size_t(a.dim);
+      if constexpr (std::is_same_v<X, bf16> && std::is_same_v<T, bf16>) {
+        if (fast) {
+          const unsigned blocks = unsigned((rows + kRopeVecRows - 1) / kRopeVecRows);
           if (backward)
-            rope_copy_vec_kernel<T, true><<<grid, kRopeVecThreads, angles, ctx.stream>>>(a, inv_freq_device);
+            rope_vec_kernel<T, true, kRopeVecDim>
+                <<<blocks, kRopeVecThreads, 0, ctx.stream>>>(a, inv_freq_device, int(rows));
           else
-            rope_copy_vec_kernel<T, false><<<grid, kRopeVecThreads, angles, ctx.stream>>>(a, inv_freq_device);
+            rope_vec_kernel<T, false, kRopeVecDim>
+                <<<blocks, kRopeVecThreads, 0, ctx.stream>>>(a, inv_freq_device, int(rows));
           return;
         }
       }

@@ -197,16 +197,33 @@ struct BlockImpl {
 
   // ---------------------------------------------------------------- collectives
   // a2a, forward direction: [s*B rows, n_h * w] (all heads, local tokens) -> [S*B rows, H * w] (own heads).
-  // With `rope` (the queries), RoPE runs on the way into the send buffer (query_forward leaves it to this).
-  Tensor scatter_heads(const Tensor& local, std::int64_t w, const std::string& what, bool rope = false) {
+  Tensor scatter_heads(const Tensor& local, std::int64_t w, const std::string& what) {
     if (!a2a()) return local;
-    const std::int64_t chunk = T * H * w;
-    Tensor send = empty({P, chunk}, what + ".a2a_send");
-    pack_heads(local, w, send, rope);
+    Tensor send = send_buffer(w, what);
+    pack_heads(local, w, send);
+    return exchange_heads(send, w, what);
+  }
+  // The all-to-all's send buffer, one chunk per rank: chunk p = this rank's tokens x rank p's heads [s*B, H * w].
+  Tensor send_buffer(std::int64_t w, const std::string& what) { return empty({P, T * H * w}, what + ".a2a_send"); }
+  // A product whose output is n_h heads of width w, written chunk by chunk into the send buffer (one batched
+  // GEMM, a chunk per batch entry: the packing done by the GEMM's stores). b_chunk: B's offset between chunks.
+  void gemm_into_chunks(OpPhase ph, GemmArgs g, std::int64_t b_chunk, Tensor& send, std::int64_t w) {
+    g.batch = P;
+    g.n = H * w;
+    g.stride_a = 0;
+    g.stride_b = b_chunk;
+    g.c = send.data();
+    g.ldc = H * w;
+    g.stride_c = T * H * w;
+    gemm(ph, g);
+  }
+  // a2a of a packed send buffer (send_buffer) -> [S*B rows, H * w]; without a2a, `send` is the attention layout.
+  Tensor exchange_heads(const Tensor& send, std::int64_t w, const std::string& what) {
+    if (!a2a()) return send;
     Tensor recv = empty({Tk, H * w}, what + ".a2a");
     comm.label(phase, what);
     Timer timer{*this, OpPhase::Communication, true};
-    comm.all_to_all(send.data(), recv.data(), chunk, dt);
+    comm.all_to_all(send.data(), recv.data(), T * H * w, dt);
     return recv;
   }
   // a2a, the inverse: [S*B rows, H * w] -> [s*B rows, n_h * w]. With `rope` (the queries' gradient), RoPE's
@@ -223,15 +240,10 @@ struct BlockImpl {
     return unpack_heads(recv, w, what, rope);
   }
   // The all-to-all's buffers, chunk p = this rank's tokens x rank p's heads [s*B, H * w], to and from the local
-  // layout [s*B, n_h * w]: a copy, or with `rope` RoPE (forward into the send buffer, backward out of the
-  // receive buffer) that copies each head's nope columns as it rotates its rope ones, one pass instead of two.
-  void pack_heads(const Tensor& local, std::int64_t w, Tensor& send, bool rope) {
+  // layout [s*B, n_h * w]: a copy, or unpacking the queries' gradient with `rope`, RoPE's backward that copies
+  // each head's nope columns as it rotates its rope ones (one pass instead of two).
+  void pack_heads(const Tensor& local, std::int64_t w, Tensor& send) {
     const std::int64_t chunk = T * H * w;
-    if (rope) {
-      Timer timer{*this, OpPhase::Projections};
-      apply_rope(grouped_rope_args(local.data(), nh * w, send.data(), H * w, H * w, chunk, w), false);
-      return;
-    }
     copy(OpPhase::Communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = local.data(), .src_ld = nh * w,
                                           .src_batch_stride = H * w, .dst = send.data(), .dst_ld = H * w,
                                           .dst_batch_stride = chunk});
@@ -241,7 +253,7 @@ struct BlockImpl {
     Tensor local = empty({T, nh * w}, what + ".local");
     if (rope) {
       Timer timer{*this, OpPhase::Projections};
-      apply_rope(grouped_rope_args(recv.data(), H * w, local.data(), nh * w, chunk, H * w, w), true);
+      apply_rope(chunked_rope_args(recv.data(), H * w, chunk, local.data(), nh * w, H * w, w, w - dr), true);
       return local;
     }
     copy(OpPhase::Communication, CopyArgs{.batch = P, .rows = T, .cols = H * w, .src = recv.data(), .src_ld = H * w,
@@ -294,17 +306,19 @@ struct BlockImpl {
     f.record = comm.last_record();
   }
   // As scatter_heads; the packed send buffer lives until finish().
-  InFlight start_scatter_heads(const Tensor& local, std::int64_t w, const std::string& what, bool rope = false) {
+  InFlight start_scatter_heads(const Tensor& local, std::int64_t w, const std::string& what) {
+    if (!a2a()) return InFlight{.out = local};
+    Tensor send = send_buffer(w, what);
+    pack_heads(local, w, send);
+    return start_exchange_heads(std::move(send), w, what);
+  }
+  // As exchange_heads.
+  InFlight start_exchange_heads(Tensor send, std::int64_t w, const std::string& what) {
+    if (!a2a()) return InFlight{.out = std::move(send)};
     InFlight f;
-    if (!a2a()) {
-      f.out = local;
-      return f;
-    }
-    const std::int64_t chunk = T * H * w;
-    f.keep = empty({P, chunk}, what + ".a2a_send");
-    pack_heads(local, w, f.keep, rope);
+    f.keep = std::move(send);
     f.out = empty({Tk, H * w}, what + ".a2a");
-    start(f, &Communicator::start_all_to_all, what, f.keep.data(), f.out.data(), chunk, dt);
+    start(f, &Communicator::start_all_to_all, what, f.keep.data(), f.out.data(), T * H * w, dt);
     return f;
   }
   // As gather_heads: finish_gather_heads unpacks the received chunks.
@@ -354,13 +368,15 @@ struct BlockImpl {
                     .y_head_stride = head_stride};
   }
 
-  // RoPE of the queries between the local layout and the all-to-all's chunks (pack_heads, unpack_heads): rows of
-  // n_h heads of width w, nope columns copied, heads in groups of H, a group x_group / y_group elements from the
-  // next in x / y (a chunk in the buffer, H * w in the local rows).
-  RopeArgs grouped_rope_args(const void* x, std::int64_t x_row, void* y, std::int64_t y_row, std::int64_t x_group,
-                             std::int64_t y_group, std::int64_t w) {
-    RopeArgs a = rope_args(nh, x, x_row, y, y_row, w);
-    a.copy_cols = w - dr;
+  // RoPE of the queries with the all-to-all's chunks on either side: rows of n_h heads of width w whose last dr
+  // columns rotate, in groups of H heads a group x_group / y_group elements from the next in x / y (a chunk in
+  // the buffer, H * w in local rows); x and y point at the rows' starts. copy_cols > 0 copies the columns before
+  // the rotated ones (x and y apart).
+  RopeArgs chunked_rope_args(const void* x, std::int64_t x_row, std::int64_t x_group, void* y, std::int64_t y_row,
+                             std::int64_t y_group, std::int64_t w, std::int64_t copy_cols) {
+    const std::int64_t first = w - dr - copy_cols;  // the first column each head's row is read from
+    RopeArgs a = rope_args(nh, offset(x, first, dt), x_row, offset(y, first, dt), y_row, w);
+    a.copy_cols = copy_cols;
     a.head_group = H;
     a.x_group_stride = x_group;
     a.y_group_stride = y_group;
@@ -609,15 +625,15 @@ struct BlockImpl {
   }
 
   // ---------------------------------------------------------------- the query path
-  // Queries: q = RMSNorm(x W_DQ) W_UQ (or x W_Q), RoPE on the rope part, at global positions. [T, n_h * d_qk]
-  // Under a2a RoPE runs in the all-to-all's packing (scatter_heads with rope), so q is returned before it.
+  // Queries: q = RMSNorm(x W_DQ) W_UQ (or x W_Q), RoPE on the rope part, at global positions. [T, n_h * d_qk], or
+  // under a2a the all-to-all's send buffer (send_buffer): the up-projection writes each rank's chunk itself.
   Tensor query_forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
-    const void* xp = x.data();
-    Tensor q_pre = empty({T, nh * dqk}, "q");  // q once RoPE has run on it in place
+    const void* q_in = x.data();
+    std::int64_t in = d;
     if (cfg.q_lora_rank) {
       Tensor q_down = empty({T, rq_in}, "q_down");
-      linear({.rows = T, .in = d, .out = rq_in, .x = xp, .ldx = d, .w = w.q_a_proj.data(), .ldw = d, .y = q_down.data(),
-              .ldy = rq_in});
+      linear({.rows = T, .in = d, .out = rq_in, .x = x.data(), .ldx = d, .w = w.q_a_proj.data(), .ldw = d,
+              .y = q_down.data(), .ldy = rq_in});
       Tensor q_rstd = Tensor(be.allocator(), accum_dtype(dt), {T}, "q_rstd");
       Tensor c_q = empty({T, rq_in}, "c_q");
       {
@@ -626,21 +642,33 @@ struct BlockImpl {
                                        .x_ld = rq_in, .gamma = w.q_a_layernorm.data(), .y = c_q.data(), .y_ld = rq_in,
                                        .rstd = q_rstd.data()});
       }
-      linear({.rows = T, .in = rq_in, .out = nh * dqk, .x = c_q.data(), .ldx = rq_in, .w = w.q_up().data(),
-              .ldw = rq_in, .y = q_pre.data(), .ldy = nh * dqk});
       ctx.save(Saved::QDown, q_down);
       ctx.save(Saved::QRstd, q_rstd);
       ctx.save(Saved::CQ, c_q);
-    } else {
-      linear({.rows = T, .in = d, .out = nh * dqk, .x = xp, .ldx = d, .w = w.q_up().data(), .ldw = d, .y = q_pre.data(),
-              .ldy = nh * dqk});
+      q_in = c_q.data();
+      in = rq_in;
     }
-    // RoPE in place on each head's rope columns: the nope columns are q's already.
-    if (!a2a()) {
+    const GemmArgs up{.trans_b = Trans::Yes, .m = T, .n = nh * dqk, .k = in, .a = q_in, .lda = in,
+                      .b = w.q_up().data(), .ldb = in};
+    Tensor q;
+    if (a2a()) {
+      q = send_buffer(dqk, "q");
+      gemm_into_chunks(OpPhase::Projections, up, H * dqk * in, q, dqk);
+      // RoPE in place on each head's rope columns, chunk by chunk.
       Timer timer{*this, OpPhase::Projections};
-      apply_rope(rope_args(nh, q_pre.at(dn), nh * dqk, q_pre.at(dn), nh * dqk, dqk), false);
+      const std::int64_t chunk = T * H * dqk;
+      apply_rope(chunked_rope_args(q.data(), H * dqk, chunk, q.data(), H * dqk, chunk, dqk, 0), false);
+    } else {
+      q = empty({T, nh * dqk}, "q");
+      GemmArgs g = up;
+      g.c = q.data();
+      g.ldc = nh * dqk;
+      gemm(OpPhase::Projections, g);
+      // RoPE in place on each head's rope columns: the nope columns are q's already.
+      Timer timer{*this, OpPhase::Projections};
+      apply_rope(rope_args(nh, q.at(dn), nh * dqk, q.at(dn), nh * dqk, dqk), false);
     }
-    return q_pre;
+    return q;
   }
   // dq [T, n_h * d_qk] (consumed): RoPE^T in place on the rope part (under a2a the all-to-all's unpacking ran it:
   // gather_heads with rope), then the up- and down-projections; adds the queries' share of the input gradient
@@ -733,7 +761,7 @@ struct BlockImpl {
     Tensor latent = latent_forward(ctx, x, w);
 
     // Queries to the attention layout.
-    Tensor q_att = scatter_heads(q, dqk, "q", true);
+    Tensor q_att = exchange_heads(q, dqk, "q");
     q = Tensor();
     ctx.save(Saved::QAtt, q_att);
 
@@ -783,7 +811,7 @@ struct BlockImpl {
         k_loc = Tensor();
         InFlight v = start_kv_exchange(v_loc, dv, "v");
         v_loc = Tensor();
-        InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q", true);  // the query path under K and V's exchange
+        InFlight q = start_exchange_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under K and V's exchange
         Tensor k_att = finish(k), v_att = finish(v), q_att = finish(q);
         ctx.save(Saved::QAtt, q_att);
         o_att = explicit_forward(ctx, q_att, k_att, v_att);
@@ -792,7 +820,7 @@ struct BlockImpl {
       case Form::Laga: {
         InFlight lat = start_all_gather(latent, dl, "kv_latent");
         latent = Tensor();
-        InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q", true);  // the query path under the all-gather
+        InFlight q = start_exchange_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under the all-gather
         Tensor lat_full = finish(lat);
         ctx.save(Saved::LatentGathered, lat_full);
         Tensor k_att, v_att;
@@ -805,7 +833,7 @@ struct BlockImpl {
       case Form::Absorbed: {
         InFlight lat = start_all_gather(latent, dl, "kv_latent");
         latent = Tensor();
-        InFlight q = start_scatter_heads(query_forward(ctx, x, w), dqk, "q", true);  // the query path under the all-gather
+        InFlight q = start_exchange_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under the all-gather
         Tensor lat_full = finish(lat);
         Tensor q_att = finish(q);
         ctx.save(Saved::QAtt, q_att);
@@ -1057,25 +1085,31 @@ struct BlockImpl {
   // y = o W_O: dW_O and d o, the latter to the attention layout (its all-to-all under dW_O with overlap).
   Tensor output_backward(SavedContext& ctx, const Tensor& dy, const MlaWeights& w, MlaGrads& g) {
     if (opts.overlap) {  // the output gradient's all-to-all under W_O's weight gradient
-      Tensor d_o = empty({T, nh * dv}, "d_o");
-      linear_dx({.rows = T, .in = nh * dv, .out = d, .w = w.o_proj.data(), .ldw = nh * dv, .dy = dy.data(), .lddy = d,
-                 .dx = d_o.data(), .lddx = nh * dv});
-      InFlight dof = start_scatter_heads(d_o, dv, "o");
-      d_o = Tensor();
+      InFlight dof = start_exchange_heads(output_dx(dy, w), dv, "o");
       linear_dw_first(g.o_proj, {.rows = T, .in = nh * dv, .out = d, .x = ctx.get(Saved::O).data(), .ldx = nh * dv,
                                  .dy = dy.data(), .lddy = d, .lddw = nh * dv});
       ctx.release({Saved::O});
       return finish(dof);
     }
-    Tensor o = ctx.get(Saved::O);
-    linear_dw_first(g.o_proj, {.rows = T, .in = nh * dv, .out = d, .x = o.data(), .ldx = nh * dv, .dy = dy.data(),
-                               .lddy = d, .lddw = nh * dv});
-    Tensor d_o = empty({T, nh * dv}, "d_o");
-    linear_dx({.rows = T, .in = nh * dv, .out = d, .w = w.o_proj.data(), .ldw = nh * dv, .dy = dy.data(), .lddy = d,
-               .dx = d_o.data(), .lddx = nh * dv});
-    o = Tensor();
+    linear_dw_first(g.o_proj, {.rows = T, .in = nh * dv, .out = d, .x = ctx.get(Saved::O).data(), .ldx = nh * dv,
+                               .dy = dy.data(), .lddy = d, .lddw = nh * dv});
     ctx.release({Saved::O});
-    return scatter_heads(d_o, dv, "o");
+    return exchange_heads(output_dx(dy, w), dv, "o");
+  }
+  // d o = dy W_O [T, n_h * d_v], or under a2a the all-to-all's send buffer, each rank's chunk written by the GEMM.
+  Tensor output_dx(const Tensor& dy, const MlaWeights& w) {
+    const GemmArgs g{.m = T, .n = nh * dv, .k = d, .a = dy.data(), .lda = d, .b = w.o_proj.data(), .ldb = nh * dv};
+    if (a2a()) {
+      Tensor send = send_buffer(dv, "o");
+      gemm_into_chunks(OpPhase::Projections, g, H * dv, send, dv);
+      return send;
+    }
+    Tensor d_o = empty({T, nh * dv}, "d_o");
+    GemmArgs one = g;
+    one.c = d_o.data();
+    one.ldc = nh * dv;
+    gemm(OpPhase::Projections, one);
+    return d_o;
   }
   // ---------------------------------------------------------------- the ring (p2p)
   // Each rank holds chunks r and 2P-1-r of c = S/(2P) tokens (the query halves 0 and 1, local rows

@@ -493,37 +493,48 @@ INSTANTIATE_TEST_SUITE_P(Ops, CudaRope, ::testing::ValuesIn(rope_params()),
                            return std::string(i.param.c.name) + "_" + dtype_tag(i.param.dtype);
                          });
 
-// The all-to-all's packing with RoPE on the way (the block's queries under a2a): rows of `heads` heads of width
-// copy_cols + dim in the local layout, to and from a buffer of one chunk per group of heads; each head's first
-// copy_cols columns copied, the rest rotated. Forward local -> chunks, backward chunks -> local, against the CPU
-// in float64; every element of the destination is written. copy_cols 24 takes the 16-byte copy, 5 the other.
-class CudaRopeGrouped : public ::testing::TestWithParam<std::tuple<DType, i64>> {};
+// RoPE with the all-to-all's buffer of one chunk per group of heads on one side (the block's queries under a2a):
+// rows of `heads` heads of width w = 24 + dim in the local layout, the last dim columns of each rotated. With
+// copy_cols > 0 the copy_cols columns before them are copied too: forward local -> chunks, backward chunks ->
+// local; with copy_cols = 0 forward and backward in place on the chunks (every element compared: the columns
+// before the rotated ones must keep their values). Against the CPU in float64. dim 64 in bfloat16 takes
+// the vectorised kernel where every row starts on 16 bytes (copy_cols 24 and 0), the other cases rope_kernel.
+class CudaRopeChunked : public ::testing::TestWithParam<std::tuple<DType, i64>> {};
 
-TEST_P(CudaRopeGrouped, CopiesAndRotatesIntoChunksLikeCpuFloat64) {
+TEST_P(CudaRopeChunked, CopiesAndRotatesLikeCpuFloat64) {
   LAGA_REQUIRE_GPU();
   const auto [dt, copy_cols] = GetParam();
   Backends be;
   auto rng = rng_for_test();
-  const i64 tokens = 37, batch = 2, heads = 6, group = 2, dim = 16, pos_offset = 40, w = copy_cols + dim;
+  const i64 tokens = 37, batch = 2, heads = 6, group = 2, dim = 64, pos_offset = 40, w = 24 + dim;
   const std::vector<double> inv_freq = rope_inv_freq(dim);
-  const i64 rows = tokens * batch, chunk = rows * group * w, size = rows * heads * w;
+  const i64 rows = tokens * batch, chunk = rows * group * w, size = rows * heads * w, first = w - dim - copy_cols;
   const RopeArgs local{.tokens = tokens, .batch = batch, .heads = heads, .dim = dim, .pos_offset = pos_offset,
                        .inv_freq = inv_freq.data(), .mscale = 1.1, .x_token_stride = batch * heads * w,
                        .x_batch_stride = heads * w, .x_head_stride = w, .y_token_stride = batch * group * w,
                        .y_batch_stride = group * w, .y_head_stride = w, .copy_cols = copy_cols, .head_group = group,
                        .x_group_stride = group * w, .y_group_stride = chunk};
-  RopeArgs back = local;  // chunks -> local: the strides of x and y swapped
-  std::swap(back.x_token_stride, back.y_token_stride);
-  std::swap(back.x_batch_stride, back.y_batch_stride);
-  std::swap(back.x_group_stride, back.y_group_stride);
-  const std::vector<char> all(static_cast<std::size_t>(size), 1);
+  RopeArgs chunks = local;  // chunks -> local: the strides of x and y swapped
+  std::swap(chunks.x_token_stride, chunks.y_token_stride);
+  std::swap(chunks.x_batch_stride, chunks.y_batch_stride);
+  std::swap(chunks.x_group_stride, chunks.y_group_stride);
+  if (copy_cols == 0) {  // in place on the chunks
+    chunks.y_token_stride = chunks.x_token_stride;
+    chunks.y_batch_stride = chunks.x_batch_stride;
+    chunks.y_group_stride = chunks.x_group_stride;
+  }
+  // What the op writes: each head's columns from `first` on (both layouts hold whole heads of width w).
+  std::vector<char> view(static_cast<std::size_t>(size), 0);
+  for (i64 i = 0; i < size; ++i) view[static_cast<std::size_t>(i)] = i % w >= first || copy_cols == 0;
   for (bool backward : {false, true}) {
     Mirror x = random_mirror(*be.gpu, dt, size, rng, "x");
-    Mirror y = poisoned_mirror(*be.gpu, dt, size, "y");
-    std::vector<double> y_ref(y.host.size(), kNaN);
-    RopeArgs ag = backward ? back : local, ac = ag;
-    ag.dtype = dt, ag.x = x.gpu(), ag.y = y.gpu();
-    ac.dtype = DType::F64, ac.x = x.cpu(), ac.y = y_ref.data();
+    Mirror y = copy_cols == 0 ? x : poisoned_mirror(*be.gpu, dt, size, "y");
+    std::vector<double> x_ref(x.host.begin(), x.host.end());
+    std::vector<double> y_ref = copy_cols == 0 ? x_ref : std::vector<double>(y.host.size(), kNaN);
+    RopeArgs ag = copy_cols == 0 || backward ? chunks : local, ac = ag;
+    ag.dtype = dt, ag.x = static_cast<char*>(x.gpu()) + first * i64(dtype_size(dt));
+    ag.y = static_cast<char*>(y.gpu()) + first * i64(dtype_size(dt));
+    ac.dtype = DType::F64, ac.x = x_ref.data() + first, ac.y = (copy_cols == 0 ? x_ref.data() : y_ref.data()) + first;
     if (backward) {
       be.gpu->rope_backward(ag);
       be.cpu->rope_backward(ac);
@@ -531,14 +542,16 @@ TEST_P(CudaRopeGrouped, CopiesAndRotatesIntoChunksLikeCpuFloat64) {
       be.gpu->rope_forward(ag);
       be.cpu->rope_forward(ac);
     }
-    expect_output(backward ? "dx" : "y", dt, y.download(*be.gpu), y_ref, all, op_tolerance(dt));
+    expect_output(backward ? "dx" : "y", dt, y.download(*be.gpu), copy_cols == 0 ? x_ref : y_ref, view,
+                  op_tolerance(dt));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, CudaRopeGrouped,
-                         ::testing::Combine(::testing::ValuesIn(kDtypes), ::testing::Values(i64{24}, i64{5})),
+INSTANTIATE_TEST_SUITE_P(Ops, CudaRopeChunked,
+                         ::testing::Combine(::testing::ValuesIn(kDtypes), ::testing::Values(i64{24}, i64{5}, i64{0})),
                          [](const ::testing::TestParamInfo<std::tuple<DType, i64>>& i) {
-                           return std::string(dtype_tag(std::get<0>(i.param))) + "_copy" + std::to_string(std::get<1>(i.param));
+                           return std::string(dtype_tag(std::get<0>(i.param))) + "_copy" +
+                                  std::to_string(std::get<1>(i.param));
                          });
 
 // The frequencies are cached by content: a second call with other frequencies must use them.
