@@ -115,6 +115,98 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_backward_dx_kernel(RmsNo
     dx[j] = from_float<T>(rs * to_float(dy[j]) * to_float(gamma[j]) - to_float(x[j]) * coef);
 }
 
+// The same two kernels with a warp per row (kNormRowsPerBlock rows a block) and 8 elements a load (16 bytes of
+// bfloat16, 32 of float32): for rows whose width and strides are multiples of 8 elements on 16-byte boundaries
+// (DeepSeek's 1536 and 512). The block-per-row kernels spend most of a short row in their block-wide reduction;
+// here a row is one warp's shuffles. The same expressions per element as the kernels above.
+constexpr int kNormRowsPerBlock = 8;
+
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+  if constexpr (sizeof(T) == 2) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = to_float(e[k]);
+  } else {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+}
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
+  if constexpr (sizeof(T) == 2) {
+    uint4 u;
+    T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) e[k] = from_float<T>(v[k]);
+    *reinterpret_cast<uint4*>(p) = u;
+  } else {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kNormRowsPerBlock) rmsnorm_forward_warp_kernel(RmsNormArgs a) {
+  const i64 r = i64(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31, packs = int(a.cols / 8);
+  if (r >= a.rows) return;
+  const T* x = static_cast<const T*>(a.x) + r * a.x_ld;
+  const T* gamma = static_cast<const T*>(a.gamma);
+  T* y = static_cast<T*>(a.y) + r * a.y_ld;
+  float ss = 0.f;
+  for (int q = lane; q < packs; q += 32) {
+    float v[8];
+    load8(x + 8 * q, v);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) ss = fmaf(v[k], v[k], ss);
+  }
+  ss = warp_sum(ss);
+  const float rs = 1.0f / sqrtf(ss / float(a.cols) + float(a.eps));
+  if (lane == 0) static_cast<float*>(a.rstd)[r] = rs;
+  for (int q = lane; q < packs; q += 32) {
+    float v[8], g[8];
+    load8(x + 8 * q, v);
+    load8(gamma + 8 * q, g);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = v[k] * rs * g[k];
+    store8(y + 8 * q, v);
+  }
+}
+
+template <typename T, typename G>
+__global__ void __launch_bounds__(32 * kNormRowsPerBlock) rmsnorm_backward_dx_warp_kernel(RmsNormArgs a) {
+  const i64 r = i64(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31, packs = int(a.cols / 8);
+  if (r >= a.rows) return;
+  const T* x = static_cast<const T*>(a.x) + r * a.x_ld;
+  const G* dy = static_cast<const G*>(a.dy) + r * a.dy_ld;
+  const T* gamma = static_cast<const T*>(a.gamma);
+  T* dx = static_cast<T*>(a.dx) + r * a.dx_ld;
+  const float rs = static_cast<const float*>(a.rstd)[r];
+  float dot = 0.f;
+  for (int q = lane; q < packs; q += 32) {
+    float v[8], d[8], g[8];
+    load8(x + 8 * q, v);
+    load8(dy + 8 * q, d);
+    load8(gamma + 8 * q, g);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) dot = fmaf(d[k] * g[k], v[k], dot);
+  }
+  dot = warp_sum(dot);
+  const float coef = rs * rs * rs * dot / float(a.cols);
+  for (int q = lane; q < packs; q += 32) {
+    float v[8], d[8], g[8];
+    load8(x + 8 * q, v);
+    load8(dy + 8 * q, d);
+    load8(gamma + 8 * q, g);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = rs * d[k] * g[k] - v[k] * coef;
+    store8(dx + 8 * q, v);
+  }
+}
+
 // dgamma, pass 1: partial[chunk][col] = sum over the chunk's rows of dy * x * rstd (each thread one column).
 template <typename T, typename G>
 __global__ void __launch_bounds__(kDgammaThreads) rmsnorm_dgamma_partial_kernel(RmsNormArgs a, i64 rows_per_chunk,
@@ -423,14 +515,26 @@ void check_norm(const RmsNormArgs& a, bool backward) {
   else
     LAGA_REQUIRE(a.y, "rmsnorm forward: y must be set");
 }
+// Rows that the warp-per-row kernels take: 8 elements a load on 16-byte boundaries (gamma too), 32-bit packs.
+bool norm_rows_vectorisable(const RmsNormArgs& a, const void* rows, i64 ld, std::size_t es) {
+  auto on16 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  return a.cols % 8 == 0 && a.cols / 8 <= INT32_MAX && ld % 8 == 0 && (ld * i64(es)) % 16 == 0 && on16(rows) &&
+         on16(a.gamma) && a.rows <= i64(UINT32_MAX) * kNormRowsPerBlock;
+}
 }  // namespace
 
 void rmsnorm_forward_op(Context& ctx, const RmsNormArgs& a) {
   check_norm(a, false);
   if (a.rows == 0) return;
+  const bool warp_rows = norm_rows_vectorisable(a, a.x, a.x_ld, dtype_size(a.dtype)) &&
+                        norm_rows_vectorisable(a, a.y, a.y_ld, dtype_size(a.dtype));
   dispatch_compute(a.dtype, "rmsnorm", [&](auto z) {
     using T = decltype(z);
-    rmsnorm_forward_kernel<T><<<static_cast<unsigned>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
+    if (warp_rows)
+      rmsnorm_forward_warp_kernel<T><<<static_cast<unsigned>((a.rows + kNormRowsPerBlock - 1) / kNormRowsPerBlock),
+                                       32 * kNormRowsPerBlock, 0, ctx.stream>>>(a);
+    else
+      rmsnorm_forward_kernel<T><<<static_cast<unsigned>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
   });
   LAGA_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
 }
@@ -444,11 +548,19 @@ void rmsnorm_backward_op(Context& ctx, const RmsNormArgs& a) {
   float* partial = static_cast<float*>(
       ctx.scratch.get(ScratchSlot::norm_partial, sizeof(float) * std::size_t(chunks * a.cols), ctx.stream));
   const unsigned col_blocks = blocks_for(a.cols, kDgammaThreads);
+  const bool warp_rows = norm_rows_vectorisable(a, a.x, a.x_ld, dtype_size(a.dtype)) &&
+                        norm_rows_vectorisable(a, a.dx, a.dx_ld, dtype_size(a.dtype)) &&
+                        norm_rows_vectorisable(a, a.dy, a.dy_ld, dtype_size(a.dy_dtype.value_or(a.dtype)));
   dispatch_compute(a.dtype, "rmsnorm", [](auto) {});
   dispatch_pair(a.dtype, a.dy_dtype.value_or(a.dtype), "rmsnorm backward", [&](auto z, auto zg) {
     using T = decltype(z);
     using G = decltype(zg);
-    rmsnorm_backward_dx_kernel<T, G><<<static_cast<unsigned>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
+    if (warp_rows)
+      rmsnorm_backward_dx_warp_kernel<T, G>
+          <<<static_cast<unsigned>((a.rows + kNormRowsPerBlock - 1) / kNormRowsPerBlock), 32 * kNormRowsPerBlock, 0,
+             ctx.stream>>>(a);
+    else
+      rmsnorm_backward_dx_kernel<T, G><<<static_cast<unsigned>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
     LAGA_CUDA_CHECK_LAUNCH("rmsnorm_backward_dx_kernel");
     rmsnorm_dgamma_partial_kernel<T, G>
         <<<dim3(col_blocks, static_cast<unsigned>(chunks)), kDgammaThreads, 0, ctx.stream>>>(a, rows_per_chunk, partial);

@@ -308,13 +308,17 @@ TEST(CudaBackend, NameDeviceAndMissingDevice) {
 
 struct NormCase {
   const char* name;
-  i64 rows, cols, x_pad, y_pad;
+  i64 rows, cols, x_pad, y_pad, dy_pad = 2, dx_pad = 1;
 };
 void PrintTo(const NormCase& c, std::ostream* os) { *os << c.name; }
+// Rows of a multiple of 8 elements on 16-byte boundaries take the warp-per-row kernels (the last two cases, and
+// the forward of the second), the others the block-per-row ones.
 const NormCase kNormCases[] = {
     {"small_strided", 67, 200, 13, 7},
     {"many_rows_chunked_dgamma", 3000, 80, 16, 0},
     {"wide_row", 5, 1536, 0, 3},
+    {"deepseek_rows_warp_per_row", 203, 1536, 8, 0, 16, 8},
+    {"latent_rows_warp_per_row", 45, 512, 64, 8, 0, 0},
 };
 struct NormParam {
   NormCase c;
@@ -357,7 +361,7 @@ TEST_P(CudaRmsNorm, ForwardAndBackwardMatchCpuFloat64) {
   expect_output("rstd", DType::F32, rstd.download(*be.gpu), rstd_ref, r_view, 1e-5);
 
   // backward: fresh dy; dx overwritten (poisoned), dgamma accumulated onto random values
-  const i64 dy_ld = c.cols + 2, dx_ld = c.cols + 1;
+  const i64 dy_ld = c.cols + c.dy_pad, dx_ld = c.cols + c.dx_pad;
   Mirror dy = random_mirror(*be.gpu, dt, c.rows * dy_ld, rng, "dy");
   Mirror dx = poisoned_mirror(*be.gpu, dt, c.rows * dx_ld, "dx");
   Mirror dgamma = random_mirror(*be.gpu, accum_dtype(dt), c.cols, rng, "dgamma");  // gradients are accum_dtype
