@@ -321,14 +321,6 @@ __global__ void __launch_bounds__(kRopeVecThreads) rope_vec_kernel(RopeArgs a, c
   const int group = int(a.head_group), heads = int(a.heads), batch = int(a.batch);
   const int row0 = blockIdx.x * kRopeVecRows, nrows = min(kRopeVecRows, rows - row0);
   const int copy_v = int(a.copy_cols) / E, copy_units = nrows * heads * copy_v, rope_units = nrows * heads;
-  for (int i = threadIdx.x; i < nrows * kHalf; i += kRopeVecThreads) {
-    const int rr = i / kHalf, k = i - rr * kHalf;
-    double sd, cd;
-    sincos(double(a.pos_offset + (row0 + rr) / batch) * inv_freq[k], &sd, &cd);
-    cs[rr][k] = float(cd * a.mscale);
-    sn[rr][k] = float(sd * a.mscale);
-  }
-  __syncthreads();
   // Head h of the block's row rr, in x and in y.
   auto row_base = [&](int rr, i64 token_stride, i64 batch_stride) {
     const int r = row0 + rr, t = r / batch;
@@ -344,6 +336,14 @@ __global__ void __launch_bounds__(kRopeVecThreads) rope_vec_kernel(RopeArgs a, c
     return static_cast<T*>(a.y) + row_base(rr, a.y_token_stride, a.y_batch_stride) + g * a.y_group_stride +
            hg * a.y_head_stride;
   };
+  // The angles (the copies below need none: the barrier waits after them).
+  for (int i = threadIdx.x; i < nrows * kHalf; i += kRopeVecThreads) {
+    const int rr = i / kHalf, k = i - rr * kHalf;
+    double sd, cd;
+    sincos(double(a.pos_offset + (row0 + rr) / batch) * inv_freq[k], &sd, &cd);
+    cs[rr][k] = float(cd * a.mscale);
+    sn[rr][k] = float(sd * a.mscale);
+  }
   if (a.x != a.y) {
     const int per_row = heads * copy_v;
     for (int u0 = threadIdx.x; u0 < copy_units; u0 += kRopeVecThreads * kRopeVecUnroll) {
@@ -362,30 +362,60 @@ __global__ void __launch_bounds__(kRopeVecThreads) rope_vec_kernel(RopeArgs a, c
         if (u0 + j * kRopeVecThreads < copy_units) reinterpret_cast<uint4*>(head_y(rr[j], h[j]))[k[j]] = v[j];
     }
   }
-  for (int u = threadIdx.x; u < rope_units; u += kRopeVecThreads) {
-    const int rr = u / heads, h = u - rr * heads;
-    const uint4* xs = reinterpret_cast<const uint4*>(head_x(rr, h) + a.copy_cols);
-    uint4* ys = reinterpret_cast<uint4*>(head_y(rr, h) + a.copy_cols);
-    uint4 in[kVecs], out[kVecs];
+  __syncthreads();
+  // The rotated columns: kVecs lanes a head, lane j loading the head's vector j (the segment read whole and
+  // coalesced) and writing its output vector j from the two input vectors it needs, taken from the head's lanes
+  // by shuffles (so every read of the segment comes before any write: in place works). Forward: output vectors
+  // j and j + kVecs/2 hold the first and second elements of the pairs in input vectors 2j' and 2j'+1 (j' = j mod
+  // kVecs/2); backward: output vector j (pairs E/2 j ..) reads dy's vectors j/2 and j/2 + kVecs/2.
+  static_assert(kVecs <= 32 && 32 % kVecs == 0 && kVecs % 2 == 0, "a head's vectors in one warp");
+  const int lanes = (rope_units * kVecs + 31) / 32 * 32;  // whole warps take part in the shuffles
+  for (int u = threadIdx.x; u < lanes; u += kRopeVecThreads) {
+    const int unit = u / kVecs, j = u - unit * kVecs, rr = unit / heads, h = unit - rr * heads;
+    const bool valid = unit < rope_units;
+    uint4 mine = make_uint4(0, 0, 0, 0);
+    T* yr = nullptr;
+    if (valid) {
+      mine = reinterpret_cast<const uint4*>(head_x(rr, h) + a.copy_cols)[j];
+      yr = head_y(rr, h) + a.copy_cols;
+    }
+    const int src0 = kBackward ? j / 2 : 2 * (j % (kVecs / 2)), src1 = kBackward ? src0 + kVecs / 2 : src0 + 1;
+    uint4 in[2];
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j) in[j] = xs[j];
-    const T* e = reinterpret_cast<const T*>(in);
-    T* o = reinterpret_cast<T*>(out);
+    for (int w = 0; w < 2; ++w) {
+      const int src = w == 0 ? src0 : src1;
+      in[w].x = __shfl_sync(0xffffffffu, mine.x, src, kVecs);
+      in[w].y = __shfl_sync(0xffffffffu, mine.y, src, kVecs);
+      in[w].z = __shfl_sync(0xffffffffu, mine.z, src, kVecs);
+      in[w].w = __shfl_sync(0xffffffffu, mine.w, src, kVecs);
+    }
+    if (!valid) continue;
+    const T* e0 = reinterpret_cast<const T*>(&in[0]);
+    const T* e1 = reinterpret_cast<const T*>(&in[1]);
+    uint4 out;
+    T* o = reinterpret_cast<T*>(&out);
+    if constexpr (!kBackward) {  // pairs i = E j' + q (j' = j mod kVecs/2): (x[2i], x[2i+1]) -> y[i], y[i + half]
+      const bool second = j >= kVecs / 2;
+      const int i0 = E * (j % (kVecs / 2));
 #pragma unroll
-    for (int i = 0; i < kHalf; ++i) {
-      float r0, r1;
-      if constexpr (!kBackward) {  // (x[2i], x[2i+1]) -> y[i], y[i + half]
-        rope_rotate(to_float(e[2 * i]), to_float(e[2 * i + 1]), cs[rr][i], sn[rr][i], r0, r1);
-        o[i] = from_float<T>(r0);
-        o[i + kHalf] = from_float<T>(r1);
-      } else {  // (dy[i], dy[i + half]) -> dx[2i], dx[2i+1]
-        rope_rotate_t(to_float(e[i]), to_float(e[i + kHalf]), cs[rr][i], sn[rr][i], r0, r1);
-        o[2 * i] = from_float<T>(r0);
-        o[2 * i + 1] = from_float<T>(r1);
+      for (int q = 0; q < E; ++q) {
+        const T* e = q < E / 2 ? e0 : e1;
+        const int qq = q < E / 2 ? q : q - E / 2;
+        float r0, r1;
+        rope_rotate(to_float(e[2 * qq]), to_float(e[2 * qq + 1]), cs[rr][i0 + q], sn[rr][i0 + q], r0, r1);
+        o[q] = from_float<T>(second ? r1 : r0);
+      }
+    } else {  // pairs i = E/2 j + q: (dy[i], dy[i + half]) -> dx[2i], dx[2i+1]
+      const int i0 = (E / 2) * j, off = (E / 2) * (j % 2);
+#pragma unroll
+      for (int q = 0; q < E / 2; ++q) {
+        float r0, r1;
+        rope_rotate_t(to_float(e0[off + q]), to_float(e1[off + q]), cs[rr][i0 + q], sn[rr][i0 + q], r0, r1);
+        o[2 * q] = from_float<T>(r0);
+        o[2 * q + 1] = from_float<T>(r1);
       }
     }
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) ys[j] = out[j];
+    reinterpret_cast<uint4*>(yr)[j] = out;
   }
 }
 
