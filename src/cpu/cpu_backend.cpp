@@ -112,7 +112,7 @@ void rope_impl(const RopeArgs& a) {
       for (std::int64_t h = 0; h < a.heads; ++h) {
         const T* xh = x + t * a.x_token_stride + b * a.x_batch_stride + a.x_head_offset(h);
         T* yh = y + t * a.y_token_stride + b * a.y_batch_stride + a.y_head_offset(h);
-        std::copy(xh, xh + a.copy_cols, yh);
+        if (xh != yh) std::copy(xh, xh + a.copy_cols, yh);
         const T* xs = xh + a.copy_cols;
         T* ys = yh + a.copy_cols;
         std::copy(xs, xs + a.dim, row.begin());

@@ -618,10 +618,10 @@ void rope_op(Context& ctx, const RopeArgs& a, const double* inv_freq_device, boo
   const DType xd = a.x_dtype.value_or(a.dtype);
   const i64 es = i64(dtype_size(a.dtype));
   auto on16 = [&](i64 elements) { return (elements * es) % 16 == 0; };
-  const bool aligned = reinterpret_cast<std::uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.y) % 16 == 0 &&
-                       on16(a.x_token_stride) && on16(a.x_batch_stride) && on16(a.x_head_stride) &&
-                       on16(a.x_group_stride) && on16(a.y_token_stride) && on16(a.y_batch_stride) &&
-                       on16(a.y_head_stride) && on16(a.y_group_stride) && on16(a.copy_cols);
+  auto ptr16 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  const bool aligned = ptr16(a.x) && ptr16(a.y) && on16(a.x_token_stride) && on16(a.x_batch_stride) &&
+                       on16(a.x_head_stride) && on16(a.x_group_stride) && on16(a.y_token_stride) &&
+                       on16(a.y_batch_stride) && on16(a.y_head_stride) && on16(a.y_group_stride) && on16(a.copy_cols);
   const bool vec = a.copy_cols > 0 && xd == a.dtype && aligned;
   // bfloat16 with DeepSeek's rope dim, every vector on 16 bytes: rope_vec_kernel.
   const bool fast = xd == a.dtype && a.dtype == DType::BF16 && a.dim == kRopeVecDim && a.heads >= kRopeVecMinHeads &&

@@ -811,7 +811,8 @@ struct BlockImpl {
         k_loc = Tensor();
         InFlight v = start_kv_exchange(v_loc, dv, "v");
         v_loc = Tensor();
-        InFlight q = start_exchange_heads(query_forward(ctx, x, w), dqk, "q");  // the query path under K and V's exchange
+        // the query path under K and V's exchange
+        InFlight q = start_exchange_heads(query_forward(ctx, x, w), dqk, "q");
         Tensor k_att = finish(k), v_att = finish(v), q_att = finish(q);
         ctx.save(Saved::QAtt, q_att);
         o_att = explicit_forward(ctx, q_att, k_att, v_att);
@@ -1482,7 +1483,8 @@ struct BlockImpl {
       }
     }
     ctx.release({Saved::QAtt});
-    Tensor dq = overlapped() ? finish_gather_heads(pg.dq_flight, dqk, "q", true) : gather_heads(pg.dq_att, dqk, "q", true);
+    Tensor dq = overlapped() ? finish_gather_heads(pg.dq_flight, dqk, "q", true)
+                             : gather_heads(pg.dq_att, dqk, "q", true);
     pg.dq_att = Tensor();
 
     Tensor dx = Tensor(be.allocator(), dt, {s, B, d}, "dx", MemoryKind::External);
