@@ -75,135 +75,136 @@ constexpr int kDgammaThreads = 256;
 constexpr i64 kDgammaRowsPerChunk = 64;
 constexpr i64 kDgammaMaxChunks = 1024;
 
-// One block per row: rstd = 1/sqrt(mean(x^2) + eps) in fp32, y = x * rstd * gamma.
-template <typename T>
-__global__ void __launch_bounds__(kNormThreads) rmsnorm_forward_kernel(RmsNormArgs a) {
-  __shared__ float red[kNormWarps];
-  const i64 r = blockIdx.x;
-  const T* x = static_cast<const T*>(a.x) + r * a.x_ld;
-  const T* gamma = static_cast<const T*>(a.gamma);
-  T* y = static_cast<T*>(a.y) + r * a.y_ld;
-  float ss = 0.f;
-  for (i64 j = threadIdx.x; j < a.cols; j += kNormThreads) {
-    const float v = to_float(x[j]);
-    ss = fmaf(v, v, ss);
-  }
-  ss = block_reduce<false>(ss, red);
-  const float rs = 1.0f / sqrtf(ss / float(a.cols) + float(a.eps));
-  if (threadIdx.x == 0) static_cast<float*>(a.rstd)[r] = rs;
-  for (i64 j = threadIdx.x; j < a.cols; j += kNormThreads)
-    y[j] = from_float<T>(to_float(x[j]) * rs * to_float(gamma[j]));
-}
-
-// dx = rstd * (dy * g) - x * rstd^3 * mean(dy * g * x), one block per row. dy is G (float32 for a
-// gradient kept in float32), the rest T.
-template <typename T, typename G>
-__global__ void __launch_bounds__(kNormThreads) rmsnorm_backward_dx_kernel(RmsNormArgs a) {
-  __shared__ float red[kNormWarps];
-  const i64 r = blockIdx.x;
-  const T* x = static_cast<const T*>(a.x) + r * a.x_ld;
-  const G* dy = static_cast<const G*>(a.dy) + r * a.dy_ld;
-  const T* gamma = static_cast<const T*>(a.gamma);
-  T* dx = static_cast<T*>(a.dx) + r * a.dx_ld;
-  const float rs = static_cast<const float*>(a.rstd)[r];
-  float dot = 0.f;
-  for (i64 j = threadIdx.x; j < a.cols; j += kNormThreads)
-    dot = fmaf(to_float(dy[j]) * to_float(gamma[j]), to_float(x[j]), dot);
-  dot = block_reduce<false>(dot, red);
-  const float coef = rs * rs * rs * dot / float(a.cols);
-  for (i64 j = threadIdx.x; j < a.cols; j += kNormThreads)
-    dx[j] = from_float<T>(rs * to_float(dy[j]) * to_float(gamma[j]) - to_float(x[j]) * coef);
-}
-
-// The same two kernels with a warp per row (kNormRowsPerBlock rows a block) and 8 elements a load (16 bytes of
-// bfloat16, 32 of float32): for rows whose width and strides are multiples of 8 elements on 16-byte boundaries
-// (DeepSeek's 1536 and 512). The block-per-row kernels spend most of a short row in their block-wide reduction;
-// here a row is one warp's shuffles. The same expressions per element as the kernels above.
-constexpr int kNormRowsPerBlock = 8;
-
-template <typename T>
-__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
-  if constexpr (sizeof(T) == 2) {
+// A row's elements in packs of kPack: one element, or 8 in one 16-byte load (32 bytes of float32).
+template <int kPack, typename T>
+__device__ __forceinline__ void load_pack(const T* p, float (&v)[kPack]) {
+  if constexpr (kPack == 1) {
+    v[0] = to_float(*p);
+  } else if constexpr (sizeof(T) == 2) {
     const uint4 u = *reinterpret_cast<const uint4*>(p);
     const T* e = reinterpret_cast<const T*>(&u);
 #pragma unroll
     for (int k = 0; k < 8; ++k) v[k] = to_float(e[k]);
-  } else {
+  } else if constexpr (std::is_same_v<T, float>) {
     const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {  // not taken by the host code (bf16 and float32 rows only); kept compilable for every dispatch
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) v[k] = to_float(p[k]);
   }
 }
-template <typename T>
-__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
-  if constexpr (sizeof(T) == 2) {
+template <int kPack, typename T>
+__device__ __forceinline__ void store_pack(T* p, const float (&v)[kPack]) {
+  if constexpr (kPack == 1) {
+    *p = from_float<T>(v[0]);
+  } else if constexpr (sizeof(T) == 2) {
     uint4 u;
     T* e = reinterpret_cast<T*>(&u);
 #pragma unroll
     for (int k = 0; k < 8; ++k) e[k] = from_float<T>(v[k]);
     *reinterpret_cast<uint4*>(p) = u;
-  } else {
+  } else if constexpr (std::is_same_v<T, float>) {
     reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
     reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) p[k] = from_float<T>(v[k]);
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(32 * kNormRowsPerBlock) rmsnorm_forward_warp_kernel(RmsNormArgs a) {
-  const i64 r = i64(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x & 31, packs = int(a.cols / 8);
-  if (r >= a.rows) return;
-  const T* x = static_cast<const T*>(a.x) + r * a.x_ld;
+// Who walks a row: a block of kNormThreads (one element a step), or with kWarpRows a warp (kNormRowsPerBlock
+// rows a block, 8 elements a step) for rows whose width and strides are multiples of 8 elements on 16-byte
+// boundaries (DeepSeek's 1536 and 512), where a block spent most of a short row in its block-wide reduction.
+// The same expressions per element either way.
+constexpr int kNormRowsPerBlock = 8;
+template <bool kWarpRows>
+struct NormRow {
+  static constexpr int kPack = kWarpRows ? 8 : 1, kThreads = kWarpRows ? 32 : kNormThreads;
+  i64 r;
+  int t;
+  __device__ NormRow()
+      : r(kWarpRows ? i64(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / 32 : i64(blockIdx.x)),
+        t(kWarpRows ? int(threadIdx.x & 31) : int(threadIdx.x)) {}
+  // The sum over the row's threads, which all receive it (`red`: the block's kNormWarps floats).
+  __device__ float sum(float v, float* red) const {
+    if constexpr (kWarpRows)
+      return warp_sum(v);
+    else
+      return block_reduce<false>(v, red);
+  }
+};
+template <bool kWarpRows>
+unsigned norm_blocks(i64 rows) {
+  return static_cast<unsigned>(kWarpRows ? (rows + kNormRowsPerBlock - 1) / kNormRowsPerBlock : rows);
+}
+
+// rstd = 1/sqrt(mean(x^2) + eps) in fp32, y = x * rstd * gamma.
+template <typename T, bool kWarpRows>
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_forward_kernel(RmsNormArgs a) {
+  using Row = NormRow<kWarpRows>;
+  constexpr int P = Row::kPack;
+  __shared__ float red[kNormWarps];
+  const Row row;
+  if (row.r >= a.rows) return;  // a whole warp (kWarpRows) or the whole block
+  const T* x = static_cast<const T*>(a.x) + row.r * a.x_ld;
   const T* gamma = static_cast<const T*>(a.gamma);
-  T* y = static_cast<T*>(a.y) + r * a.y_ld;
+  T* y = static_cast<T*>(a.y) + row.r * a.y_ld;
+  const i64 packs = a.cols / P;
   float ss = 0.f;
-  for (int q = lane; q < packs; q += 32) {
-    float v[8];
-    load8(x + 8 * q, v);
+  for (i64 q = row.t; q < packs; q += Row::kThreads) {
+    float v[P];
+    load_pack<P>(x + P * q, v);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) ss = fmaf(v[k], v[k], ss);
+    for (int k = 0; k < P; ++k) ss = fmaf(v[k], v[k], ss);
   }
-  ss = warp_sum(ss);
+  ss = row.sum(ss, red);
   const float rs = 1.0f / sqrtf(ss / float(a.cols) + float(a.eps));
-  if (lane == 0) static_cast<float*>(a.rstd)[r] = rs;
-  for (int q = lane; q < packs; q += 32) {
-    float v[8], g[8];
-    load8(x + 8 * q, v);
-    load8(gamma + 8 * q, g);
+  if (row.t == 0) static_cast<float*>(a.rstd)[row.r] = rs;
+  for (i64 q = row.t; q < packs; q += Row::kThreads) {
+    float v[P], g[P];
+    load_pack<P>(x + P * q, v);
+    load_pack<P>(gamma + P * q, g);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = v[k] * rs * g[k];
-    store8(y + 8 * q, v);
+    for (int k = 0; k < P; ++k) v[k] = v[k] * rs * g[k];
+    store_pack<P>(y + P * q, v);
   }
 }
 
-template <typename T, typename G>
-__global__ void __launch_bounds__(32 * kNormRowsPerBlock) rmsnorm_backward_dx_warp_kernel(RmsNormArgs a) {
-  const i64 r = i64(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x & 31, packs = int(a.cols / 8);
-  if (r >= a.rows) return;
-  const T* x = static_cast<const T*>(a.x) + r * a.x_ld;
-  const G* dy = static_cast<const G*>(a.dy) + r * a.dy_ld;
+// dx = rstd * (dy * g) - x * rstd^3 * mean(dy * g * x). dy is G (float32 for a gradient kept in float32), the
+// rest T.
+template <typename T, typename G, bool kWarpRows>
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_backward_dx_kernel(RmsNormArgs a) {
+  using Row = NormRow<kWarpRows>;
+  constexpr int P = Row::kPack;
+  __shared__ float red[kNormWarps];
+  const Row row;
+  if (row.r >= a.rows) return;
+  const T* x = static_cast<const T*>(a.x) + row.r * a.x_ld;
+  const G* dy = static_cast<const G*>(a.dy) + row.r * a.dy_ld;
   const T* gamma = static_cast<const T*>(a.gamma);
-  T* dx = static_cast<T*>(a.dx) + r * a.dx_ld;
-  const float rs = static_cast<const float*>(a.rstd)[r];
+  T* dx = static_cast<T*>(a.dx) + row.r * a.dx_ld;
+  const float rs = static_cast<const float*>(a.rstd)[row.r];
+  const i64 packs = a.cols / P;
+  auto load = [&](i64 q, float (&v)[P], float (&d)[P], float (&g)[P]) {
+    load_pack<P>(x + P * q, v);
+    load_pack<P>(dy + P * q, d);
+    load_pack<P>(gamma + P * q, g);
+  };
   float dot = 0.f;
-  for (int q = lane; q < packs; q += 32) {
-    float v[8], d[8], g[8];
-    load8(x + 8 * q, v);
-    load8(dy + 8 * q, d);
-    load8(gamma + 8 * q, g);
+  for (i64 q = row.t; q < packs; q += Row::kThreads) {
+    float v[P], d[P], g[P];
+    load(q, v, d, g);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) dot = fmaf(d[k] * g[k], v[k], dot);
+    for (int k = 0; k < P; ++k) dot = fmaf(d[k] * g[k], v[k], dot);
   }
-  dot = warp_sum(dot);
+  dot = row.sum(dot, red);
   const float coef = rs * rs * rs * dot / float(a.cols);
-  for (int q = lane; q < packs; q += 32) {
-    float v[8], d[8], g[8];
-    load8(x + 8 * q, v);
-    load8(dy + 8 * q, d);
-    load8(gamma + 8 * q, g);
+  for (i64 q = row.t; q < packs; q += Row::kThreads) {
+    float v[P], d[P], g[P];
+    load(q, v, d, g);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = rs * d[k] * g[k] - v[k] * coef;
-    store8(dx + 8 * q, v);
+    for (int k = 0; k < P; ++k) v[k] = rs * d[k] * g[k] - v[k] * coef;
+    store_pack<P>(dx + P * q, v);
   }
 }
 
@@ -561,10 +562,9 @@ void rmsnorm_forward_op(Context& ctx, const RmsNormArgs& a) {
   dispatch_compute(a.dtype, "rmsnorm", [&](auto z) {
     using T = decltype(z);
     if (warp_rows)
-      rmsnorm_forward_warp_kernel<T><<<static_cast<unsigned>((a.rows + kNormRowsPerBlock - 1) / kNormRowsPerBlock),
-                                       32 * kNormRowsPerBlock, 0, ctx.stream>>>(a);
+      rmsnorm_forward_kernel<T, true><<<norm_blocks<true>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
     else
-      rmsnorm_forward_kernel<T><<<static_cast<unsigned>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
+      rmsnorm_forward_kernel<T, false><<<norm_blocks<false>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
   });
   LAGA_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
 }
@@ -586,11 +586,9 @@ void rmsnorm_backward_op(Context& ctx, const RmsNormArgs& a) {
     using T = decltype(z);
     using G = decltype(zg);
     if (warp_rows)
-      rmsnorm_backward_dx_warp_kernel<T, G>
-          <<<static_cast<unsigned>((a.rows + kNormRowsPerBlock - 1) / kNormRowsPerBlock), 32 * kNormRowsPerBlock, 0,
-             ctx.stream>>>(a);
+      rmsnorm_backward_dx_kernel<T, G, true><<<norm_blocks<true>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
     else
-      rmsnorm_backward_dx_kernel<T, G><<<static_cast<unsigned>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
+      rmsnorm_backward_dx_kernel<T, G, false><<<norm_blocks<false>(a.rows), kNormThreads, 0, ctx.stream>>>(a);
     LAGA_CUDA_CHECK_LAUNCH("rmsnorm_backward_dx_kernel");
     rmsnorm_dgamma_partial_kernel<T, G>
         <<<dim3(col_blocks, static_cast<unsigned>(chunks)), kDgammaThreads, 0, ctx.stream>>>(a, rows_per_chunk, partial);

@@ -415,6 +415,17 @@ std::vector<double> rope_inv_freq(i64 dim) {
   return f;
 }
 
+// The same RoPE call on the GPU (ag) and on the CPU in float64 (ac), forward or backward.
+void rope_on_both(Backends& be, const RopeArgs& ag, const RopeArgs& ac, bool backward) {
+  if (backward) {
+    be.gpu->rope_backward(ag);
+    be.cpu->rope_backward(ac);
+  } else {
+    be.gpu->rope_forward(ag);
+    be.cpu->rope_forward(ac);
+  }
+}
+
 class CudaRope : public ::testing::TestWithParam<RopeParam> {};
 
 TEST_P(CudaRope, ForwardAndBackwardMatchCpuFloat64) {
@@ -481,13 +492,7 @@ TEST_P(CudaRope, InPlaceMatchesCpuFloat64) {
                 .y_batch_stride = xb, .y_head_stride = xh};
     RopeArgs ac = ag;
     ac.dtype = DType::F64, ac.x = ref.data(), ac.y = ref.data();
-    if (backward) {
-      be.gpu->rope_backward(ag);
-      be.cpu->rope_backward(ac);
-    } else {
-      be.gpu->rope_forward(ag);
-      be.cpu->rope_forward(ac);
-    }
+    rope_on_both(be, ag, ac, backward);
   }
   expect_output("x", dt, x.download(*be.gpu), ref, view, 2 * op_tolerance(dt));
 }
@@ -539,13 +544,7 @@ TEST_P(CudaRopeChunked, CopiesAndRotatesLikeCpuFloat64) {
     ag.dtype = dt, ag.x = static_cast<char*>(x.gpu()) + first * i64(dtype_size(dt));
     ag.y = static_cast<char*>(y.gpu()) + first * i64(dtype_size(dt));
     ac.dtype = DType::F64, ac.x = x_ref.data() + first, ac.y = (copy_cols == 0 ? x_ref.data() : y_ref.data()) + first;
-    if (backward) {
-      be.gpu->rope_backward(ag);
-      be.cpu->rope_backward(ac);
-    } else {
-      be.gpu->rope_forward(ag);
-      be.cpu->rope_forward(ac);
-    }
+    rope_on_both(be, ag, ac, backward);
     expect_output(backward ? "dx" : "y", dt, y.download(*be.gpu), copy_cols == 0 ? x_ref : y_ref, view,
                   op_tolerance(dt));
   }
