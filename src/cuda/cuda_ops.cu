@@ -243,8 +243,8 @@ __global__ void __launch_bounds__(kDgammaThreads) rmsnorm_dgamma_final_kernel(i6
 constexpr int kRopeWarps = 8;
 
 // The rotation of one pair and its transpose, each product rounded on its own (no contraction left to the
-// compiler), so that rope_kernel and rope_copy_vec_kernel give the same bits: the block's layouts are bitwise
-// equal at P = 1 whichever kernel ran its RoPE.
+// compiler), so that rope_kernel and rope_vec_kernel give the same bits: the block's layouts are bitwise equal
+// at P = 1 whichever kernel ran their RoPE.
 __device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float& y0, float& y1) {
   y0 = fmaf(x0, c, -__fmul_rn(x1, s));
   y1 = fmaf(x1, c, __fmul_rn(x0, s));
@@ -306,9 +306,9 @@ __global__ void __launch_bounds__(32 * kRopeWarps) rope_kernel(RopeArgs a, const
 // RoPE in 16-byte vectors (bfloat16 rows, dim = kDim, every row and stride on 16 bytes, many heads): the query
 // path's RoPE, in place or into the all-to-all's buffer with the nope columns copied. rope_kernel stages each
 // head in shared memory one element a lane; here a thread moves whole vectors, several in flight: first the
-// copied columns (one vector a thread, kRopeVecUnroll at a time), then the rotated ones (a head's whole rope
-// segment a thread, read before it is written, so y may be x). A block takes kRopeVecRows (token, batch) rows,
-// their angles in shared memory as in rope_kernel.
+// copied columns (one vector a thread, kRopeVecUnroll at a time), then the rotated ones (a head's segment over
+// kDim / 8 lanes, read whole before any of it is written, so y may be x). A block takes kRopeVecRows (token,
+// batch) rows, their angles in shared memory as in rope_kernel.
 constexpr int kRopeVecThreads = 256;
 constexpr int kRopeVecUnroll = 4;
 constexpr int kRopeVecRows = 1;  // 4 ran slower (fewer blocks in flight)
