@@ -307,60 +307,51 @@ __global__ void __launch_bounds__(32 * kRopeWarps) rope_kernel(RopeArgs a, const
 // path's RoPE, in place or into the all-to-all's buffer with the nope columns copied. rope_kernel stages each
 // head in shared memory one element a lane; here a thread moves whole vectors, several in flight: first the
 // copied columns (one vector a thread, kRopeVecUnroll at a time), then the rotated ones (a head's segment over
-// kDim / 8 lanes, read whole before any of it is written, so y may be x). A block takes kRopeVecRows (token,
-// batch) rows, their angles in shared memory as in rope_kernel.
+// kDim / 8 lanes, read whole before any of it is written, so y may be x). One block per (token, batch) row, its
+// angles in shared memory as in rope_kernel (four rows a block ran slower: fewer blocks in flight).
 constexpr int kRopeVecThreads = 256;
 constexpr int kRopeVecUnroll = 4;
-constexpr int kRopeVecRows = 1;  // 4 ran slower (fewer blocks in flight)
-constexpr int kRopeVecDim = 64;         // DeepSeek's rope head dim; other dims take rope_kernel
-constexpr i64 kRopeVecMinHeads = 32;    // fewer heads (the latent's one) take rope_kernel, cheaper a row
+constexpr int kRopeVecDim = 64;       // DeepSeek's rope head dim; other dims take rope_kernel
+constexpr i64 kRopeVecMinHeads = 32;  // fewer heads (the latent's one) take rope_kernel, cheaper a row
 
 template <typename T, bool kBackward, int kDim>
-__global__ void __launch_bounds__(kRopeVecThreads) rope_vec_kernel(RopeArgs a, const double* inv_freq, int rows) {
+__global__ void __launch_bounds__(kRopeVecThreads) rope_vec_kernel(RopeArgs a, const double* inv_freq) {
   constexpr int E = 16 / sizeof(T), kVecs = kDim / E, kHalf = kDim / 2;
-  __shared__ float cs[kRopeVecRows][kHalf], sn[kRopeVecRows][kHalf];
-  const int group = int(a.head_group), heads = int(a.heads), batch = int(a.batch);
-  const int row0 = blockIdx.x * kRopeVecRows, nrows = min(kRopeVecRows, rows - row0);
-  const int copy_v = int(a.copy_cols) / E, copy_units = nrows * heads * copy_v, rope_units = nrows * heads;
-  // Head h of the block's row rr, in x and in y.
-  auto row_base = [&](int rr, i64 token_stride, i64 batch_stride) {
-    const int r = row0 + rr, t = r / batch;
-    return i64(t) * token_stride + i64(r - t * batch) * batch_stride;
-  };
-  auto head_x = [&](int rr, int h) {
+  __shared__ float cs[kHalf], sn[kHalf];
+  const int group = int(a.head_group), heads = int(a.heads);
+  const int copy_v = int(a.copy_cols) / E, copy_units = heads * copy_v;
+  const i64 t = blockIdx.x / a.batch, b = blockIdx.x - t * a.batch;
+  const T* x = static_cast<const T*>(a.x) + t * a.x_token_stride + b * a.x_batch_stride;
+  T* y = static_cast<T*>(a.y) + t * a.y_token_stride + b * a.y_batch_stride;
+  auto head_x = [&](int h) {
     const int g = group > 0 ? h / group : 0, hg = group > 0 ? h - g * group : h;
-    return static_cast<const T*>(a.x) + row_base(rr, a.x_token_stride, a.x_batch_stride) + g * a.x_group_stride +
-           hg * a.x_head_stride;
+    return x + g * a.x_group_stride + hg * a.x_head_stride;
   };
-  auto head_y = [&](int rr, int h) {
+  auto head_y = [&](int h) {
     const int g = group > 0 ? h / group : 0, hg = group > 0 ? h - g * group : h;
-    return static_cast<T*>(a.y) + row_base(rr, a.y_token_stride, a.y_batch_stride) + g * a.y_group_stride +
-           hg * a.y_head_stride;
+    return y + g * a.y_group_stride + hg * a.y_head_stride;
   };
   // The angles (the copies below need none: the barrier waits after them).
-  for (int i = threadIdx.x; i < nrows * kHalf; i += kRopeVecThreads) {
-    const int rr = i / kHalf, k = i - rr * kHalf;
+  for (int i = threadIdx.x; i < kHalf; i += kRopeVecThreads) {
     double sd, cd;
-    sincos(double(a.pos_offset + (row0 + rr) / batch) * inv_freq[k], &sd, &cd);
-    cs[rr][k] = float(cd * a.mscale);
-    sn[rr][k] = float(sd * a.mscale);
+    sincos(double(a.pos_offset + t) * inv_freq[i], &sd, &cd);
+    cs[i] = float(cd * a.mscale);
+    sn[i] = float(sd * a.mscale);
   }
   if (a.x != a.y) {
-    const int per_row = heads * copy_v;
     for (int u0 = threadIdx.x; u0 < copy_units; u0 += kRopeVecThreads * kRopeVecUnroll) {
       uint4 v[kRopeVecUnroll];
-      int rr[kRopeVecUnroll], h[kRopeVecUnroll], k[kRopeVecUnroll];
+      int h[kRopeVecUnroll], k[kRopeVecUnroll];
 #pragma unroll
       for (int j = 0; j < kRopeVecUnroll; ++j) {
         const int u = u0 + j * kRopeVecThreads;
-        rr[j] = u / per_row;
-        h[j] = (u - rr[j] * per_row) / copy_v;
-        k[j] = u - rr[j] * per_row - h[j] * copy_v;
-        if (u < copy_units) v[j] = reinterpret_cast<const uint4*>(head_x(rr[j], h[j]))[k[j]];
+        h[j] = u / copy_v;
+        k[j] = u - h[j] * copy_v;
+        if (u < copy_units) v[j] = reinterpret_cast<const uint4*>(head_x(h[j]))[k[j]];
       }
 #pragma unroll
       for (int j = 0; j < kRopeVecUnroll; ++j)
-        if (u0 + j * kRopeVecThreads < copy_units) reinterpret_cast<uint4*>(head_y(rr[j], h[j]))[k[j]] = v[j];
+        if (u0 + j * kRopeVecThreads < copy_units) reinterpret_cast<uint4*>(head_y(h[j]))[k[j]] = v[j];
     }
   }
   __syncthreads();
@@ -370,15 +361,15 @@ __global__ void __launch_bounds__(kRopeVecThreads) rope_vec_kernel(RopeArgs a, c
   // j and j + kVecs/2 hold the first and second elements of the pairs in input vectors 2j' and 2j'+1 (j' = j mod
   // kVecs/2); backward: output vector j (pairs E/2 j ..) reads dy's vectors j/2 and j/2 + kVecs/2.
   static_assert(kVecs <= 32 && 32 % kVecs == 0 && kVecs % 2 == 0, "a head's vectors in one warp");
-  const int lanes = (rope_units * kVecs + 31) / 32 * 32;  // whole warps take part in the shuffles
+  const int lanes = (heads * kVecs + 31) / 32 * 32;  // whole warps take part in the shuffles
   for (int u = threadIdx.x; u < lanes; u += kRopeVecThreads) {
-    const int unit = u / kVecs, j = u - unit * kVecs, rr = unit / heads, h = unit - rr * heads;
-    const bool valid = unit < rope_units;
+    const int h = u / kVecs, j = u - h * kVecs;
+    const bool valid = h < heads;
     uint4 mine = make_uint4(0, 0, 0, 0);
     T* yr = nullptr;
     if (valid) {
-      mine = reinterpret_cast<const uint4*>(head_x(rr, h) + a.copy_cols)[j];
-      yr = head_y(rr, h) + a.copy_cols;
+      mine = reinterpret_cast<const uint4*>(head_x(h) + a.copy_cols)[j];
+      yr = head_y(h) + a.copy_cols;
     }
     const int src0 = kBackward ? j / 2 : 2 * (j % (kVecs / 2)), src1 = kBackward ? src0 + kVecs / 2 : src0 + 1;
     uint4 in[2];
@@ -403,7 +394,7 @@ __global__ void __launch_bounds__(kRopeVecThreads) rope_vec_kernel(RopeArgs a, c
         const T* e = q < E / 2 ? e0 : e1;
         const int qq = q < E / 2 ? q : q - E / 2;
         float r0, r1;
-        rope_rotate(to_float(e[2 * qq]), to_float(e[2 * qq + 1]), cs[rr][i0 + q], sn[rr][i0 + q], r0, r1);
+        rope_rotate(to_float(e[2 * qq]), to_float(e[2 * qq + 1]), cs[i0 + q], sn[i0 + q], r0, r1);
         o[q] = from_float<T>(second ? r1 : r0);
       }
     } else {  // pairs i = E/2 j + q: (dy[i], dy[i + half]) -> dx[2i], dx[2i+1]
@@ -411,7 +402,7 @@ __global__ void __launch_bounds__(kRopeVecThreads) rope_vec_kernel(RopeArgs a, c
 #pragma unroll
       for (int q = 0; q < E / 2; ++q) {
         float r0, r1;
-        rope_rotate_t(to_float(e0[off + q]), to_float(e1[off + q]), cs[rr][i0 + q], sn[rr][i0 + q], r0, r1);
+        rope_rotate_t(to_float(e0[off + q]), to_float(e1[off + q]), cs[i0 + q], sn[i0 + q], r0, r1);
         o[2 * q] = from_float<T>(r0);
         o[2 * q + 1] = from_float<T>(r1);
       }
@@ -623,7 +614,7 @@ void rope_op(Context& ctx, const RopeArgs& a, const double* inv_freq_device, boo
   const bool vec = a.copy_cols > 0 && xd == a.dtype && aligned;
   // bfloat16 with DeepSeek's rope dim, every vector on 16 bytes: rope_vec_kernel.
   const bool fast = xd == a.dtype && a.dtype == DType::BF16 && a.dim == kRopeVecDim && a.heads >= kRopeVecMinHeads &&
-                    a.batch <= INT32_MAX && aligned;
+                    aligned;
   const dim3 grid{unsigned(rows)}, block{32, kRopeWarps};
   dispatch_compute(a.dtype, "rope", [](auto) {});
   dispatch_pair(xd, a.dtype, "rope", [&](auto zx, auto z) {
@@ -635,13 +626,10 @@ void rope_op(Context& ctx, const RopeArgs& a, const double* inv_freq_device, boo
       auto launch = [&](auto kernel) { kernel<<<grid, block, smem, ctx.stream>>>(a, inv_freq_device); };
       if constexpr (std::is_same_v<X, bf16> && std::is_same_v<T, bf16>) {
         if (fast) {
-          const unsigned blocks = unsigned((rows + kRopeVecRows - 1) / kRopeVecRows);
           if (backward)
-            rope_vec_kernel<T, true, kRopeVecDim>
-                <<<blocks, kRopeVecThreads, 0, ctx.stream>>>(a, inv_freq_device, int(rows));
+            rope_vec_kernel<T, true, kRopeVecDim><<<grid.x, kRopeVecThreads, 0, ctx.stream>>>(a, inv_freq_device);
           else
-            rope_vec_kernel<T, false, kRopeVecDim>
-                <<<blocks, kRopeVecThreads, 0, ctx.stream>>>(a, inv_freq_device, int(rows));
+            rope_vec_kernel<T, false, kRopeVecDim><<<grid.x, kRopeVecThreads, 0, ctx.stream>>>(a, inv_freq_device);
           return;
         }
       }
