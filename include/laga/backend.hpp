@@ -34,10 +34,11 @@ struct GemmArgs {
   std::optional<DType> c_dtype;
 };
 
-enum class CopyMode { Assign, Accumulate };
+enum class CopyMode { Assign, Accumulate, Sum };
 
 // dst[b][r][c] (+)= src[b][r][c] for b < batch, r < rows, c < cols. A src batch stride of 0 broadcasts;
-// with CopyMode::Accumulate a dst batch stride of 0 sums over the batch (a reduction).
+// with CopyMode::Accumulate a dst batch stride of 0 sums over the batch (a reduction). CopyMode::Sum writes
+// that sum without reading dst (a dst batch stride of 0; the same values as a zero fill then Accumulate).
 struct CopyArgs {
   DType dtype = DType::F32;
   std::int64_t batch = 1, rows = 0, cols = 0;

@@ -42,7 +42,7 @@ void copy_impl(const CopyArgs& c) {
     for (std::int64_t r = 0; r < c.rows; ++r) {
       const T* s = src + b * c.src_batch_stride + r * c.src_ld;
       T* d = dst + b * c.dst_batch_stride + r * c.dst_ld;
-      if (c.mode == CopyMode::Assign) {
+      if (c.mode == CopyMode::Assign || (c.mode == CopyMode::Sum && b == 0)) {
         if (s != d) std::memmove(d, s, sizeof(T) * c.cols);
       } else {
         for (std::int64_t j = 0; j < c.cols; ++j) d[j] += s[j];
@@ -186,6 +186,8 @@ class CpuBackend final : public Backend {
   void copy(const CopyArgs& c) override {
     if (c.src == nullptr || c.dst == nullptr) return;
     require_one_dtype("copy", c.dtype, c.dst_dtype, "dst");
+    LAGA_REQUIRE(c.mode != CopyMode::Sum || c.dst_batch_stride == 0,
+                 "copy: sum over the batch needs a dst batch stride of 0 (got ", c.dst_batch_stride, ")");
     dispatch(c.dtype, "copy", [&](auto t) { copy_impl<decltype(t)>(c); });
   }
   void fill(const Tensor& t, double value) override {

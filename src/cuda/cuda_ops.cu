@@ -25,8 +25,8 @@ __global__ void copy_kernel(CopyArgs c, i64 batch_base) {
     const I r = rc / cols, col = rc - r * cols;
     const i64 s_off = i64(r) * c.src_ld + col, d_off = i64(r) * c.dst_ld + col;
     D* d = dst + d_off;
-    if constexpr (kLoopBatch) {
-      A acc = to_acc(*d);
+    if constexpr (kLoopBatch) {  // kAccumulate: onto dst; otherwise (CopyMode::Sum) from zero
+      A acc = kAccumulate ? A(to_acc(*d)) : A(0);
       for (i64 bb = 0; bb < c.batch; ++bb) acc += A(to_acc(src[bb * c.src_batch_stride + s_off]));
       *d = from_acc<D>(acc);
     } else {
@@ -449,7 +449,7 @@ void copy_op(Context& ctx, const CopyArgs& c) {
   if (is_host_pointer(c.src) || is_host_pointer(c.dst)) {
     LAGA_REQUIRE(dst_dtype == c.dtype, "copy: host transfers keep the dtype (", dtype_name(c.dtype), " to ",
                  dtype_name(dst_dtype), " asked)");
-    LAGA_REQUIRE(c.mode == CopyMode::Assign, "copy: accumulate needs device buffers (got a host pointer)");
+    LAGA_REQUIRE(c.mode == CopyMode::Assign, "copy: accumulate and sum need device buffers (got a host pointer)");
     for (i64 b = 0; b < c.batch; ++b) {
       const char* s = static_cast<const char*>(c.src) + b * c.src_batch_stride * i64(es);
       char* d = static_cast<char*>(c.dst) + b * c.dst_batch_stride * i64(es);
@@ -463,7 +463,10 @@ void copy_op(Context& ctx, const CopyArgs& c) {
   if (c.mode == CopyMode::Assign && c.src == c.dst && c.src_ld == c.dst_ld &&
       c.src_batch_stride == c.dst_batch_stride && dst_dtype == c.dtype)
     return;  // onto itself
-  const bool reduce = c.mode == CopyMode::Accumulate && c.dst_batch_stride == 0 && c.batch > 1;
+  LAGA_REQUIRE(c.mode != CopyMode::Sum || c.dst_batch_stride == 0, "copy: sum over the batch needs a dst batch "
+               "stride of 0 (got ", c.dst_batch_stride, ")");
+  const bool sum = c.mode == CopyMode::Sum && c.batch > 1;  // a batch of one is an assignment
+  const bool reduce = (c.mode == CopyMode::Accumulate && c.dst_batch_stride == 0 && c.batch > 1) || sum;
   // Batch entries go on blockIdx.y (at most 65535 a launch); the (row, col) walk on blockIdx.x, grid-strided.
   constexpr i64 kMaxGridY = 65535;
   const i64 per_batch = c.rows * c.cols;
@@ -495,7 +498,9 @@ void copy_op(Context& ctx, const CopyArgs& c) {
       using I = decltype(index);
       launches([&](i64 b0, unsigned nb) {
         const dim3 grid(blocks, reduce ? 1u : nb);
-        if (reduce)
+        if (sum)
+          copy_kernel<S, D, false, true, I><<<grid, kElementwiseThreads, 0, ctx.stream>>>(c, b0);
+        else if (reduce)
           copy_kernel<S, D, true, true, I><<<grid, kElementwiseThreads, 0, ctx.stream>>>(c, b0);
         else if (c.mode == CopyMode::Accumulate)
           copy_kernel<S, D, true, false, I><<<grid, kElementwiseThreads, 0, ctx.stream>>>(c, b0);

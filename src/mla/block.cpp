@@ -103,6 +103,10 @@ struct BlockImpl {
   // in float32, sum to what explicit's single GEMM over all heads gives (one bf16 rounding of each would
   // differ by ~1e-3 relative, the paper's whole margin).
   Tensor latent_grad(std::int64_t rows, const std::string& name) { return zeros_of(accum_dtype(dt), {rows, dl}, name); }
+  // The same, for up_project_backward's `fresh` (which writes it whole): no zero fill.
+  Tensor latent_grad_unset(std::int64_t rows, const std::string& name) {
+    return Tensor(be.allocator(), accum_dtype(dt), {rows, dl}, name);
+  }
 
   void gemm(OpPhase ph, GemmArgs g, std::optional<DType> dtype = std::nullopt) {
     g.dtype = dtype.value_or(dt);
@@ -536,14 +540,16 @@ struct BlockImpl {
                   .ldc = heads * dv, .stride_c = dv});
   }
   // The transpose's operands: dk [rows, heads * d_qk] and dv [rows, heads * d_v] of heads first .. first+heads,
-  // the latent [rows, dl] they were built from, and dlatent [rows, dl] that it adds into. `between` (may be
-  // empty) runs once dlatent is complete, before the weight-gradient GEMMs.
+  // the latent [rows, dl] they were built from, and dlatent [rows, dl] that it adds into, or with `fresh` writes
+  // whole (not read: it may be uninitialised). `between` (may be empty) runs once dlatent is complete, before the
+  // weight-gradient GEMMs.
   struct UpProjectGrads {
     const Tensor& dk;
     const Tensor& dv;
     const Tensor& latent;
     std::int64_t rows = 0, first = 0, heads = 0;
     Tensor& dlatent;
+    bool fresh = false;
     std::function<void()> between = {};
   };
   // The transpose: accumulates into dlatent and the weight gradients of those heads.
@@ -578,12 +584,12 @@ struct BlockImpl {
     }
     // d c_kv = sum over heads of dk_nope[h] W_UK[h]^T + dv[h] W_UV[h]^T
     linear_dx({.phase = ph, .rows = rows, .in = rkv, .out = heads * dkv_w, .w = w_kv, .ldw = rkv, .dy = dkv.data(),
-               .lddy = heads * dkv_w, .dx = dlatent.data(), .lddx = dl, .beta = 1.0, .out_dtype = dlatent.dtype(),
-               .dtype = op});
+               .lddy = heads * dkv_w, .dx = dlatent.data(), .lddx = dl, .beta = a.fresh ? 0.0 : 1.0,
+               .out_dtype = dlatent.dtype(), .dtype = op});
     // d k_pe = sum over heads of the rope part of dk
     copy(ph, CopyArgs{.batch = heads, .rows = rows, .cols = dr, .src = dk.at(dn), .src_ld = heads * dqk,
                       .src_batch_stride = dqk, .dst = dlatent.at(rkv), .dst_ld = dl, .dst_batch_stride = 0,
-                      .mode = CopyMode::Accumulate, .dst_dtype = dlatent.dtype()},
+                      .mode = a.fresh ? CopyMode::Sum : CopyMode::Accumulate, .dst_dtype = dlatent.dtype()},
          op);
     if (between) between();
     linear_dw({.phase = ph, .rows = rows, .in = rkv, .out = heads * dkv_w, .x = lat, .ldx = dl, .dy = dkv.data(),
@@ -893,9 +899,9 @@ struct BlockImpl {
       dv_loc = a2a() ? gather_heads(ag.dv, dv, "v") : reduce_scatter(ag.dv, nh * dv, "v");
       ag.dv = Tensor();
     }
-    out.dlatent = latent_grad(T, "d_latent");
+    out.dlatent = latent_grad_unset(T, "d_latent");
     up_project_backward({.dk = dk_loc, .dv = dv_loc, .latent = ctx.get(Saved::Latent), .rows = T, .first = 0,
-                         .heads = nh, .dlatent = out.dlatent},
+                         .heads = nh, .dlatent = out.dlatent, .fresh = true},
                         w, g);
     ctx.release({Saved::Latent});
     return out;
@@ -928,7 +934,7 @@ struct BlockImpl {
     k_att = v_att = do_att = Tensor();
     ctx.release({Saved::Probs, Saved::Lse, Saved::OAtt, Saved::KAtt, Saved::VAtt});
     out.dq_att = ag.dq;
-    Tensor dlat_full = latent_grad(Tk, "d_latent_gathered");
+    Tensor dlat_full = latent_grad_unset(Tk, "d_latent_gathered");
     InFlight rs;
     std::function<void()> between;
     if (opts.overlap)  // the latent gradient's reduce-scatter and the query gradient's all-to-all under dW_UV, dW_UK
@@ -938,7 +944,7 @@ struct BlockImpl {
         out.dq_att = Tensor();
       };
     up_project_backward({.dk = ag.dk, .dv = ag.dv, .latent = lat_full, .rows = Tk, .first = h0, .heads = H,
-                         .dlatent = dlat_full, .between = between},
+                         .dlatent = dlat_full, .fresh = true, .between = between},
                         w, g);
     ag = AttnGrads();
     lat_full = Tensor();

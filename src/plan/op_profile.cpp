@@ -32,6 +32,7 @@ std::string describe(const CopyArgs& c) {
   if (c.batch != 1) s << c.batch << "x";
   s << c.rows << "x" << c.cols << " " << dtypes(c.dtype, c.dst_dtype);
   if (c.mode == CopyMode::Accumulate) s << (c.dst_batch_stride == 0 && c.batch > 1 ? " sum" : " add");
+  if (c.mode == CopyMode::Sum) s << " sum into";
   if (c.src_batch_stride == 0 && c.batch > 1) s << " broadcast";
   return s.str();
 }

@@ -163,6 +163,9 @@ const CopyCase kCopyCases[] = {
     // More batch entries than one launch's grid.y (65535) takes, on either path.
     {"assign_many_batches_aligned", 70000, 1, 8, false, false, CopyMode::Assign, true},
     {"accumulate_many_batches", 70000, 2, 3, false, false, CopyMode::Accumulate},
+    // The sum over the batch written without reading dst (it starts poisoned), and a batch of one.
+    {"sum_over_batch", 6, 21, 16, false, true, CopyMode::Sum},
+    {"sum_over_one", 1, 7, 9, false, true, CopyMode::Sum},
 };
 
 struct CopyParam {
