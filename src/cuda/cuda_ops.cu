@@ -254,6 +254,12 @@ __device__ __forceinline__ void rope_rotate_t(float d0, float d1, float c, float
   x1 = fmaf(d1, c, -__fmul_rn(d0, s));
 }
 
+// Where head h's row starts in x or y (RopeArgs' head groups; group 0: no groups), in elements.
+__device__ __forceinline__ i64 rope_head_offset(int h, int group, i64 head_stride, i64 group_stride) {
+  const int g = group > 0 ? h / group : 0, hg = group > 0 ? h - g * group : h;
+  return g * group_stride + hg * head_stride;
+}
+
 template <typename X, typename T, bool kBackward, bool kVec>
 __global__ void __launch_bounds__(32 * kRopeWarps) rope_kernel(RopeArgs a, const double* inv_freq) {
   extern __shared__ float rope_smem[];
@@ -272,9 +278,8 @@ __global__ void __launch_bounds__(32 * kRopeWarps) rope_kernel(RopeArgs a, const
   const X* x = static_cast<const X*>(a.x) + t * a.x_token_stride + b * a.x_batch_stride;
   T* y = static_cast<T*>(a.y) + t * a.y_token_stride + b * a.y_batch_stride;
   for (int h = threadIdx.y; h < int(a.heads); h += kRopeWarps) {
-    const int g = group > 0 ? h / group : 0, hg = group > 0 ? h - g * group : h;
-    const X* xs = x + g * a.x_group_stride + hg * a.x_head_stride;
-    T* ys = y + g * a.y_group_stride + hg * a.y_head_stride;
+    const X* xs = x + rope_head_offset(h, group, a.x_head_stride, a.x_group_stride);
+    T* ys = y + rope_head_offset(h, group, a.y_head_stride, a.y_group_stride);
     if constexpr (kVec) {
       constexpr int kPer = 16 / sizeof(T);
       for (int j = threadIdx.x; j < copy_cols / kPer; j += 32)
@@ -323,14 +328,8 @@ __global__ void __launch_bounds__(kRopeVecThreads) rope_vec_kernel(RopeArgs a, c
   const i64 t = blockIdx.x / a.batch, b = blockIdx.x - t * a.batch;
   const T* x = static_cast<const T*>(a.x) + t * a.x_token_stride + b * a.x_batch_stride;
   T* y = static_cast<T*>(a.y) + t * a.y_token_stride + b * a.y_batch_stride;
-  auto head_x = [&](int h) {
-    const int g = group > 0 ? h / group : 0, hg = group > 0 ? h - g * group : h;
-    return x + g * a.x_group_stride + hg * a.x_head_stride;
-  };
-  auto head_y = [&](int h) {
-    const int g = group > 0 ? h / group : 0, hg = group > 0 ? h - g * group : h;
-    return y + g * a.y_group_stride + hg * a.y_head_stride;
-  };
+  auto head_x = [&](int h) { return x + rope_head_offset(h, group, a.x_head_stride, a.x_group_stride); };
+  auto head_y = [&](int h) { return y + rope_head_offset(h, group, a.y_head_stride, a.y_group_stride); };
   // The angles (the copies below need none: the barrier waits after them).
   for (int i = threadIdx.x; i < kHalf; i += kRopeVecThreads) {
     double sd, cd;
