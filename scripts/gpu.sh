@@ -775,7 +775,7 @@ cmd_cudnn() {
   #   a. `laga bench-attention`: both providers at DeepSeek-V3's per-rank shapes (P = 8, a2a and all_gather) ->
   #      attention-providers.json, the table `auto` chooses from;
   #   p. `laga bench --device cuda --phantom`, DeepSeek-V3, a2a, P = 8, fused, LAGA and explicit per provider (laga,
-  #      cudnn, auto; cudnn and auto again with --nondeterministic), then absorbed with laga's kernels, the weight
+  #      cudnn, auto; each again with --nondeterministic), then absorbed with laga's kernels, the weight
   #      gradients in bf16 as the peer's (--grad-dtype bfloat16), 10 timed passes after 3 ->
   #      h200-block-<provider>[-nondet].json, h200-block-laga-absorbed.json;
   #   c. scripts/peer_torch_block.py: the same rank in plain PyTorch (SDPA), explicit and LAGA, eager and with
@@ -840,8 +840,9 @@ cmd_cudnn() {
   # two (clock, power) shows as the spread of the rounds instead of favouring one side.
   local r dir
   block_docs() {  # $1: the folder
-    # cudnn-nondet, auto-nondet: the same with --nondeterministic (cuDNN's non-deterministic backward, as SDPA's).
-    for run in laga cudnn auto cudnn-nondet auto-nondet; do
+    # *-nondet: the same with --nondeterministic (non-deterministic attention backwards: cuDNN's, as SDPA's, and
+    # laga's with dQ added in any order).
+    for run in laga cudnn auto laga-nondet cudnn-nondet auto-nondet; do
       provider=${run%-nondet}
       flag=""
       [ "$run" != "$provider" ] && flag=--nondeterministic

@@ -802,7 +802,7 @@ def peer_section(results_dir, schema):
                 raise SystemExit(f"{path} does not validate:\n  " + "\n  ".join(errors[:20]))
             provider = doc["config"]["attention_provider"]
             if doc["config"].get("deterministic") is False:
-                provider += "-nondet"  # --nondeterministic: cuDNN's non-deterministic backward
+                provider += "-nondet"  # --nondeterministic: the non-deterministic attention backward
             if {pt["form"] for pt in doc["points"]} == {"absorbed"}:
                 provider += "-absorbed"  # the absorbed form in a document of its own
             docs[provider] = (os.path.basename(path), doc)
@@ -818,7 +818,8 @@ def peer_section(results_dir, schema):
     round_blocks = [blocks_of(d) for _, d, _ in rounds]
     round_peers = [peer_pts(p) for _, _, p in rounds]
     seqs = sorted({k[1] for k in round_peers[0]})
-    providers = [p for p in ("laga", "cudnn", "auto", "cudnn-nondet", "auto-nondet") if p in round_blocks[0]]
+    providers = [p for p in ("laga", "cudnn", "auto", "laga-nondet", "cudnn-nondet", "auto-nondet")
+                 if p in round_blocks[0]]
     deterministic = [p for p in providers if not p.endswith("-nondet")]
     m = peer["machine"]
     any_doc = next(iter(docs.values()))[1] if docs else None
@@ -865,7 +866,8 @@ def peer_section(results_dir, schema):
           "excluded); PyTorch's max_memory_allocated over the pass above what was allocated before it (its bf16 "
           "weight gradients included). PyTorch's SDPA runs cuDNN's non-deterministic backward; laga's cuDNN "
           "provider the deterministic one (whose workspace is the scratch below), or with `--nondeterministic` "
-          "(columns `-nondet`) the same non-deterministic one as PyTorch. " + span_text + " " + round_text +
+          "(columns `-nondet`) the same non-deterministic one as PyTorch; laga's kernels add dQ in the key "
+          "blocks' order, or with `--nondeterministic` in any order. " + span_text + " " + round_text +
           "Documents: " + ", ".join(link for r in range(n_rounds) for link in doc_links(r)) +
           "; commands: `" + peer["command"] + "`" +
           "".join(f"; `{d['config']['command']}`" for _, d in docs.values()) + ".", ""]
@@ -940,8 +942,8 @@ def peer_section(results_dir, schema):
                "`auto` takes the faster provider for each pass (forward, backward), cuDNN's backward only "
                "where its workspace (its deterministic backward's, last but one column) fits the scratch cap "
                "(1 GiB by default), else laga's kernels.", "",
-               "Under `--nondeterministic` it compares with cuDNN's non-deterministic backward (its workspace, "
-               "last column: 4 bytes per head, query and d_qk).", ""] + attention_rows(table["points"]) + [""]
+               "Under `--nondeterministic` it compares the non-deterministic backwards: laga's (dQ added in any "
+               "order) and cuDNN's (its workspace, last column: 4 bytes per head, query and d_qk).", ""] + attention_rows(table["points"]) + [""]
     sustained = attention_doc(os.path.join(folder, "attention-sustained.json"))
     if sustained:
         md += ["### Attention under sustained load", "",
@@ -973,14 +975,16 @@ def attention_source(rel, doc):
 def attention_rows(points):
     """bench-attention's points as the rows of the attention table (header included)."""
     rows = ["| layout | S | heads | q_len x kv_len | laga fwd | cuDNN fwd | laga bwd | cuDNN bwd | "
-            "cuDNN bwd, non-deterministic | auto fwd / bwd | auto bwd, non-deterministic | cuDNN workspace | "
-            "non-deterministic |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "laga bwd, non-deterministic | cuDNN bwd, non-deterministic | auto fwd / bwd | "
+            "auto bwd, non-deterministic | cuDNN workspace | non-deterministic |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         def tf(key):
             return f"{p[key]:.0f}" if key in p else "-"
         rows.append(f"| {p['layout']} | {p['S'] // 1024}k | {p['heads']} | {p['q_len']} x {p['kv_len']} | "
                     f"{tf('laga_fwd_tflops')} | {tf('cudnn_fwd_tflops')} | {tf('laga_bwd_tflops')} | "
-                    f"{tf('cudnn_bwd_tflops')} | {tf('cudnn_nondeterministic_bwd_tflops')} | "
+                    f"{tf('cudnn_bwd_tflops')} | {tf('laga_nondeterministic_bwd_tflops')} | "
+                    f"{tf('cudnn_nondeterministic_bwd_tflops')} | "
                     f"{p['auto_fwd']} / {p['auto_bwd']} | "
                     f"{p.get('auto_bwd_nondeterministic', '-')} | "
                     f"{human(p['cudnn_workspace_bytes']) if 'cudnn_bwd_tflops' in p else '-'} | "

@@ -41,11 +41,14 @@ struct AttentionTiming {
   double laga_fwd_ms = 0, laga_bwd_ms = 0;
   double cudnn_fwd_ms = 0, cudnn_bwd_ms = 0;  // 0: cuDNN did not run this pass at this point
   std::int64_t cudnn_workspace_bytes = 0;      // the largest workspace its plans asked for (optional field)
-  // cuDNN's non-deterministic backward (optional fields; 0: not measured).
+  // The non-deterministic backwards (optional fields; 0: not measured): cuDNN's (dQ by float32 atomics) with its
+  // workspace, and laga's (dQ's row tiles added to in any order).
   double cudnn_nondeterministic_bwd_ms = 0;
   std::int64_t cudnn_nondeterministic_workspace_bytes = 0;
+  double laga_nondeterministic_bwd_ms = 0;
   // The faster provider for one pass; laga on a tie or where cuDNN did not run it. deterministic = false
-  // compares the backward with cuDNN's non-deterministic one where the point has it.
+  // compares the non-deterministic backwards where the point has them (each provider's deterministic one
+  // where it does not).
   AttentionProvider faster(AttentionPass pass, bool deterministic = true) const;
 };
 
@@ -67,8 +70,8 @@ struct AttentionProviderTable {
 
   // The JSON document: {"points": [{"dtype", "d_qk", "d_v", "heads", "q_len", "kv_len", "laga_fwd_ms",
   // "laga_bwd_ms", "cudnn_fwd_ms", "cudnn_bwd_ms", optional "cudnn_workspace_bytes",
-  // "cudnn_nondeterministic_bwd_ms", "cudnn_nondeterministic_workspace_bytes"}, ...], ...}; other keys (machine, commit, versions) are
-  // kept by the writer and ignored here. Throws InvalidArgument naming the field that is missing or invalid.
+  // "cudnn_nondeterministic_bwd_ms", "cudnn_nondeterministic_workspace_bytes", "laga_nondeterministic_bwd_ms"},
+  // ...], ...}; other keys (machine, commit, versions) are kept by the writer and ignored here. Throws InvalidArgument naming the field that is missing or invalid.
   static AttentionProviderTable from_json(const std::string& text);
 };
 

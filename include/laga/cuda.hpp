@@ -132,10 +132,12 @@ void cuda_set_flash_vk_rows(Backend& backend, bool rows_resident);
 // With `cudnn`, a call cuDNN cannot run throws InvalidArgument naming the shape and the reason.
 void cuda_set_attention_provider(Backend& backend, AttentionProvider provider);
 AttentionProvider cuda_attention_provider(Backend& backend);
-// Whether attention runs deterministically (the default: reruns bitwise identical). false lets cuDNN run its
-// default backward, as PyTorch's SDPA does: dQ summed with float32 atomics (reruns differ in the last bits),
-// faster, and a workspace of O(heads x queries) instead of O(heads x queries x keys), so `auto` can take cuDNN
-// at long sequences (within the scratch cap, by the workspace cuDNN asks for). laga's kernels are unaffected.
+// Whether attention runs deterministically (the default: reruns bitwise identical). false lets the backward sum
+// dQ in any order (reruns differ in its last bits): cuDNN runs its default backward, as PyTorch's SDPA does (dQ
+// summed with float32 atomics, faster, a workspace of O(heads x queries) instead of O(heads x queries x keys),
+// so `auto` can take cuDNN at long sequences, within the scratch cap), and laga's warp-specialised 192/128
+// backward adds each key block's dQ into its row tiles without waiting for the key blocks before it. dK and dV
+// are unaffected (each written by one block).
 void cuda_set_attention_deterministic(Backend& backend, bool deterministic);
 bool cuda_attention_deterministic(Backend& backend);
 

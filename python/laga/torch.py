@@ -85,9 +85,10 @@ class MultiheadLatentAttention(nn.Module):
     API where it supports the shape, deterministic backward); CPU tensors always run laga's. ``timing``: laga
     times each op on the device's queue and waits for the queue at the end of forward and of backward to read
     the times (``last_step``'s seconds); off (the default) it never waits, as any PyTorch op.
-    ``deterministic=False`` lets cuDNN run its non-deterministic attention backward on CUDA (what PyTorch's
-    scaled_dot_product_attention runs: faster, a small workspace, so ``"auto"`` takes cuDNN at long sequences;
-    reruns differ in the last bits); True (the default) keeps reruns bitwise identical.
+    ``deterministic=False`` lets the attention backward on CUDA sum dQ in any order (reruns differ in the last
+    bits): cuDNN's non-deterministic backward (what PyTorch's scaled_dot_product_attention runs: faster, a small
+    workspace, so ``"auto"`` can take cuDNN at long sequences) and laga's with dQ added in any order; True (the
+    default) keeps reruns bitwise identical.
     Gradients: by default backward hands autograd each parameter's gradient in the parameter's dtype, written
     there by laga's GEMMs (float32 accumulation, one rounding for bfloat16). ``fuse_wgrad_accumulation=True``
     (TransformerEngine's and Megatron-Core's gradient-accumulation fusion): every parameter carries a

@@ -29,9 +29,9 @@ AttentionProvider parse_attention_provider(const std::string& text) {
 
 AttentionProvider AttentionTiming::faster(AttentionPass pass, bool deterministic) const {
   // A pass cuDNN did not run (0 ms: no plan, or its workspace did not fit the GPU) goes to laga.
-  const double bwd = !deterministic && cudnn_nondeterministic_bwd_ms > 0 ? cudnn_nondeterministic_bwd_ms : cudnn_bwd_ms;
-  const double cudnn = pass == AttentionPass::Forward ? cudnn_fwd_ms : bwd;
-  const double laga = pass == AttentionPass::Forward ? laga_fwd_ms : laga_bwd_ms;
+  auto pick = [&](double det, double nondet) { return !deterministic && nondet > 0 ? nondet : det; };
+  const double cudnn = pass == AttentionPass::Forward ? cudnn_fwd_ms : pick(cudnn_bwd_ms, cudnn_nondeterministic_bwd_ms);
+  const double laga = pass == AttentionPass::Forward ? laga_fwd_ms : pick(laga_bwd_ms, laga_nondeterministic_bwd_ms);
   return cudnn > 0 && cudnn < laga ? AttentionProvider::Cudnn : AttentionProvider::Laga;
 }
 
@@ -110,6 +110,7 @@ AttentionProviderTable AttentionProviderTable::from_json(const std::string& text
       t.cudnn_workspace_bytes = p["cudnn_workspace_bytes"].get<std::int64_t>();
     }
     if (p.contains("cudnn_nondeterministic_bwd_ms")) t.cudnn_nondeterministic_bwd_ms = ms("cudnn_nondeterministic_bwd_ms");
+    if (p.contains("laga_nondeterministic_bwd_ms")) t.laga_nondeterministic_bwd_ms = ms("laga_nondeterministic_bwd_ms");
     if (p.contains("cudnn_nondeterministic_workspace_bytes")) {
       const auto& w = p["cudnn_nondeterministic_workspace_bytes"];
       LAGA_REQUIRE(w.is_number_integer() && w.get<std::int64_t>() >= 0, where("cudnn_nondeterministic_workspace_bytes"),

@@ -334,7 +334,7 @@ class CudaBackend final : public Backend {
 
   void set_attention_provider(AttentionProvider p) { provider_ = p; }
   AttentionProvider attention_provider() const { return provider_; }
-  void set_attention_deterministic(bool d) { deterministic_ = d; }
+  void set_attention_deterministic(bool d) { deterministic_ = d, ctx_.flash_ordered_dq = d; }
   bool attention_deterministic() const { return deterministic_; }
   AttentionProviderCounts provider_counts() const {
     AttentionProviderCounts c = counts_;
@@ -488,7 +488,7 @@ class CudaBackend final : public Backend {
   bool own_stream_ = false;
   Context ctx_;
   AttentionProvider provider_ = AttentionProvider::Laga;
-  bool deterministic_ = true;  // cuDNN's backward: its deterministic algorithm (laga's kernels always are)
+  bool deterministic_ = true;  // cuDNN's backward: its deterministic algorithm; laga's: ordered dQ adds
   AttentionProviderCounts counts_;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   std::unique_ptr<GemmRunner> gemm_;

@@ -1254,7 +1254,8 @@ struct BwdWsTraits {
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
-    flash_bwd_ws_kernel(const AttentionBwdParams p, const float* delta, float* dq_accum, unsigned* dq_count) {
+    flash_bwd_ws_kernel(const AttentionBwdParams p, const float* delta, float* dq_accum, unsigned* dq_count,
+                        bool ordered) {
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv;
   char* smem = dynamic_smem();
   bf16* s_k = reinterpret_cast<bf16*>(smem);
@@ -1331,9 +1332,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     } else {
       // dQ: warp 2 + h of this warpgroup adds computing warpgroup h's half of each slab (rows 32 h.. of the tile),
       // so that the two computing warpgroups hand over their slabs independently. Per step: wait until the
-      // key blocks before this one have added both halves of theirs to the row tile (its counter counts halves),
-      // then the three slabs as they come, by one bulk operation each (a store for key block 0, an add after
-      // it). Slab n of the block (3 t + s) is in buffer n % 2; a buffer goes back once its bulk operation has
+      // key blocks before this one have added both halves of theirs to the row tile (its counter counts halves;
+      // not `ordered`: only key block 0, which stores, and the others add in whichever order they come), then
+      // the three slabs as they come, by one bulk operation each (a store for key block 0, an add after it). Slab n of the block (3 t + s) is in buffer n % 2; a buffer goes back once its bulk operation has
       // read it (slab n's when slab n + 1 is issued, the step's last at the step's end), except where no slab
       // follows to use it, so that arrivals and syncs pair up.
       const int h = (ltid - Tr::kLoadThreads) / 32;
@@ -1350,7 +1351,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const i64 tile = step_row0(t) / kBM;
         float* dst = tiles + tile * (kBM * kDqk) + h * kSlabFloats;
         if (lane == 0) {
-          wait_counter(dq_count + tile_base + tile, 2 * unsigned(block), true);
+          wait_counter(dq_count + tile_base + tile, ordered || block == 0 ? 2 * unsigned(block) : 2u, true);
           fence_proxy_async_global();
         }
         for (int s = 0; s < 3; ++s) {

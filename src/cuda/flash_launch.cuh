@@ -18,6 +18,8 @@
 //                                                           flash_bwd_ws_kernel, else flash_bwd_dkdv_regs_kernel
 //   bool rows_resident_vk()                                 576/512 with V inside K and dv_in_dk (fused dQ):
 //                                                           flash_bwd_vkq_kernel, else flash_bwd_vk_kernel
+//   bool ordered_dq()                                       flash_bwd_ws_kernel: dQ added in the key blocks' order
+//                                                           (deterministic), else in any order
 #pragma once
 
 #include <algorithm>
@@ -236,7 +238,7 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
         const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
         launch_nonempty(launcher, flash_bwd_ws_kernel<Tr>, "flash_bwd_ws_kernel",
             flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta,
-            dq.accum, dq.count);
+            dq.accum, dq.count, launcher.ordered_dq());
         dq_from_tiles<Tr::kDqk, kAligned, DqLayout::ws>(launcher, p, dq);
         return;
       }

@@ -44,6 +44,7 @@ class StreamLauncher {
   bool warp_specialized_forward() const { return ctx_.flash_ws_forward; }
   bool warp_specialized_backward() const { return ctx_.flash_ws_backward; }
   bool rows_resident_vk() const { return ctx_.flash_vk_rows; }
+  bool ordered_dq() const { return ctx_.flash_ordered_dq; }
 
  private:
   Context& ctx_;

@@ -578,6 +578,34 @@ TEST_P(CudaAttentionWsBackward, BothKernelsMatchFloat64AndRepeatBitwise) {
   std::printf("GPUCHECK ws_backward %s dq_ws_vs_regs_rel=%.3e\n", GetParam().name,
               masked_rel_diff(dq_of[1], dq_of[0], pr.dqv.mask()));
 }
+// Non-deterministic (cuda_set_attention_deterministic(false)): the warp-specialised kernel adds dQ into its row
+// tiles in whichever order the key blocks come; dQ against float64 as before, dK and dV the deterministic run's
+// bits (they are not summed across blocks), dQ within float rounding of the deterministic run's (reported).
+TEST_P(CudaAttentionWsBackward, AnyOrderDqMatchesFloat64WithTheSameDkDv) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  Problem pr(GetParam(), AttentionKernel::Fused, DType::BF16, be, rng);
+  pr.forward();
+  auto raw = [&](const Mirror& m) { return raw_bytes(*be.gpu, m.dev); };
+  std::vector<std::uint8_t> dk_of[2], dv_of[2];
+  std::vector<double> dq_of[2];
+  for (const bool deterministic : {true, false}) {
+    SCOPED_TRACE(deterministic ? "deterministic" : "any order");
+    cuda_set_attention_deterministic(*be.gpu, deterministic);
+    EXPECT_EQ(cuda_attention_deterministic(*be.gpu), deterministic);
+    for (Mirror* m : {&pr.dq, &pr.dk, &pr.dv}) m->poison(*be.gpu);
+    be.gpu->attention_backward(pr.params(true));
+    pr.check_backward();
+    dk_of[deterministic] = raw(pr.dk), dv_of[deterministic] = raw(pr.dv);
+    dq_of[deterministic] = pr.dq.download(*be.gpu);
+  }
+  cuda_set_attention_deterministic(*be.gpu, true);
+  EXPECT_EQ(dk_of[0], dk_of[1]) << "dK differs between the orders";
+  EXPECT_EQ(dv_of[0], dv_of[1]) << "dV differs between the orders";
+  std::printf("GPUCHECK any_order_dq %s dq_vs_ordered_rel=%.3e\n", GetParam().name,
+              masked_rel_diff(dq_of[0], dq_of[1], pr.dqv.mask()));
+}
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionWsBackward, ::testing::ValuesIn(cases_192_128()),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 

@@ -149,9 +149,12 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
   if (kernel == AttentionKernel::Fused && s.dqk == 192 && s.dv == 128) {
     time_flipped(cuda_flash_ws_forward, cuda_set_flash_ws_forward, [&] { be.attention_forward(p); }, "fwd",
                  "warp_specialized", "single_warpgroup", fwd_flops);
-    if (s.kv_heads == s.heads)
+    if (s.kv_heads == s.heads) {
       time_flipped(cuda_flash_ws_backward, cuda_set_flash_ws_backward, [&] { be.attention_backward(p); }, "bwd",
                    "warp_specialized", "dkdv_regs", bwd_flops);
+      time_flipped(cuda_attention_deterministic, cuda_set_attention_deterministic, [&] { be.attention_backward(p); },
+                   "bwd", "deterministic", "any_order", bwd_flops);
+    }
   }
   // 576/512 with V inside K: the summed backward on the other kernel (rows resident or key blocks resident).
   if (kernel == AttentionKernel::Fused && s.v_in_k)

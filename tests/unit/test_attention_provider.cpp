@@ -19,7 +19,7 @@ const char* kTable = R"({
     {"dtype": "bfloat16", "d_qk": 192, "d_v": 128, "heads": 128, "q_len": 2048, "kv_len": 16384,
      "laga_fwd_ms": 1.0, "laga_bwd_ms": 2.0, "cudnn_fwd_ms": 1.5, "cudnn_bwd_ms": 2.0,
      "cudnn_workspace_bytes": 8589934592, "cudnn_nondeterministic_bwd_ms": 1.0,
-     "cudnn_nondeterministic_workspace_bytes": 201326592},
+     "cudnn_nondeterministic_workspace_bytes": 201326592, "laga_nondeterministic_bwd_ms": 1.5},
     {"dtype": "bfloat16", "d_qk": 192, "d_v": 128, "heads": 16, "q_len": 32768, "kv_len": 32768,
      "laga_fwd_ms": 50.0, "laga_bwd_ms": 150.0, "cudnn_fwd_ms": 0, "cudnn_bwd_ms": 0}
   ]})";
@@ -77,7 +77,9 @@ TEST(AttentionProvider, AutoTakesTheNearestPointsFasterProviderPerPass) {
   EXPECT_EQ(t.choose(mha(16, 6000, 6000), B, 1LL << 30), kLaga);  // 1.07 GiB > 1 GiB
   // Non-deterministic: cuDNN's non-deterministic backward where the point has it (1.0 < 2.0), its workspace
   // scaled by heads x q_len only, beside laga's forward; the deterministic choice and workspace stay as they were.
-  EXPECT_EQ(t.choose(mha(128, 2048, 16384), B, INT64_MAX, false), kCudnn);
+  EXPECT_EQ(t.choose(mha(128, 2048, 16384), B, INT64_MAX, false), kCudnn);  // 1.0 < laga's 1.5
+  EXPECT_EQ(t.points[1].laga_nondeterministic_bwd_ms, 1.5);
+  EXPECT_EQ(t.points[0].laga_nondeterministic_bwd_ms, 0) << "not measured";
   EXPECT_EQ(t.choose(mha(128, 2048, 16384), F, INT64_MAX, false), kLaga);
   EXPECT_EQ(t.cudnn_workspace(mha(128, 2048, 16384), false), 201326592);
   EXPECT_EQ(t.cudnn_workspace(mha(128, 2048, 32768), false), 201326592);
@@ -95,6 +97,13 @@ TEST(AttentionProvider, AutoTakesTheNearestPointsFasterProviderPerPass) {
   EXPECT_EQ(partial.faster(B), kLaga);
   EXPECT_EQ(partial.faster(B, false), kCudnn);
   partial.cudnn_nondeterministic_bwd_ms = 250;
+  EXPECT_EQ(partial.faster(B, false), kLaga);
+  // laga's non-deterministic backward where the point has it: against cuDNN's non-deterministic one only.
+  partial.cudnn_nondeterministic_bwd_ms = 230, partial.laga_nondeterministic_bwd_ms = 225;
+  EXPECT_EQ(partial.faster(B, false), kLaga);
+  EXPECT_EQ(partial.faster(B), kLaga) << "deterministic: cuDNN's did not run";
+  partial.cudnn_bwd_ms = 220;
+  EXPECT_EQ(partial.faster(B), kCudnn) << "deterministic: 220 < 240, whatever the non-deterministic times";
   EXPECT_EQ(partial.faster(B, false), kLaga);
   partial.cudnn_fwd_ms = 0;
   EXPECT_EQ(partial.faster(F), kLaga);
@@ -118,6 +127,11 @@ TEST(AttentionProvider, MalformedTablesNameTheField) {
   EXPECT_NE(message(R"({"points": [{"dtype": "bfloat16", "d_qk": 192, "d_v": 128, "heads": 16, "q_len": 8,
     "kv_len": 8, "laga_fwd_ms": -1, "laga_bwd_ms": 1, "cudnn_fwd_ms": 0, "cudnn_bwd_ms": 0}]})")
                 .find("points[0].laga_fwd_ms"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"points": [{"dtype": "bfloat16", "d_qk": 192, "d_v": 128, "heads": 16, "q_len": 8,
+    "kv_len": 8, "laga_fwd_ms": 1, "laga_bwd_ms": 1, "cudnn_fwd_ms": 0, "cudnn_bwd_ms": 0,
+    "laga_nondeterministic_bwd_ms": "fast"}]})")
+                .find("points[0].laga_nondeterministic_bwd_ms"),
             std::string::npos);
 }
 

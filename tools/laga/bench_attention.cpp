@@ -190,6 +190,9 @@ json time_shape(Backend& be, const CudnnInfo& cudnn, const Shape& s, i64 d_qk, i
   cuda_set_attention_provider(be, AttentionProvider::Laga);
   t.laga_fwd_ms = median_ms(be, [&] { be.attention_forward(p); }, o.warmup, o.repeat);
   t.laga_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o.warmup, o.repeat);
+  cuda_set_attention_deterministic(be, false);  // dQ added in any order
+  t.laga_nondeterministic_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o.warmup, o.repeat);
+  cuda_set_attention_deterministic(be, true);
   const std::string cudnn_error = time_cudnn(be, cudnn, p, t, o);
   json j = {{"layout", s.layout},         {"S", s.S},
             {"P", s.P},                   {"q_offset", s.q_offset},
@@ -197,11 +200,13 @@ json time_shape(Backend& be, const CudnnInfo& cudnn, const Shape& s, i64 d_qk, i
             {"d_v", t.d_v},               {"heads", t.heads},
             {"q_len", t.q_len},           {"kv_len", t.kv_len},
             {"laga_fwd_ms", t.laga_fwd_ms}, {"laga_bwd_ms", t.laga_bwd_ms},
+            {"laga_nondeterministic_bwd_ms", t.laga_nondeterministic_bwd_ms},
             {"cudnn_fwd_ms", t.cudnn_fwd_ms}, {"cudnn_bwd_ms", t.cudnn_bwd_ms},
             {"cudnn_workspace_bytes", t.cudnn_workspace_bytes},
             {"cudnn_nondeterministic_bwd_ms", t.cudnn_nondeterministic_bwd_ms},
             {"cudnn_nondeterministic_workspace_bytes", t.cudnn_nondeterministic_workspace_bytes},
             {"laga_fwd_tflops", fwd_flops / t.laga_fwd_ms * 1e-9}, {"laga_bwd_tflops", bwd_flops / t.laga_bwd_ms * 1e-9},
+            {"laga_nondeterministic_bwd_tflops", bwd_flops / t.laga_nondeterministic_bwd_ms * 1e-9},
             {"auto_fwd", attention_provider_name(t.faster(AttentionPass::Forward))},
             {"auto_bwd", attention_provider_name(t.faster(AttentionPass::Backward))}};
   if (t.cudnn_fwd_ms > 0) j["cudnn_fwd_tflops"] = fwd_flops / t.cudnn_fwd_ms * 1e-9;
@@ -214,9 +219,11 @@ json time_shape(Backend& be, const CudnnInfo& cudnn, const Shape& s, i64 d_qk, i
   auto tf = [&](double f, double ms) { return ms > 0 ? fmt("%.0f", f / ms * 1e-9) : std::string("-"); };
   auto ms_text = [](double ms) { return ms > 0 ? fmt("%.3f", ms) : std::string("-"); };
   table.add({s.layout, std::to_string(s.S), std::to_string(s.P), std::to_string(s.heads), std::to_string(s.q_len),
-             std::to_string(s.kv_len), fmt("%.3f", t.laga_fwd_ms), fmt("%.3f", t.laga_bwd_ms), ms_text(t.cudnn_fwd_ms),
-             ms_text(t.cudnn_bwd_ms), ms_text(t.cudnn_nondeterministic_bwd_ms),
-             tf(fwd_flops, t.laga_fwd_ms) + " / " + tf(bwd_flops, t.laga_bwd_ms),
+             std::to_string(s.kv_len), fmt("%.3f", t.laga_fwd_ms), fmt("%.3f", t.laga_bwd_ms),
+             fmt("%.3f", t.laga_nondeterministic_bwd_ms), ms_text(t.cudnn_fwd_ms), ms_text(t.cudnn_bwd_ms),
+             ms_text(t.cudnn_nondeterministic_bwd_ms),
+             tf(fwd_flops, t.laga_fwd_ms) + " / " + tf(bwd_flops, t.laga_bwd_ms) + " / " +
+                 tf(bwd_flops, t.laga_nondeterministic_bwd_ms),
              tf(fwd_flops, t.cudnn_fwd_ms) + " / " + tf(bwd_flops, t.cudnn_bwd_ms) + " / " +
                  tf(bwd_flops, t.cudnn_nondeterministic_bwd_ms),
              std::string(attention_provider_name(t.faster(AttentionPass::Forward))) + " / " +
@@ -243,8 +250,8 @@ void write_document(const BenchAttentionOptions& o, const json& points) {
   json doc = {{"about", "Median forward and backward milliseconds of each attention provider per shape (bf16, causal, "
                         "batch 1, FLOPs 2 (d_qk + d_v) forward and 2 (3 d_qk + 2 d_v) backward per unmasked (query, "
                         "key, head)): the table `--attention-provider auto` chooses from, each pass by the nearest "
-                        "point's faster provider for it (auto_fwd, auto_bwd; cudnn_nondeterministic_*: cuDNN's "
-                        "non-deterministic backward, which `auto` compares with under --nondeterministic, "
+                        "point's faster provider for it (auto_fwd, auto_bwd; *_nondeterministic_*: the non-deterministic "
+                        "backwards, cuDNN's and laga's, which `auto` compares under --nondeterministic, "
                         "auto_bwd_nondeterministic). Regenerate on the GPU with the command below."},
               {"command", "laga bench-attention --model " + o.model + " --seq " + joined(o.seq) + " --sp " +
                               joined(o.sp) + " --layout " + joined(o.layout) + " --repeat " +
@@ -276,9 +283,9 @@ int run_bench_attention(const BenchAttentionOptions& o) {
   auto be = make_cuda_backend(o.gpu);
   std::mt19937_64 rng(1);
   json points = json::array();
-  Table table({"layout", "S", "P", "heads", "q_len", "kv_len", "laga fwd ms", "laga bwd ms", "cudnn fwd ms",
-               "cudnn bwd ms", "nondet bwd ms", "TFLOP/s laga f/b", "TFLOP/s cudnn f/b/nondet b", "auto f/b",
-               "auto nondet b"});
+  Table table({"layout", "S", "P", "heads", "q_len", "kv_len", "laga fwd ms", "laga bwd ms", "laga nondet bwd ms",
+               "cudnn fwd ms", "cudnn bwd ms", "cudnn nondet bwd ms", "TFLOP/s laga f/b/nondet b",
+               "TFLOP/s cudnn f/b/nondet b", "auto f/b", "auto nondet b"});
   for (const Shape& s : shapes) points.push_back(time_shape(*be, cudnn, s, d_qk, d_v, rng, o, table));
   table.print();
   if (!o.out.empty()) write_document(o, points);
