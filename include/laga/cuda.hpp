@@ -135,9 +135,10 @@ AttentionProvider cuda_attention_provider(Backend& backend);
 // Whether attention runs deterministically (the default: reruns bitwise identical). false lets the backward sum
 // dQ in any order (reruns differ in its last bits): cuDNN runs its default backward, as PyTorch's SDPA does (dQ
 // summed with float32 atomics, faster, a workspace of O(heads x queries) instead of O(heads x queries x keys),
-// so `auto` can take cuDNN at long sequences, within the scratch cap), and laga's warp-specialised 192/128
-// backward adds each key block's dQ into its row tiles without waiting for the key blocks before it. dK and dV
-// are unaffected (each written by one block).
+// so `auto` can take cuDNN at long sequences, within the scratch cap), and laga's own backwards add their
+// float32 sums across blocks without waiting for the blocks before them: the warp-specialised 192/128 kernel's
+// dQ (its dK and dV, each written by one block, keep their bits), the rows-resident 576/512 kernel's dK + [dV,
+// 0] (its dQ keeps its bits).
 void cuda_set_attention_deterministic(Backend& backend, bool deterministic);
 bool cuda_attention_deterministic(Backend& backend);
 

@@ -87,8 +87,8 @@ class MultiheadLatentAttention(nn.Module):
     the times (``last_step``'s seconds); off (the default) it never waits, as any PyTorch op.
     ``deterministic=False`` lets the attention backward on CUDA sum dQ in any order (reruns differ in the last
     bits): cuDNN's non-deterministic backward (what PyTorch's scaled_dot_product_attention runs: faster, a small
-    workspace, so ``"auto"`` can take cuDNN at long sequences) and laga's with dQ added in any order; True (the
-    default) keeps reruns bitwise identical.
+    workspace, so ``"auto"`` can take cuDNN at long sequences) and laga's with its float32 sums across blocks
+    added in any order; True (the default) keeps reruns bitwise identical.
     Gradients: by default backward hands autograd each parameter's gradient in the parameter's dtype, written
     there by laga's GEMMs (float32 accumulation, one rounding for bfloat16). ``fuse_wgrad_accumulation=True``
     (TransformerEngine's and Megatron-Core's gradient-accumulation fusion): every parameter carries a

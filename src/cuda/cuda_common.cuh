@@ -197,8 +197,8 @@ struct Context {
   bool flash_ws_forward = true;  // 192/128 forward: the warp-specialised kernel (else flash_fwd_kernel)
   bool flash_ws_backward = true;  // 192/128 fused-dQ backward, MHA: flash_bwd_ws_kernel (else the dK/dV kernel)
   bool flash_vk_rows = true;      // 576/512 summed dK + [dV, 0] backward: flash_bwd_vkq_kernel (else flash_bwd_vk_kernel)
-  // flash_bwd_ws_kernel's dQ: added into each row tile in the key blocks' order (reruns bitwise identical), else
-  // in whichever order the blocks reach it
+  // flash_bwd_ws_kernel's dQ and flash_bwd_vkq_kernel's dK + [dV, 0]: added into each fp32 tile in a fixed order
+  // (reruns bitwise identical), else in whichever order the blocks reach it
   bool flash_ordered_dq = true;
 };
 

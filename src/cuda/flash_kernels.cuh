@@ -1832,7 +1832,7 @@ struct BwdVkqTraits {
 // One warpgroup's part of flash_bwd_vkq_kernel (the two meet at four barriers a step).
 template <int kWg, class Tr, bool kAligned>
 __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const float* delta, float* dkv_accum,
-                                             unsigned* dkv_count, int splits) {
+                                             unsigned* dkv_count, int splits, bool ordered) {
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv, kThreads = Tr::kThreads;
   constexpr int kNT = kBN / 8;
   char* smem = dynamic_smem();
@@ -1940,9 +1940,10 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
     __syncthreads();  // (C) dS is in
 
     // dQ += dS K over the warpgroup's columns. Warpgroup 1 waits (every thread, the same count) until the row
-    // tiles before this one have added theirs to key block t, while its chains run; barrier D passes it on.
+    // tiles before this one have added theirs to key block t (not `ordered`: only the first, which stores),
+    // while its chains run; barrier D passes it on.
     warpgroup_mma_cols576_async<kWg, kBN / 16, kBM, kBN>(acc_a, acc_b, acc_c, s_ds, s_k);
-    if constexpr (kWg == 1) wait_counter(dkv_count + tile_base + t, place);
+    if constexpr (kWg == 1) wait_counter(dkv_count + tile_base + t, ordered || place == 0 ? place : 1u, !ordered);
     wgmma_wait<0>();
     reg_fence_all(acc_a);
     reg_fence_all(acc_b);
@@ -2016,11 +2017,11 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
 template <class Tr, bool kAligned>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_vkq_kernel(const AttentionBwdParams p, const float* delta, float* dkv_accum, unsigned* dkv_count,
-                         int splits) {
+                         int splits, bool ordered) {
   if (threadIdx.x < 128)
-    bwd_vkq_role<0, Tr, kAligned>(p, delta, dkv_accum, dkv_count, splits);
+    bwd_vkq_role<0, Tr, kAligned>(p, delta, dkv_accum, dkv_count, splits, ordered);
   else
-    bwd_vkq_role<1, Tr, kAligned>(p, delta, dkv_accum, dkv_count, splits);
+    bwd_vkq_role<1, Tr, kAligned>(p, delta, dkv_accum, dkv_count, splits, ordered);
 }
 
 // ================================================================ backward: dK, dV through shared memory

@@ -18,8 +18,9 @@
 //                                                           flash_bwd_ws_kernel, else flash_bwd_dkdv_regs_kernel
 //   bool rows_resident_vk()                                 576/512 with V inside K and dv_in_dk (fused dQ):
 //                                                           flash_bwd_vkq_kernel, else flash_bwd_vk_kernel
-//   bool ordered_dq()                                       flash_bwd_ws_kernel: dQ added in the key blocks' order
-//                                                           (deterministic), else in any order
+//   bool ordered_dq()                                       flash_bwd_ws_kernel's dQ and flash_bwd_vkq_kernel's
+//                                                           dK + [dV, 0] added in a fixed order (deterministic),
+//                                                           else in any order
 #pragma once
 
 #include <algorithm>
@@ -207,7 +208,7 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
       const DqTiles dkv = dq_tiles<Tr::kDqk>(launcher, p, p.kv_len, splits);
       launch_nonempty(launcher, flash_bwd_vkq_kernel<Tr, kAligned>, "flash_bwd_vkq_kernel",
           flash_grid(ceil_div(rows, Tr::kBlockM), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, dkv.accum,
-          dkv.count, splits);
+          dkv.count, splits, launcher.ordered_dq());
       launch_nonempty(launcher, flash_bwd_dq_convert_kernel<Tr::kDqk, kAligned, DqLayout::rows, true>,
           "flash_bwd_dq_convert_kernel (dK + [dV, 0])", dkv.tiles / splits, 256,
           sizeof(float) * std::size_t(kDqTileRows) * Tr::kDqk, p, static_cast<const float*>(dkv.accum),

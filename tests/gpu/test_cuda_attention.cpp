@@ -689,6 +689,18 @@ TEST_P(CudaAttentionDvInDk, SumMatchesFloat64AndRerunsBitwise) {
           EXPECT_EQ(raw(pr.dq), dq_a) << "dq on rerun";
           EXPECT_EQ(raw(pr.dk), dk_a) << "dk on rerun";
         }
+        if (rows && dp.fused_dq) {  // non-deterministic: dK + [dV, 0] added in any order, dQ the same bits
+          const auto dq_a = raw(pr.dq);
+          cuda_set_attention_deterministic(gpu, false);
+          for (Mirror* m : {&pr.dq, &pr.dk}) m->poison(gpu);
+          gpu.attention_backward(p);
+          gpu.synchronize();
+          cuda_set_attention_deterministic(gpu, true);
+          SCOPED_TRACE("any order");
+          expect_output("dq", dp.dtype, pr.dq.download(gpu), pr.dq_ref, pr.dqv.mask(), tol);
+          expect_output("dk + dv", dp.dtype, pr.dk.download(gpu), sum_ref, pr.dkv.mask(), tol);
+          EXPECT_EQ(raw(pr.dq), dq_a) << "dq differs between the orders";
+        }
       }
     }
     cuda_set_flash_vk_rows(gpu, rows_default);

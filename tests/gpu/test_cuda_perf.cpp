@@ -157,9 +157,13 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
     }
   }
   // 576/512 with V inside K: the summed backward on the other kernel (rows resident or key blocks resident).
-  if (kernel == AttentionKernel::Fused && s.v_in_k)
+  if (kernel == AttentionKernel::Fused && s.v_in_k) {
     time_flipped(cuda_flash_vk_rows, cuda_set_flash_vk_rows, [&] { be.attention_backward(p); }, "bwd", "rows_resident",
                  "keys_resident", bwd_flops);
+    if (cuda_flash_vk_rows(be))
+      time_flipped(cuda_attention_deterministic, cuda_set_attention_deterministic, [&] { be.attention_backward(p); },
+                   "bwd", "deterministic", "any_order", bwd_flops);
+  }
   // 192/128 tensor cores: the same backward with the separate dQ kernel, in the same process, for comparison;
   // 576/512 with V inside K: the row-split dK/dV kernel, the dQ kernel and dV added into dK.
   if (kernel == AttentionKernel::Fused && ((s.dqk == 192 && s.dv == 128) || s.v_in_k) && cuda_flash_fused_dq(be)) {
