@@ -977,9 +977,6 @@ __host__ __device__ constexpr int dq_accum_offset_ws(int r, int d) {
 }
 // Which of the layouts above a dq_accum buffer has (flash_bwd_dq_convert_kernel).
 enum class DqLayout { fused, rows, ws };
-// Counters a dQ tile has: flash_bwd_ws_kernel's one per 64-column slab (its key blocks add slab after slab), the
-// other kernels' one per tile.
-__host__ __device__ constexpr int dq_counts_per_tile(DqLayout layout) { return layout == DqLayout::ws ? 3 : 1; }
 
 template <class Tr, bool kAligned>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
@@ -1179,7 +1176,7 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
   bool added = false;
   for (int c = 0; c < n_copies; ++c) {
     const i64 at = (pair * n_copies + c) * row_tiles + tile % row_tiles;
-    if (dq_count[at * dq_counts_per_tile(kLayout)] == 0) continue;
+    if (dq_count[at] == 0) continue;
     const float4* src = reinterpret_cast<const float4*>(dq_accum + at * (kRows * kDqk));
     for (int i = threadIdx.x; i < kRows * kDqk / 4; i += kThreads) {
       const float4 v = src[i];
@@ -1334,15 +1331,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       cp_async_wait<0>();
     } else {
       // dQ: warp 2 + h of this warpgroup adds computing warpgroup h's half of each slab (rows 32 h.. of the tile),
-      // so that the two computing warpgroups hand over their slabs independently. Per slab of a step: wait until
-      // the key blocks before this one have added both halves of theirs to that slab of the row tile (a counter
-      // per slab, counting halves; not `ordered`: only key block 0, which stores, and the others add in
-      // whichever order they come), then add it by one bulk operation (a store for key block 0, an add after
-      // it), and count the slab before it once its writes are done (the step's last at the step's end), so
-      // that the next key block waits a slab, not a step, behind this one. Slab n of the block (3 t + s) is in
-      // buffer n % 2; a buffer goes back once its bulk operation has read it (slab n's when slab n + 1 is
-      // issued, the step's last at the step's end), except where no slab follows to use it, so that arrivals
-      // and syncs pair up.
+      // so that the two computing warpgroups hand over their slabs independently. Per step: wait until the
+      // key blocks before this one have added both halves of theirs to the row tile (its counter counts halves;
+      // not `ordered`: only key block 0, which stores, and the others add in whichever order they come), then
+      // the three slabs as they come, by one bulk operation each (a store for key block 0, an add after it). Slab n of the block (3 t + s) is in buffer n % 2; a buffer goes back once its bulk operation has
+      // read it (slab n's when slab n + 1 is issued, the step's last at the step's end), except where no slab
+      // follows to use it, so that arrivals and syncs pair up.
       const int h = (ltid - Tr::kLoadThreads) / 32;
       float* tiles = dq_accum + tile_base * (kBM * kDqk);
       constexpr u32 kSlab = Tr::kDqSlabBytes;
@@ -1353,18 +1347,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         if (n + 2 < n_slabs) named_bar_arrive(Tr::kBarDqFree + 2 * h + (n & 1), Tr::kDqBarThreads);
       };
       for (int buf = 0; buf < 2; ++buf) named_bar_arrive(Tr::kBarDqFree + 2 * h + buf, Tr::kDqBarThreads);
-      constexpr int kCounts = dq_counts_per_tile(DqLayout::ws);
-      const unsigned wait_for = ordered || block == 0 ? 2 * unsigned(block) : 2u;
       for (int t = 0; t < n_tiles; ++t) {
         const i64 tile = step_row0(t) / kBM;
         float* dst = tiles + tile * (kBM * kDqk) + h * kSlabFloats;
-        unsigned* count = dq_count + (tile_base + tile) * kCounts;  // the tile's slab counters
+        if (lane == 0) {
+          wait_counter(dq_count + tile_base + tile, ordered || block == 0 ? 2 * unsigned(block) : 2u, true);
+          fence_proxy_async_global();
+        }
         for (int s = 0; s < 3; ++s) {
           const int n = 3 * t + s;
-          if (lane == 0) {
-            wait_counter(count + s, wait_for, true);
-            fence_proxy_async_global();
-          }
           named_bar_sync(Tr::kBarDqFull + 2 * h + (n & 1), Tr::kDqBarThreads);
           if (lane == 0) {
             if (block == 0)
@@ -1376,17 +1367,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           if (s > 0) {
             if (lane == 0) bulk_wait_read<1>();  // slab n - 1's group (groups complete in order)
             give_back(n - 1);
-            if (lane == 0) {
-              bulk_wait<1>();  // slab n - 1's half is written
-              fence_proxy_async_global();
-              release_counter(count + s - 1);
-            }
           }
         }
         if (lane == 0) {
-          bulk_wait<0>();  // the step's last slab's half is written
+          bulk_wait<0>();  // this half of the tile's three slabs is written
           fence_proxy_async_global();
-          release_counter(count + 2);
+          release_counter(dq_count + tile_base + tile);
         }
         give_back(3 * t + 2);
       }

@@ -149,16 +149,14 @@ struct DqTiles {
   unsigned* count;
   i64 tiles;
 };
-// layout: whose tiles (their counters: dq_counts_per_tile).
 template <int kDqk, class L>
-DqTiles dq_tiles(L& launcher, const AttentionFwdParams& p, i64 rows, int copies = 1, DqLayout layout = DqLayout::fused) {
+DqTiles dq_tiles(L& launcher, const AttentionFwdParams& p, i64 rows, int copies = 1) {
   const i64 tiles = p.batch * p.kv_heads * copies * dq_row_tiles(rows);
   LAGA_REQUIRE(tiles <= INT32_MAX, "attention: ", tiles, " dQ tiles exceed the grid limit");
   constexpr std::size_t kTileFloats = std::size_t(kDqTileRows) * kDqk;
-  const std::size_t count_bytes = sizeof(unsigned) * std::size_t(tiles * dq_counts_per_tile(layout));
   DqTiles t{static_cast<float*>(launcher.scratch(LaunchScratch::dq_accum, sizeof(float) * kTileFloats * std::size_t(tiles))),
-            static_cast<unsigned*>(launcher.scratch(LaunchScratch::dq_count, count_bytes)), tiles};
-  if (tiles > 0) launcher.zero(t.count, count_bytes);
+            static_cast<unsigned*>(launcher.scratch(LaunchScratch::dq_count, sizeof(unsigned) * std::size_t(tiles))), tiles};
+  if (tiles > 0) launcher.zero(t.count, sizeof(unsigned) * std::size_t(tiles));
   return t;
 }
 // kLayout: which kernel's tiles (see flash_bwd_dq_convert_kernel).
@@ -238,7 +236,7 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
     if constexpr (c.dkdv_ws && kAligned) {
       if (launcher.fused_dq() && launcher.warp_specialized_backward() && group == 1) {
         using Tr = typename K::DkdvWs;
-        const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows, 1, DqLayout::ws);
+        const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
         launch_nonempty(launcher, flash_bwd_ws_kernel<Tr>, "flash_bwd_ws_kernel",
             flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta,
             dq.accum, dq.count, launcher.ordered_dq());
