@@ -1369,13 +1369,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             give_back(n - 1);
           }
         }
-        if (lane == 0) {
-          bulk_wait<0>();  // this half of the tile's three slabs is written
+        // The step's last buffer goes back once read, before the wait for the writes (which outlasts a slab).
+        if (lane == 0) bulk_wait_read<0>();
+        give_back(3 * t + 2);
+        // Count this half as added once its writes are done: for the key blocks after this one (ordered), or
+        // for those after key block 0 and for the conversion, which reads a tile only where it was stored to.
+        if (lane == 0 && (ordered || block == 0)) {
+          bulk_wait<0>();
           fence_proxy_async_global();
           release_counter(dq_count + tile_base + tile);
         }
-        give_back(3 * t + 2);
       }
+      if (lane == 0) bulk_wait<0>();  // every add done before the block ends
     }
     return;
   }
