@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -546,69 +547,61 @@ INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionWsForward, ::testing::ValuesIn(cases_
 // float rounding of each other (reported).
 class CudaAttentionWsBackward : public ::testing::TestWithParam<Case> {};
 
-TEST_P(CudaAttentionWsBackward, BothKernelsMatchFloat64AndRepeatBitwise) {
-  LAGA_REQUIRE_GPU();
+// The 192/128 fused backward of case c run two ways (set_way(gpu, way) before each; the first way's run computes
+// the float64 reference too), each against float64, a way that `reruns` marks again and bitwise the same; dK and
+// dV must be the same bits both ways. Returns dQ's relative difference between the two.
+double backward_two_ways(const Case& c, const std::function<void(Backend&, bool)>& set_way, const bool (&ways)[2],
+                         const bool (&reruns)[2], const char* const (&names)[2]) {
   Backends be;
   auto rng = rng_for_test();
-  Problem pr(GetParam(), AttentionKernel::Fused, DType::BF16, be, rng);
+  Problem pr(c, AttentionKernel::Fused, DType::BF16, be, rng);
   pr.forward();
   auto raw = [&](const Mirror& m) { return raw_bytes(*be.gpu, m.dev); };
-  std::vector<std::uint8_t> dk_of[2], dv_of[2];
-  std::vector<double> dq_of[2];
-  for (const bool ws : {false, true}) {
-    SCOPED_TRACE(ws ? "warp-specialised backward" : "flash_bwd_dkdv_regs_kernel");
-    cuda_set_flash_ws_backward(*be.gpu, ws);
-    for (Mirror* m : {&pr.dq, &pr.dk, &pr.dv}) m->poison(*be.gpu);
-    if (ws)
-      be.gpu->attention_backward(pr.params(true));
-    else
+  std::vector<std::uint8_t> dk[2], dv[2];
+  std::vector<double> dq[2];
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE(names[i]);
+    set_way(*be.gpu, ways[i]);
+    if (i == 0) {
       pr.backward(rng);
+    } else {
+      for (Mirror* m : {&pr.dq, &pr.dk, &pr.dv}) m->poison(*be.gpu);
+      be.gpu->attention_backward(pr.params(true));
+    }
     pr.check_backward();
-    const auto dq_bytes = raw(pr.dq);
-    dk_of[ws] = raw(pr.dk), dv_of[ws] = raw(pr.dv);
-    be.gpu->attention_backward(pr.params(true));
-    EXPECT_EQ(raw(pr.dq), dq_bytes) << "dq differs on rerun";
-    EXPECT_EQ(raw(pr.dk), dk_of[ws]) << "dk differs on rerun";
-    EXPECT_EQ(raw(pr.dv), dv_of[ws]) << "dv differs on rerun";
-    dq_of[ws] = pr.dq.download(*be.gpu);
+    dk[i] = raw(pr.dk), dv[i] = raw(pr.dv);
+    if (reruns[i]) {
+      const auto dq_bytes = raw(pr.dq);
+      be.gpu->attention_backward(pr.params(true));
+      EXPECT_EQ(raw(pr.dq), dq_bytes) << "dq differs on rerun";
+      EXPECT_EQ(raw(pr.dk), dk[i]) << "dk differs on rerun";
+      EXPECT_EQ(raw(pr.dv), dv[i]) << "dv differs on rerun";
+    }
+    dq[i] = pr.dq.download(*be.gpu);
   }
-  cuda_set_flash_ws_backward(*be.gpu, true);
-  EXPECT_EQ(dk_of[1], dk_of[0]) << "dK differs between the two kernels";
-  EXPECT_EQ(dv_of[1], dv_of[0]) << "dV differs between the two kernels";
-  std::printf("GPUCHECK ws_backward %s dq_ws_vs_regs_rel=%.3e\n", GetParam().name,
-              masked_rel_diff(dq_of[1], dq_of[0], pr.dqv.mask()));
+  EXPECT_EQ(dk[0], dk[1]) << "dK differs between the two ways";
+  EXPECT_EQ(dv[0], dv[1]) << "dV differs between the two ways";
+  return masked_rel_diff(dq[1], dq[0], pr.dqv.mask());
+}
+
+TEST_P(CudaAttentionWsBackward, BothKernelsMatchFloat64AndRepeatBitwise) {
+  LAGA_REQUIRE_GPU();
+  const double rel = backward_two_ways(
+      GetParam(), [](Backend& gpu, bool ws) { cuda_set_flash_ws_backward(gpu, ws); }, {false, true}, {true, true},
+      {"flash_bwd_dkdv_regs_kernel", "warp-specialised backward"});
+  std::printf("GPUCHECK ws_backward %s dq_ws_vs_regs_rel=%.3e\n", GetParam().name, rel);
 }
 // Non-deterministic (cuda_set_attention_deterministic(false)): the warp-specialised kernel adds dQ into its row
 // tiles in whichever order the key blocks come; dQ against float64 as before, dK and dV the deterministic run's
 // bits (they are not summed across blocks), dQ within float rounding of the deterministic run's (reported).
 TEST_P(CudaAttentionWsBackward, AnyOrderDqMatchesFloat64WithTheSameDkDv) {
   LAGA_REQUIRE_GPU();
-  Backends be;
-  auto rng = rng_for_test();
-  Problem pr(GetParam(), AttentionKernel::Fused, DType::BF16, be, rng);
-  pr.forward();
-  auto raw = [&](const Mirror& m) { return raw_bytes(*be.gpu, m.dev); };
-  std::vector<std::uint8_t> dk_of[2], dv_of[2];
-  std::vector<double> dq_of[2];
-  for (const bool deterministic : {true, false}) {
-    SCOPED_TRACE(deterministic ? "deterministic" : "any order");
-    cuda_set_attention_deterministic(*be.gpu, deterministic);
-    EXPECT_EQ(cuda_attention_deterministic(*be.gpu), deterministic);
-    if (deterministic) {
-      pr.backward(rng);  // the float64 reference too
-    } else {
-      for (Mirror* m : {&pr.dq, &pr.dk, &pr.dv}) m->poison(*be.gpu);
-      be.gpu->attention_backward(pr.params(true));
-    }
-    pr.check_backward();
-    dk_of[deterministic] = raw(pr.dk), dv_of[deterministic] = raw(pr.dv);
-    dq_of[deterministic] = pr.dq.download(*be.gpu);
-  }
-  cuda_set_attention_deterministic(*be.gpu, true);
-  EXPECT_EQ(dk_of[0], dk_of[1]) << "dK differs between the orders";
-  EXPECT_EQ(dv_of[0], dv_of[1]) << "dV differs between the orders";
-  std::printf("GPUCHECK any_order_dq %s dq_vs_ordered_rel=%.3e\n", GetParam().name,
-              masked_rel_diff(dq_of[0], dq_of[1], pr.dqv.mask()));
+  auto set = [](Backend& gpu, bool deterministic) {
+    cuda_set_attention_deterministic(gpu, deterministic);
+    EXPECT_EQ(cuda_attention_deterministic(gpu), deterministic);
+  };
+  const double rel = backward_two_ways(GetParam(), set, {true, false}, {true, false}, {"deterministic", "any order"});
+  std::printf("GPUCHECK any_order_dq %s dq_vs_ordered_rel=%.3e\n", GetParam().name, rel);
 }
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionWsBackward, ::testing::ValuesIn(cases_192_128()),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
