@@ -943,7 +943,8 @@ def peer_section(results_dir, schema):
                "where its workspace (its deterministic backward's, last but one column) fits the scratch cap "
                "(1 GiB by default), else laga's kernels.", "",
                "Under `--nondeterministic` it compares the non-deterministic backwards: laga's (dQ added in any "
-               "order) and cuDNN's (its workspace, last column: 4 bytes per head, query and d_qk).", ""] + attention_rows(table["points"]) + [""]
+               "order) and cuDNN's (its workspace, last column: 4 bytes per head, query and d_qk).", ""] + \
+            attention_rows(table["points"]) + [""]
     sustained = attention_doc(os.path.join(folder, "attention-sustained.json"))
     if sustained:
         md += ["### Attention under sustained load", "",

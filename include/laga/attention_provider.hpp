@@ -71,7 +71,8 @@ struct AttentionProviderTable {
   // The JSON document: {"points": [{"dtype", "d_qk", "d_v", "heads", "q_len", "kv_len", "laga_fwd_ms",
   // "laga_bwd_ms", "cudnn_fwd_ms", "cudnn_bwd_ms", optional "cudnn_workspace_bytes",
   // "cudnn_nondeterministic_bwd_ms", "cudnn_nondeterministic_workspace_bytes", "laga_nondeterministic_bwd_ms"},
-  // ...], ...}; other keys (machine, commit, versions) are kept by the writer and ignored here. Throws InvalidArgument naming the field that is missing or invalid.
+  // ...], ...}; other keys (machine, commit, versions) are kept by the writer and ignored here. Throws
+  // InvalidArgument naming the field that is missing or invalid.
   static AttentionProviderTable from_json(const std::string& text);
 };
 

@@ -1334,9 +1334,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // so that the two computing warpgroups hand over their slabs independently. Per step: wait until the
       // key blocks before this one have added both halves of theirs to the row tile (its counter counts halves;
       // not `ordered`: only key block 0, which stores, and the others add in whichever order they come), then
-      // the three slabs as they come, by one bulk operation each (a store for key block 0, an add after it). Slab n of the block (3 t + s) is in buffer n % 2; a buffer goes back once its bulk operation has
-      // read it (slab n's when slab n + 1 is issued, the step's last at the step's end), except where no slab
-      // follows to use it, so that arrivals and syncs pair up.
+      // the three slabs as they come, by one bulk operation each (a store for key block 0, an add after it),
+      // then count this half once its writes are done (not `ordered`: key block 0 only). Slab n of the block
+      // (3 t + s) is in buffer n % 2; a buffer goes back once its bulk operation has read it (slab n's when
+      // slab n + 1 is issued, the step's last at the step's end, before the wait for the writes), except where
+      // no slab follows to use it, so that arrivals and syncs pair up.
       const int h = (ltid - Tr::kLoadThreads) / 32;
       float* tiles = dq_accum + tile_base * (kBM * kDqk);
       constexpr u32 kSlab = Tr::kDqSlabBytes;
