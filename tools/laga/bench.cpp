@@ -50,7 +50,7 @@ struct BenchOptions {
   bool kv_grad_reduce_fp32 = false;
   std::string grad_dtype;  // "": the accumulation dtype
   std::string attention_provider = "auto";
-  bool nondeterministic = false;  // cuDNN may run its non-deterministic backward
+  bool nondeterministic = false;  // the attention backward may add its sums in any order
   bool overlap = false;
   std::uint64_t seed = 1;
   std::string out;
@@ -724,8 +724,9 @@ std::function<int()> add_bench(CLI::App& app, CLI::App*& sub) {
                   "Who runs the fused attention on cuda: auto (per shape, by bench/attention-providers.json within "
                   "the scratch cap), laga or cudnn")->capture_default_str();
   sub->add_flag("--nondeterministic", o->nondeterministic,
-                "Let cuDNN run its non-deterministic attention backward (PyTorch's SDPA default: faster, a small "
-                "workspace, so auto takes cuDNN at long sequences; reruns differ in the last bits)");
+                "Let the attention backward add its float32 sums in any order (cuDNN's default backward, as "
+                "PyTorch's SDPA runs it, with a small workspace; laga's kernels without waiting for the blocks "
+                "before them): faster, and reruns differ in the last bits");
   sub->add_option("--grad-dtype", o->grad_dtype,
                   "The weight gradients' dtype: the weights' or their accumulation dtype (the default; as laga run)");
   sub->add_flag("--kv-grad-reduce-in-fp32", o->kv_grad_reduce_fp32,

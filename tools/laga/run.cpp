@@ -49,7 +49,7 @@ struct RunOptions {
   std::string device = "cpu";
   std::string comm = "auto";
   std::string attention_provider = "auto";
-  bool nondeterministic = false;  // cuDNN may run its non-deterministic backward
+  bool nondeterministic = false;  // the attention backward may add its sums in any order
   int phantom_rank = -1;  // >= 0: run this rank of --sp alone
   std::string phantom_comm = "instant";  // or timed: collectives hold the queue for the model's time
   std::string phantom_link = "node";     // timed: node (NVLink) or cross-node (InfiniBand)
@@ -829,8 +829,9 @@ std::function<int()> add_run(CLI::App& app, CLI::App*& sub, int* argc, char*** a
                   "cudnn")
       ->capture_default_str();
   sub->add_flag("--nondeterministic", o->nondeterministic,
-                "Let cuDNN run its non-deterministic attention backward (PyTorch's SDPA default: faster, a small "
-                "workspace, so auto takes cuDNN at long sequences; reruns differ in the last bits)");
+                "Let the attention backward add its float32 sums in any order (cuDNN's default backward, as "
+                "PyTorch's SDPA runs it, with a small workspace; laga's kernels without waiting for the blocks "
+                "before them): faster, and reruns differ in the last bits");
   sub->add_option("--recompute", o->recompute, "none, or kv (laga: keep only the gathered latent)")->capture_default_str();
   sub->add_option("--absorbed-attention", o->absorbed_attention,
                   "absorbed form: mqa (native) or expanded (latent copied per head)")->capture_default_str();
