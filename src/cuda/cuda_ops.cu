@@ -254,6 +254,18 @@ __device__ __forceinline__ void rope_rotate_t(float d0, float d1, float c, float
   x1 = fmaf(d1, c, -__fmul_rn(d0, s));
 }
 
+// The row's cos and sin (times mscale) of each of the `half` angles into shared memory, computed in double by
+// threads tid, tid + threads, ...; the caller synchronises before reading them.
+__device__ __forceinline__ void rope_angles(float* cs, float* sn, int half, const RopeArgs& a, i64 t,
+                                            const double* inv_freq, int tid, int threads) {
+  for (int i = tid; i < half; i += threads) {
+    double sd, cd;
+    sincos(double(a.pos_offset + t) * inv_freq[i], &sd, &cd);
+    cs[i] = float(cd * a.mscale);
+    sn[i] = float(sd * a.mscale);
+  }
+}
+
 // Where head h's row starts in x or y (RopeArgs' head groups; group 0: no groups), in elements.
 __device__ __forceinline__ i64 rope_head_offset(int h, int group, i64 head_stride, i64 group_stride) {
   const int g = group > 0 ? h / group : 0, hg = group > 0 ? h - g * group : h;
@@ -268,12 +280,7 @@ __global__ void __launch_bounds__(32 * kRopeWarps) rope_kernel(RopeArgs a, const
   float* sn = cs + half;                                // [half]
   float* row = sn + half + threadIdx.y * dim;           // this warp's [dim]
   const i64 t = blockIdx.x / a.batch, b = blockIdx.x - t * a.batch;
-  for (int i = threadIdx.y * 32 + threadIdx.x; i < half; i += 32 * kRopeWarps) {
-    double sd, cd;
-    sincos(double(a.pos_offset + t) * inv_freq[i], &sd, &cd);
-    cs[i] = float(cd * a.mscale);
-    sn[i] = float(sd * a.mscale);
-  }
+  rope_angles(cs, sn, half, a, t, inv_freq, int(threadIdx.y * 32 + threadIdx.x), 32 * kRopeWarps);
   __syncthreads();
   const X* x = static_cast<const X*>(a.x) + t * a.x_token_stride + b * a.x_batch_stride;
   T* y = static_cast<T*>(a.y) + t * a.y_token_stride + b * a.y_batch_stride;
@@ -331,12 +338,7 @@ __global__ void __launch_bounds__(kRopeVecThreads) rope_vec_kernel(RopeArgs a, c
   auto head_x = [&](int h) { return x + rope_head_offset(h, group, a.x_head_stride, a.x_group_stride); };
   auto head_y = [&](int h) { return y + rope_head_offset(h, group, a.y_head_stride, a.y_group_stride); };
   // The angles (the copies below need none: the barrier waits after them).
-  for (int i = threadIdx.x; i < kHalf; i += kRopeVecThreads) {
-    double sd, cd;
-    sincos(double(a.pos_offset + t) * inv_freq[i], &sd, &cd);
-    cs[i] = float(cd * a.mscale);
-    sn[i] = float(sd * a.mscale);
-  }
+  rope_angles(cs, sn, kHalf, a, t, inv_freq, int(threadIdx.x), kRopeVecThreads);
   if (a.x != a.y) {
     for (int u0 = threadIdx.x; u0 < copy_units; u0 += kRopeVecThreads * kRopeVecUnroll) {
       uint4 v[kRopeVecUnroll];
