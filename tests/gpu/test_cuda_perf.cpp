@@ -149,21 +149,21 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
   if (kernel == AttentionKernel::Fused && s.dqk == 192 && s.dv == 128) {
     time_flipped(cuda_flash_ws_forward, cuda_set_flash_ws_forward, [&] { be.attention_forward(p); }, "fwd",
                  "warp_specialized", "single_warpgroup", fwd_flops);
-    if (s.kv_heads == s.heads) {
+    if (s.kv_heads == s.heads)
       time_flipped(cuda_flash_ws_backward, cuda_set_flash_ws_backward, [&] { be.attention_backward(p); }, "bwd",
                    "warp_specialized", "dkdv_regs", bwd_flops);
-      time_flipped(cuda_attention_deterministic, cuda_set_attention_deterministic, [&] { be.attention_backward(p); },
-                   "bwd", "deterministic", "any_order", bwd_flops);
-    }
   }
   // 576/512 with V inside K: the summed backward on the other kernel (rows resident or key blocks resident).
-  if (kernel == AttentionKernel::Fused && s.v_in_k) {
+  if (kernel == AttentionKernel::Fused && s.v_in_k)
     time_flipped(cuda_flash_vk_rows, cuda_set_flash_vk_rows, [&] { be.attention_backward(p); }, "bwd", "rows_resident",
                  "keys_resident", bwd_flops);
-    if (cuda_flash_vk_rows(be))
-      time_flipped(cuda_attention_deterministic, cuda_set_attention_deterministic, [&] { be.attention_backward(p); },
-                   "bwd", "deterministic", "any_order", bwd_flops);
-  }
+  // The backwards that add float32 sums across blocks (the warp-specialised 192/128 MHA kernel, the rows-resident
+  // 576/512 one) with those sums in any order (non-deterministic).
+  const bool sums_across_blocks = (s.dqk == 192 && s.dv == 128 && s.kv_heads == s.heads) ||
+                                  (s.v_in_k && cuda_flash_vk_rows(be));
+  if (kernel == AttentionKernel::Fused && sums_across_blocks)
+    time_flipped(cuda_attention_deterministic, cuda_set_attention_deterministic, [&] { be.attention_backward(p); },
+                 "bwd", "deterministic", "any_order", bwd_flops);
   // 192/128 tensor cores: the same backward with the separate dQ kernel, in the same process, for comparison;
   // 576/512 with V inside K: the row-split dK/dV kernel, the dQ kernel and dV added into dK.
   if (kernel == AttentionKernel::Fused && ((s.dqk == 192 && s.dv == 128) || s.v_in_k) && cuda_flash_fused_dq(be)) {
