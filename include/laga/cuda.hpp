@@ -108,6 +108,14 @@ void cuda_set_flash_row_splits(Backend& backend, int splits);
 bool cuda_flash_ws_forward(Backend& backend);
 void cuda_set_flash_ws_forward(Backend& backend, bool warp_specialized);
 
+// How many blocks the warp-specialised 192/128 forward launches: its grid is persistent, each block taking the
+// next untaken row tile when it finishes one (a row tile's loads overlap the previous one's last products and
+// output). 0 (the default) one block per SM; n > 0 at most n, and n at least the row tiles gives one block per row
+// tile, as a grid that is not persistent (for timing the two). Every count gives the same bits; a negative one
+// throws InvalidArgument.
+int cuda_flash_forward_blocks(Backend& backend);
+void cuda_set_flash_forward_blocks(Backend& backend, int blocks);
+
 // Which kernel runs the 192/128 tensor-core backward with dQ fused, for MHA on 16-byte aligned views: `true` (the
 // default) the warp-specialised one (a loading warpgroup whose loads run a step ahead, dQ added by bulk reductions
 // from shared memory), `false` flash_bwd_dkdv_regs_kernel. The same dK and dV bits either way, dQ within float

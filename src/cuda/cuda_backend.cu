@@ -30,6 +30,7 @@ const char* scratch_slot_name(ScratchSlot s) {
     case ScratchSlot::split_partial: return "split_partial";
     case ScratchSlot::dq_accum: return "dq_accum";
     case ScratchSlot::dq_count: return "dq_count";
+    case ScratchSlot::fwd_taken: return "fwd_taken";
     case ScratchSlot::dv_sum: return "dv_sum";
     case ScratchSlot::norm_partial: return "norm_partial";
     case ScratchSlot::gemm_fallback: return "gemm_fallback";
@@ -647,6 +648,16 @@ bool cuda_flash_ws_forward(Backend& backend) {
 
 void cuda_set_flash_ws_forward(Backend& backend, bool warp_specialized) {
   as_cuda(backend, "cuda_set_flash_ws_forward").context().flash_ws_forward = warp_specialized;
+}
+
+int cuda_flash_forward_blocks(Backend& backend) {
+  return as_cuda(backend, "cuda_flash_forward_blocks").context().flash_forward_blocks;
+}
+
+void cuda_set_flash_forward_blocks(Backend& backend, int blocks) {
+  LAGA_REQUIRE(blocks >= 0, "cuda_set_flash_forward_blocks: blocks is ", blocks,
+               "; it must be 0 (one per multiprocessor) or a positive count");
+  as_cuda(backend, "cuda_set_flash_forward_blocks").context().flash_forward_blocks = blocks;
 }
 
 bool cuda_flash_ws_backward(Backend& backend) {

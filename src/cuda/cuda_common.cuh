@@ -119,6 +119,7 @@ inline unsigned blocks_for(i64 n, int threads) {
 //   dq_accum       fused tensor-core backward, 192/128 and 576/512 (V inside K, dv_in_dk): fp32 dQ added up by
 //                  the dK/dV kernel, 64-row tiles
 //   dq_count       its per-tile counters (how many key blocks have added theirs)
+//   fwd_taken      the 192/128 warp-specialised forward's count of the row tiles its persistent blocks have taken
 //   dv_sum         attention backward with dv_in_dk on a path that writes dV apart: that dV, added into dK
 //   norm_partial   RMSNorm backward: dgamma partial sums
 //   gemm_fallback  reserved for the GEMM fallback
@@ -132,6 +133,7 @@ enum class ScratchSlot {
   split_partial,
   dq_accum,
   dq_count,
+  fwd_taken,
   dv_sum,
   norm_partial,
   gemm_fallback,
@@ -195,6 +197,7 @@ struct Context {
   bool flash_fused_dq = true;
   int flash_row_splits = 0;  // 576/512 dK/dV row splits: 0 chooses (flash::dkdv_row_splits), else this many
   bool flash_ws_forward = true;  // 192/128 forward: the warp-specialised kernel (else flash_fwd_kernel)
+  int flash_forward_blocks = 0;  // its persistent grid: 0 one block per SM, else at most this many
   bool flash_ws_backward = true;  // 192/128 fused-dQ backward, MHA: flash_bwd_ws_kernel (else the dK/dV kernel)
   bool flash_vk_rows = true;      // 576/512 summed dK + [dV, 0] backward: flash_bwd_vkq_kernel (else flash_bwd_vk_kernel)
   // flash_bwd_ws_kernel's dQ and flash_bwd_vkq_kernel's dK + [dV, 0]: added into each fp32 tile in a fixed order

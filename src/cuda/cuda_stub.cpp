@@ -39,6 +39,8 @@ bool cuda_default_flash_fused_dq() { no_cuda("cuda_default_flash_fused_dq"); }
 bool cuda_flash_fused_dq(Backend&) { no_cuda("cuda_flash_fused_dq"); }
 void cuda_set_flash_fused_dq(Backend&, bool) { no_cuda("cuda_set_flash_fused_dq"); }
 int cuda_flash_row_splits(Backend&) { no_cuda("cuda_flash_row_splits"); }
+int cuda_flash_forward_blocks(Backend&) { no_cuda("cuda_flash_forward_blocks"); }
+void cuda_set_flash_forward_blocks(Backend&, int) { no_cuda("cuda_set_flash_forward_blocks"); }
 void cuda_set_flash_row_splits(Backend&, int) { no_cuda("cuda_set_flash_row_splits"); }
 bool cuda_flash_ws_forward(Backend&) { no_cuda("cuda_flash_ws_forward"); }
 void cuda_set_flash_ws_forward(Backend&, bool) { no_cuda("cuda_set_flash_ws_forward"); }

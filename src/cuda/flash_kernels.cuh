@@ -63,13 +63,16 @@ __host__ __device__ constexpr i64 grid_blocks(i64 tiles, i64 kv_heads, i64 batch
 struct TileWork {
   i64 tile, g, b;  // tile in work order (0: the most work), kv head, batch entry
 };
-__device__ __forceinline__ TileWork tile_work(i64 tiles, i64 kv_heads, i64 batch) {
-  const i64 x = blockIdx.x, hb = kv_heads * batch;
+__device__ __forceinline__ TileWork tile_work(i64 x, i64 tiles, i64 kv_heads, i64 batch) {
+  const i64 hb = kv_heads * batch;
   const i64 group = x / (tiles * kHeadGroup);  // every group but the last is full
   const i64 first = group * kHeadGroup, size = imin(kHeadGroup, hb - first);
   const i64 within = x - group * tiles * kHeadGroup;
   const i64 pair = first + within % size;  // (kv head, batch entry), kv head fastest
   return {within / size, pair % kv_heads, pair / kv_heads};
+}
+__device__ __forceinline__ TileWork tile_work(i64 tiles, i64 kv_heads, i64 batch) {
+  return tile_work(i64(blockIdx.x), tiles, kv_heads, batch);
 }
 
 // Row r of a kv head's problem is query r / group of query head g * group + r % group. Divided in 32 bits
@@ -88,10 +91,12 @@ struct RowTile {
   i64 group, rows, row0, row_last, g, b, n_full;
   RowMap rm;
   int n_tiles;
-  __device__ __forceinline__ explicit RowTile(const AttentionFwdParams& p)
+  // Item x of the work order (a block per item: blockIdx.x).
+  __device__ __forceinline__ explicit RowTile(const AttentionFwdParams& p) : RowTile(p, i64(blockIdx.x)) {}
+  __device__ __forceinline__ RowTile(const AttentionFwdParams& p, i64 x)
       : group(p.q_heads / p.kv_heads), rows(p.q_len * group), rm{u32(group)} {
     const i64 tiles = ceil_div(rows, kBM);
-    const TileWork w = tile_work(tiles, p.kv_heads, p.batch);
+    const TileWork w = tile_work(x, tiles, p.kv_heads, p.batch);
     row0 = (tiles - 1 - w.tile) * kBM, g = w.g, b = w.b;
     row_last = imin(row0 + kBM, rows) - 1;
     n_full = visible_keys(rm.query(row0), p.q_offset, p.kv_len);
@@ -564,11 +569,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_split_kernel(const 
 }
 
 // ================================================================ forward, warp-specialised (192/128)
-// FlashAttention-3's arrangement on cp.async: a block owns 128 rows and walks 128-key tiles with three roles.
-// Warpgroup 2 loads (eight threads a row): Q once, then K_t and V_t into two stages each, every tile announced by
-// an mbarrier that its copies complete (cp.async.mbarrier.arrive), every stage handed back by an mbarrier the
-// consumers arrive at (K_t
-// once S_t is computed, V_t once P_t V_t is), so loads run up to two tiles ahead. Warpgroups 0 and 1 each own 64
+// FlashAttention-3's arrangement on cp.async: a block owns 128 rows at a time and walks 128-key tiles with three
+// roles; the grid is persistent (a block per SM takes row tiles one after another, the next untaken in the work
+// order each time), so a row tile's loads run under the previous one's last products and output.
+// Warpgroup 2 loads (eight threads a row): each row tile's Q, then K_t and V_t into two stages each, every tile
+// announced by an mbarrier that its copies complete (cp.async.mbarrier.arrive), every stage handed back by an
+// mbarrier the consumers arrive at (K_t once S_t is computed, V_t once P_t V_t is; each warpgroup's half of Q once
+// it has computed the row tile's last S), so loads run up to two tiles ahead. Warpgroups 0 and 1 each own 64
 // rows: S = Q K^T (SS, n128), the online softmax in registers, O += P V (P from registers, n128). Within a
 // warpgroup, S_t is issued together with O += P_{t-1} V_{t-1}, and the softmax of S_t runs while that product
 // does. Between the two warpgroups, two named barriers make them take turns at issuing their products, so one
@@ -585,8 +592,8 @@ struct FwdWsTraits {
   static constexpr int kQBytes = kBlockM * kDqk * 2, kKBytes = kBlockN * kDqk * 2, kVBytes = kBlockN * kDv * 2;
   static constexpr int kOffK = kQBytes;                  // K stages 0, 1
   static constexpr int kOffV = kOffK + 2 * kKBytes;      // V stages 0, 1
-  static constexpr int kOffBar = kOffV + 2 * kVBytes;    // mbarriers: Q, K full x2, K free x2, V full x2, V free x2
-  static constexpr int kOffSink = kOffBar + 9 * 8;       // two floats per computing thread (sched_sink)
+  static constexpr int kOffBar = kOffV + 2 * kVBytes;    // mbarriers: Q, K, V, row tile full and free, two of each
+  static constexpr int kOffSink = kOffBar + 16 * 8 + 8;  // (and the two row tile slots) two floats per computing thread
   static constexpr int kSmemBytes = kOffSink + kConsumerThreads * 8;
   static_assert(kDqk % 64 == 0 && kDv % 64 == 0 && kDv <= 256, "whole 64-column slabs; O in one n-chain");
   static_assert(kOffK % 1024 == 0 && kKBytes % 1024 == 0 && kOffV % 1024 == 0 && kVBytes % 1024 == 0,
@@ -594,17 +601,19 @@ struct FwdWsTraits {
   static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "warp-specialised forward tiles exceed shared memory");
 };
 
-// The loading warpgroup's copy of kRows x kCols of a global view into a swz_k64 tile: rows past the end are
-// zeroed by cp.async too (aligned views), so that the tile's mbarrier arrival covers them; unaligned views copy
-// with plain loads and stores, which the caller publishes with a fence and an ordinary arrival.
+// The loading warpgroup's copy of rows [r_begin, r_end) of a kRows x kCols tile of a global view into a swz_k64
+// tile: rows past the end are zeroed by cp.async too (aligned views), so that the tile's mbarrier arrival covers
+// them; unaligned views copy with plain loads and stores, which the caller publishes with a fence and an ordinary
+// arrival.
 template <int kRows, int kCols, int kThreads, bool kAligned, class RowSrc>
-__device__ __forceinline__ void load_tile_async(bf16* s, const RowSrc& src, const void* any_global, int tid) {
+__device__ __forceinline__ void load_tile_async(bf16* s, const RowSrc& src, const void* any_global, int tid,
+                                                int r_begin = 0, int r_end = kRows) {
   // Eight threads a row, 16 bytes each: a warp reads four rows' whole 128-byte lines (a thread a row would
   // read half of each 32-byte sector it touches per instruction) and writes eight distinct chunks of a
   // swizzled row per quarter-warp (no bank conflict).
   constexpr int kPerRow = 8;
   static_assert(kThreads % kPerRow == 0 && (kCols / 8) % kPerRow == 0, "whole 128-byte lines");
-  for (int r = tid / kPerRow; r < kRows; r += kThreads / kPerRow) {
+  for (int r = r_begin + tid / kPerRow; r < r_end; r += kThreads / kPerRow) {
     const bf16* g = src(r);
 #pragma unroll
     for (int j = 0; j < kCols / 8 / kPerRow; ++j) {
@@ -647,40 +656,44 @@ __device__ __forceinline__ void load_rows_async(bf16* s, const bf16* first, i64 
 }
 
 template <class Tr, bool kAligned>
-__global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const AttentionFwdParams p) {
+__global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const AttentionFwdParams p, const int items,
+                                                                          unsigned* taken) {
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv;
   char* smem = dynamic_smem();
   bf16* s_q = reinterpret_cast<bf16*>(smem);
   auto s_k = [&](int st) { return reinterpret_cast<bf16*>(smem + Tr::kOffK + st * Tr::kKBytes); };
   auto s_v = [&](int st) { return reinterpret_cast<bf16*>(smem + Tr::kOffV + st * Tr::kVBytes); };
   std::uint64_t* bar = reinterpret_cast<std::uint64_t*>(smem + Tr::kOffBar);
-  std::uint64_t* q_full = bar;
-  std::uint64_t* k_full = bar + 1;  // [2]
-  std::uint64_t* k_free = bar + 3;  // [2]
-  std::uint64_t* v_full = bar + 5;  // [2]
-  std::uint64_t* v_free = bar + 7;  // [2]
+  std::uint64_t* q_full = bar;      // [2]: Q's rows 64 h.. (warpgroup h's)
+  std::uint64_t* q_free = bar + 2;  // [2]
+  std::uint64_t* k_full = bar + 4;  // [2]
+  std::uint64_t* k_free = bar + 6;  // [2]
+  std::uint64_t* v_full = bar + 8;  // [2]
+  std::uint64_t* v_free = bar + 10;  // [2]
+  std::uint64_t* item_full = bar + 12;  // [2]: the block's n-th row tile's index in item_slot[n % 2]
+  std::uint64_t* item_free = bar + 14;  // [2]
+  int* item_slot = reinterpret_cast<int*>(bar + 16);  // [2]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
   const int wg = warp >> 2;  // 0, 1: consumers; 2: loads
-  const RowTile<kBM, kBN> rt(p);
-  const auto& [group, rows, row0, row_last, g, b, n_full, rm, n_tiles] = rt;
+  // The grid is persistent: block c starts at row tile c of the work order and takes the next untaken one each
+  // time it finishes one (*taken counts those handed out past the first gridDim.x, zeroed by the launcher), as
+  // the GPU would issue blocks, heaviest first. The loading warpgroup takes it and hands it to the others through
+  // item_slot; the three roles walk the same row tiles, the stages' phases counted over all of them.
 
-  constexpr int kLoad = Tr::kLoadThreads;
+  constexpr int kLoad = Tr::kLoadThreads, kHalf = Tr::kConsumerThreads / 2;
   if (tid == 0) {
-    mbar_init(q_full, kLoad);
     for (int st = 0; st < 2; ++st) {
-      mbar_init(k_full + st, kLoad), mbar_init(v_full + st, kLoad);
+      mbar_init(q_full + st, kLoad), mbar_init(k_full + st, kLoad), mbar_init(v_full + st, kLoad);
+      mbar_init(q_free + st, kHalf);
       mbar_init(k_free + st, Tr::kConsumerThreads), mbar_init(v_free + st, Tr::kConsumerThreads);
+      mbar_init(item_full + st, 1), mbar_init(item_free + st, Tr::kConsumerThreads);
     }
   }
   __syncthreads();  // the only block-wide barrier: the roles meet at mbarriers from here on
 
-  const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride;
-  const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
-  const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
   if (wg == 2) {
     setmaxnreg_dec<Tr::kLoadRegs>();
-    if (n_tiles == 0) return;
     const int ltid = tid - Tr::kConsumerThreads;
     // Tile t's copies, then the arrival that announces them.
     auto announce = [&](std::uint64_t* full) {
@@ -691,128 +704,174 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
         mbar_arrive(full);
       }
     };
-    auto q_row = [&](int r) { return rt.row_ptr(q, p.q_head_stride, p.q_token_stride, r); };
-    load_tile_async<kBM, kDqk, kLoad, kAligned>(s_q, q_row, q, ltid);
-    announce(q_full);
-    for (int t = 0; t < n_tiles; ++t) {
-      const int st = t & 1;
-      const u32 free_parity = u32((t >> 1) - 1) & 1u;  // the phase in which tile t - 2 left the stage
-      const i64 n0 = i64(t) * kBN;
-      if (t >= 2) mbar_wait(k_free + st, free_parity);
-      const i64 valid = p.kv_len - n0;  // keys of the tile that exist
-      if constexpr (kAligned) {
-        load_rows_async<kBN, kDqk, kLoad>(s_k(st), k + n0 * p.k_token_stride, p.k_token_stride, valid, ltid);
-      } else {
-        auto k_row = [&](int r) -> const bf16* { return r < valid ? k + (n0 + r) * p.k_token_stride : nullptr; };
-        load_tile_async<kBN, kDqk, kLoad, kAligned>(s_k(st), k_row, k, ltid);
+    u32 it = 0, qs = 0;  // K/V tiles and Q tiles loaded so far
+    for (u32 n = 0, x = blockIdx.x;; ++n) {  // the block's n-th row tile: x
+      if (n > 0) {  // take the next one and hand it over (also the one past the end, which ends the walk)
+        const u32 slot = n & 1u;
+        if (ltid == 0) {
+          const u32 next = gridDim.x + take_ticket(taken);
+          if (n >= 3) mbar_wait(item_free + slot, ((n - 3) >> 1) & 1u);  // row tile n - 2 read from the slot
+          item_slot[slot] = int(imin(next, items));
+          mbar_arrive(item_full + slot);
+        }
+        // The loading threads read it behind a barrier of their own, which also keeps thread 0 from writing the
+        // slot again (two row tiles on) before all of them have read it.
+        named_bar_sync(3, kLoad);
+        x = u32(item_slot[slot]);
       }
-      announce(k_full + st);
-      if (t >= 2) mbar_wait(v_free + st, free_parity);
-      if constexpr (kAligned) {
-        load_rows_async<kBN, kDv, kLoad>(s_v(st), v + n0 * p.v_token_stride, p.v_token_stride, valid, ltid);
-      } else {
-        auto v_row = [&](int r) -> const bf16* { return r < valid ? v + (n0 + r) * p.v_token_stride : nullptr; };
-        load_tile_async<kBN, kDv, kLoad, kAligned>(s_v(st), v_row, v, ltid);
+      if (x >= u32(items)) break;
+      const RowTile<kBM, kBN> rt(p, x);
+      if (rt.n_tiles == 0) continue;
+      const bf16* q = static_cast<const bf16*>(p.q) + rt.b * p.q_batch_stride;
+      const bf16* k = static_cast<const bf16*>(p.k) + rt.b * p.k_batch_stride + rt.g * p.k_head_stride;
+      const bf16* v = static_cast<const bf16*>(p.v) + rt.b * p.v_batch_stride + rt.g * p.v_head_stride;
+      auto q_row = [&](int r) { return rt.row_ptr(q, p.q_head_stride, p.q_token_stride, r); };
+      // The row tile's Q, each warpgroup's half once that warpgroup has computed the previous row tile's last S:
+      // it loads while the consumers finish that row tile.
+      for (int h = 0; h < 2; ++h) {
+        if (qs > 0) mbar_wait(q_free + h, (qs - 1) & 1u);
+        load_tile_async<kBM, kDqk, kLoad, kAligned>(s_q, q_row, q, ltid, 64 * h, 64 * h + 64);
+        announce(q_full + h);
       }
-      announce(v_full + st);
+      for (int t = 0; t < rt.n_tiles; ++t, ++it) {
+        const int st = it & 1;
+        const u32 free_parity = u32((it >> 1) - 1) & 1u;  // the phase in which tile it - 2 left the stage
+        const i64 n0 = i64(t) * kBN;
+        if (it >= 2) mbar_wait(k_free + st, free_parity);
+        const i64 valid = p.kv_len - n0;  // keys of the tile that exist
+        if constexpr (kAligned) {
+          load_rows_async<kBN, kDqk, kLoad>(s_k(st), k + n0 * p.k_token_stride, p.k_token_stride, valid, ltid);
+        } else {
+          auto k_row = [&](int r) -> const bf16* { return r < valid ? k + (n0 + r) * p.k_token_stride : nullptr; };
+          load_tile_async<kBN, kDqk, kLoad, kAligned>(s_k(st), k_row, k, ltid);
+        }
+        announce(k_full + st);
+        // The row tile's Q behind its first K tile, each warpgroup's half once that warpgroup has computed the
+        // previous row tile's last S: it loads while the consumers finish that row tile.
+        if (it >= 2) mbar_wait(v_free + st, free_parity);
+        if constexpr (kAligned) {
+          load_rows_async<kBN, kDv, kLoad>(s_v(st), v + n0 * p.v_token_stride, p.v_token_stride, valid, ltid);
+        } else {
+          auto v_row = [&](int r) -> const bf16* { return r < valid ? v + (n0 + r) * p.v_token_stride : nullptr; };
+          load_tile_async<kBN, kDv, kLoad, kAligned>(s_v(st), v_row, v, ltid);
+        }
+        announce(v_full + st);
+      }
+      ++qs;
     }
     cp_async_wait<0>();  // nothing in flight when the warp exits
     return;
   }
 
-  // A consumer warpgroup: rows 64 wg.. of the tile; warp w4 of it holds rows 16 w4 + gid (+ 8) of them.
+  // A consumer warpgroup: rows 64 wg.. of each row tile; warp w4 of it holds rows 16 w4 + gid (+ 8) of them.
   setmaxnreg_inc<Tr::kMmaRegs>();
   const int w4 = warp & 3;
-  const i64 frag_row0 = row0 + 64 * wg + 16 * w4 + gid;
-  float acc_o[1][kDv / 8][4];
-  zero(acc_o);
-  float m_i[1][2], l_i[1][2];
-  online_softmax_init(m_i, l_i);
   const float sl2 = float(p.scale) * kLog2e;
   // Turns at the tensor cores: warpgroup wg issues after bar.sync on barrier 1 + wg, then lets the other go.
-  // n_tiles + 1 issue points per warpgroup (S_0; S_t with P_{t-1} V_{t-1}; the last P V); warpgroup 1 lets
-  // warpgroup 0 start and skips its last hand-over, so arrivals and syncs pair up exactly.
-  const int issue_points = n_tiles + 1;
-  int issued = 0;
+  // Every row tile has n_tiles + 1 issue points per warpgroup (S_0; S_t with P_{t-1} V_{t-1}; the last P V), and
+  // the turns run on across the block's row tiles (warpgroup 0's first issue of a row tile follows warpgroup 1's
+  // last of the one before). Warpgroup 1 lets warpgroup 0 start, and warpgroup 0 takes warpgroup 1's last
+  // hand-over at its end, so arrivals and syncs pair up exactly.
   auto my_turn = [&] { named_bar_sync(1 + wg, Tr::kConsumerThreads); };
-  auto pass_turn = [&] {
-    ++issued;
-    if (wg == 0 || issued < issue_points) named_bar_arrive(2 - wg, Tr::kConsumerThreads);
-  };
-  if (wg == 1 && n_tiles > 0) named_bar_arrive(1, Tr::kConsumerThreads);
+  auto pass_turn = [&] { named_bar_arrive(2 - wg, Tr::kConsumerThreads); };
+  u32 it = 0, qs = 0;  // K/V tiles and Q tiles consumed so far
+  for (u32 n = 0, x = blockIdx.x;; ++n) {  // the block's n-th row tile: x
+    if (n > 0) {
+      const u32 slot = n & 1u;
+      mbar_wait(item_full + slot, ((n - 1) >> 1) & 1u);
+      x = u32(item_slot[slot]);
+      mbar_arrive(item_free + slot);
+    }
+    if (x >= u32(items)) break;
+    const RowTile<kBM, kBN> rt(p, x);
+    const auto& [group, rows, row0, row_last, g, b, n_full, rm, n_tiles] = rt;
+    const i64 frag_row0 = row0 + 64 * wg + 16 * w4 + gid;
+    float acc_o[1][kDv / 8][4];
+    zero(acc_o);
+    float m_i[1][2], l_i[1][2];
+    online_softmax_init(m_i, l_i);
 
-  // The softmax of tile t's scores in place (masked where some row of the block does not see every key),
-  // corrections of O out.
-  auto softmax = [&](float (&s)[1][kBN / 8][4], int t, float (&corr)[1][2]) {
-    const i64 n0 = i64(t) * kBN;
-    if (n0 + kBN > n_full)
-      mask_scores(s, tig, [&](int, int h) {
-        return visible_keys(rm.query(imin(frag_row0 + 8 * h, row_last)), p.q_offset, p.kv_len) - n0;
-      });
-    float mx[1][2];
-    row_max(mx, s);
-    online_softmax_step(m_i, l_i, s, mx, sl2, corr);
-  };
+    // The softmax of tile t's scores in place (masked where some row of the block does not see every key),
+    // corrections of O out.
+    auto softmax = [&](float (&s)[1][kBN / 8][4], int t, float (&corr)[1][2]) {
+      const i64 n0 = i64(t) * kBN;
+      if (n0 + kBN > n_full)
+        mask_scores(s, tig, [&](int, int h) {
+          return visible_keys(rm.query(imin(frag_row0 + 8 * h, row_last)), p.q_offset, p.kv_len) - n0;
+        });
+      float mx[1][2];
+      row_max(mx, s);
+      online_softmax_step(m_i, l_i, s, mx, sl2, corr);
+    };
 
-  if (n_tiles > 0) {
-    u32 pa[1][kBN / 16][4];
-    float s[1][kBN / 8][4];
-    float corr[1][2];
-    mbar_wait(q_full, 0);
-    mbar_wait(k_full, 0);
-    fence_proxy_async();  // cp.async wrote the tiles (generic proxy); wgmma reads them (async proxy)
-    my_turn();
-    warpgroup_mma_nt_async<1, kBN, kDqk, kBM>(s, s_q, 64 * wg, s_k(0));
-    pass_turn();
-    warpgroup_wait<0>(s);
-    mbar_arrive(k_free);
-    softmax(s, 0, corr);
-    acc_to_a(pa, s);
-    for (int t = 1; t < n_tiles; ++t) {
-      const int st = t & 1, pst = st ^ 1;
-      mbar_wait(k_full + st, u32(t >> 1) & 1u);
-      mbar_wait(v_full + pst, u32((t - 1) >> 1) & 1u);
+    if (n_tiles > 0) {
+      u32 pa[1][kBN / 16][4];
+      float s[1][kBN / 8][4];
+      float corr[1][2];
+      if (wg == 1 && qs == 0) named_bar_arrive(1, Tr::kConsumerThreads);  // the block's first issue: warpgroup 0's
+      mbar_wait(q_full + wg, qs & 1u);
+      mbar_wait(k_full + (it & 1), (it >> 1) & 1u);
+      fence_proxy_async();  // cp.async wrote the tiles (generic proxy); wgmma reads them (async proxy)
+      my_turn();
+      warpgroup_mma_nt_async<1, kBN, kDqk, kBM>(s, s_q, 64 * wg, s_k(it & 1));
+      pass_turn();
+      warpgroup_wait<0>(s);
+      mbar_arrive(k_free + (it & 1));
+      if (n_tiles == 1) mbar_arrive(q_free + wg);
+      softmax(s, 0, corr);
+      acc_to_a(pa, s);
+      for (int t = 1; t < n_tiles; ++t) {
+        const u32 u = it + t;
+        const int st = u & 1, pst = st ^ 1;
+        mbar_wait(k_full + st, (u >> 1) & 1u);
+        mbar_wait(v_full + pst, ((u - 1) >> 1) & 1u);
+        fence_proxy_async();
+        my_turn();
+        warpgroup_mma_nt_async<1, kBN, kDqk, kBM>(s, s_q, 64 * wg, s_k(st));
+        warpgroup_mma_rs_tb_async<1, kDv, kBN / 16, kBN>(acc_o, pa, s_v(pst));
+        pass_turn();
+        warpgroup_wait<1>(s);  // S_t is done (groups complete in order); P_{t-1} V_{t-1} may still run
+        mbar_arrive(k_free + st);
+        if (t == n_tiles - 1) mbar_arrive(q_free + wg);  // the row tile's last S: its Q may be replaced
+        softmax(s, t, corr);
+        // The row sums depend on every exp2 of the step: their store keeps the softmax under P_{t-1} V_{t-1}.
+        sched_sink(reinterpret_cast<float*>(smem + Tr::kOffSink) + 2 * tid, l_i[0][0], l_i[0][1]);
+        warpgroup_wait<0>(acc_o);
+        mbar_arrive(v_free + pst);
+        rescale_rows(acc_o, corr);
+        acc_to_a(pa, s);
+      }
+      const u32 u = it + n_tiles - 1;
+      const int st = u & 1;
+      mbar_wait(v_full + st, (u >> 1) & 1u);
       fence_proxy_async();
       my_turn();
-      warpgroup_mma_nt_async<1, kBN, kDqk, kBM>(s, s_q, 64 * wg, s_k(st));
-      warpgroup_mma_rs_tb_async<1, kDv, kBN / 16, kBN>(acc_o, pa, s_v(pst));
+      warpgroup_mma_rs_tb_async<1, kDv, kBN / 16, kBN>(acc_o, pa, s_v(st));
       pass_turn();
-      warpgroup_wait<1>(s);  // S_t is done (groups complete in order); P_{t-1} V_{t-1} may still run
-      mbar_arrive(k_free + st);
-      softmax(s, t, corr);
-      // The row sums depend on every exp2 of the step: their store keeps the softmax under P_{t-1} V_{t-1}.
-      sched_sink(reinterpret_cast<float*>(smem + Tr::kOffSink) + 2 * tid, l_i[0][0], l_i[0][1]);
       warpgroup_wait<0>(acc_o);
-      mbar_arrive(v_free + pst);
-      rescale_rows(acc_o, corr);
-      acc_to_a(pa, s);
+      mbar_arrive(v_free + st);
+      it += n_tiles, ++qs;
     }
-    const int last = (n_tiles - 1) & 1;
-    mbar_wait(v_full + last, u32((n_tiles - 1) >> 1) & 1u);
-    fence_proxy_async();
-    my_turn();
-    warpgroup_mma_rs_tb_async<1, kDv, kBN / 16, kBN>(acc_o, pa, s_v(last));
-    pass_turn();
-    warpgroup_wait<0>(acc_o);
-  }
 
-  // O / l and the log-sum-exp; each warp holds whole rows (a quad per row).
-  bf16* o = static_cast<bf16*>(p.o) + b * p.o_batch_stride;
-  float* lse = static_cast<float*>(p.lse);
+    // O / l and the log-sum-exp; each warp holds whole rows (a quad per row).
+    bf16* o = static_cast<bf16*>(p.o) + b * p.o_batch_stride;
+    float* lse = static_cast<float*>(p.lse);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float l = quad_sum(l_i[0][h]);
-    const i64 row = frag_row0 + 8 * h;
-    if (row >= rows) continue;
-    const float inv = softmax_inv(l);
-    bf16* out = o + (g * group + rm.head(row)) * p.o_head_stride + rm.query(row) * p.o_token_stride;
+    for (int h = 0; h < 2; ++h) {
+      const float l = quad_sum(l_i[0][h]);
+      const i64 row = frag_row0 + 8 * h;
+      if (row >= rows) continue;
+      const float inv = softmax_inv(l);
+      bf16* out = o + (g * group + rm.head(row)) * p.o_head_stride + rm.query(row) * p.o_token_stride;
 #pragma unroll
-    for (int nt = 0; nt < kDv / 8; ++nt)
-      store2<kAligned>(out + nt * 8 + 2 * tig, acc_o[0][nt][2 * h] * inv, acc_o[0][nt][2 * h + 1] * inv);
-    if (tig == 0)
-      lse[(b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row)] =
-          softmax_lse(m_i[0][h] * float(p.scale), l);
+      for (int nt = 0; nt < kDv / 8; ++nt)
+        store2<kAligned>(out + nt * 8 + 2 * tig, acc_o[0][nt][2 * h] * inv, acc_o[0][nt][2 * h + 1] * inv);
+      if (tig == 0)
+        lse[(b * p.q_heads + g * group + rm.head(row)) * p.q_len + rm.query(row)] =
+            softmax_lse(m_i[0][h] * float(p.scale), l);
+    }
   }
+  if (wg == 0 && qs > 0) my_turn();  // warpgroup 1's last hand-over
 }
 
 // ================================================================ backward: D = rowsum(dO * O)

@@ -14,6 +14,8 @@
 //                                                           576/512 with V inside K and dv_in_dk: flash_bwd_vk_kernel
 //   int row_splits()                                        576/512 dK/dV row splits: 0 chooses (dkdv_row_splits)
 //   bool warp_specialized_forward()                         192/128: flash_fwd_ws_kernel, else flash_fwd_kernel
+//   int forward_blocks()                                    flash_fwd_ws_kernel's persistent grid: 0 one block per
+//                                                           SM, n > 0 at most n (never more than its row tiles)
 //   bool warp_specialized_backward()                        192/128 with fused dQ, MHA, aligned views:
 //                                                           flash_bwd_ws_kernel, else flash_bwd_dkdv_regs_kernel
 //   bool rows_resident_vk()                                 576/512 with V inside K and dv_in_dk (fused dQ):
@@ -40,6 +42,7 @@ enum class LaunchScratch {
   dq_accum,       // 192/128 with fused dQ: fp32 dQ tiles of kDqTileRows rows
   dq_count,       // their counters (how many key blocks have added theirs)
   split_partial,  // 576/512: the dK/dV partial sums of the row splits
+  fwd_taken,      // 192/128 warp-specialised forward: how many row tiles its persistent blocks have taken
 };
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
@@ -131,8 +134,14 @@ void forward_impl(L& launcher, const AttentionFwdParams& p) {
     if constexpr (K::c.fwd_ws) {
       if (launcher.warp_specialized_forward()) {
         using Tr = typename K::FwdWs;
+        const i64 items = flash_grid(ceil_div(rows, Tr::kBlockM), p);
+        if (items == 0) return;
+        const int want = launcher.forward_blocks();
+        auto* taken = static_cast<unsigned*>(launcher.scratch(LaunchScratch::fwd_taken, sizeof(unsigned)));
+        launcher.zero(taken, sizeof(unsigned));
         launch_nonempty(launcher, flash_fwd_ws_kernel<Tr, kAligned>, "flash_fwd_ws_kernel",
-            flash_grid(ceil_div(rows, Tr::kBlockM), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p);
+            std::min<i64>(items, want > 0 ? want : launcher.multiprocessors()), Tr::kThreads,
+            std::size_t(Tr::kSmemBytes), p, int(items), taken);
         return;
       }
     }

@@ -505,6 +505,8 @@ __device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned v
     __nanosleep(64);
   }
 }
+// The value of *counter before adding 1 (a ticket: every caller gets a different one).
+__device__ __forceinline__ unsigned take_ticket(unsigned* counter) { return atomicAdd(counter, 1u); }
 // *counter += 1 (one thread, after a barrier behind which every thread of the block issued its adds): release
 // at GPU scope makes those adds visible before the new count.
 __device__ __forceinline__ void release_counter(unsigned* counter) {

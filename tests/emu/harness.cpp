@@ -111,7 +111,9 @@ class EmuLauncher {
   bool warp_specialized_backward() const { return ws_backward_; }
   bool rows_resident_vk() const { return vk_rows_; }
   bool ordered_dq() const { return !any_order_dq; }
+  int forward_blocks() const { return forward_blocks_; }
   bool any_order_dq = false;  // flash_bwd_ws_kernel's dQ added in any order
+  int forward_blocks_ = 0;    // flash_fwd_ws_kernel's grid (as cuda_set_flash_forward_blocks)
   std::vector<std::pair<std::string, i64>> launched;  // kernel names and blocks, in launch order
 
  private:
@@ -121,14 +123,15 @@ class EmuLauncher {
   bool ws_forward_;
   bool ws_backward_;
   bool vk_rows_;
-  std::vector<float> scratch_[4];
+  std::vector<float> scratch_[5];
 };
 
 // An H200's SM count: the dK/dV row splits of 576/512 are those the GPU would run.
 constexpr int kMultiprocessors = 132;
 
-std::vector<std::pair<std::string, i64>> run_fwd(const AttentionFwdParams& p, bool ws_forward) {
+std::vector<std::pair<std::string, i64>> run_fwd(const AttentionFwdParams& p, bool ws_forward, int forward_blocks = 0) {
   EmuLauncher launcher(kMultiprocessors, true, 0, ws_forward);
+  launcher.forward_blocks_ = forward_blocks;
   forward(launcher, p);
   return launcher.launched;
 }
@@ -181,10 +184,28 @@ bool run_case(const Case& c) {
     o_old = o, lse_old = lse;
     std::fill(o.begin(), o.end(), float_to_bf16(kNan)), std::fill(lse.begin(), lse.end(), kNan);
   }
+  // The warp-specialised forward's persistent grid with fewer blocks than row tiles (each block walking several,
+  // the stages' phases and the turns running on across them) first: every count the same bits as a block per
+  // row tile, which comes last.
+  std::vector<std::vector<bf16>> o_blocks;
+  std::vector<std::vector<float>> lse_blocks;
+  if (tc.fwd_ws)
+    for (const int blocks : {1, 2, 3}) {
+      const auto launched_n = run_fwd(p, true, blocks);
+      const i64 row_tiles = ceil_div(c.q_len * group, 128) * c.kv_heads * c.batch;
+      wrong_fwd += launched_n.size() != 1 || launched_n[0].second != std::min<i64>(blocks, row_tiles);
+      o_blocks.push_back(o), lse_blocks.push_back(lse);
+      std::fill(o.begin(), o.end(), float_to_bf16(kNan)), std::fill(lse.begin(), lse.end(), kNan);
+    }
   const std::vector<std::pair<std::string, i64>> fwd_launched = run_fwd(p, true);
   const char* fwd_kernel =
       tc.fwd_o_split ? "flash_fwd_split_kernel" : tc.fwd_ws ? "flash_fwd_ws_kernel" : "flash_fwd_kernel";
   wrong_fwd += fwd_launched.size() != 1 || fwd_launched[0].first != fwd_kernel;
+  long fwd_blocks_bits_differ = 0;
+  for (std::size_t i = 0; i < o_blocks.size(); ++i) {
+    fwd_blocks_bits_differ += long(std::memcmp(o_blocks[i].data(), o.data(), o.size() * sizeof(bf16)) != 0);
+    fwd_blocks_bits_differ += long(std::memcmp(lse_blocks[i].data(), lse.data(), lse.size() * sizeof(float)) != 0);
+  }
   // 192/128: the separate dQ kernel first (its dq kept), then (MHA on aligned views) the fused dQ without warp
   // specialisation (its dq kept), then the default into poisoned outputs; dK and dV must be the same bits every
   // way.
@@ -344,6 +365,7 @@ bool run_case(const Case& c) {
   const bool ok = eo.rel() <= tol && edq.rel() <= tol && edk.rel() <= tol && (c.dv_in_dk || edv.rel() <= tol) && (else_.den == 0 || else_.rel() <= 1e-5) &&
                   bad_empty == 0 && out_o + out_dq + out_dk + out_dv + out_sep == 0 && (!both || edq_sep.rel() <= tol) && (!ws_bwd || edq_regs.rel() <= tol) && wrong_bwd == 0 &&
                   dkdv_bits_differ == 0 && any_order_bits_differ == 0 && wrong_splits == 0 && wrong_fwd == 0 &&
+                  fwd_blocks_bits_differ == 0 &&
                   (!tc.fwd_ws || (eo_old.rel() <= tol && (else_old.den == 0 || else_old.rel() <= 1e-5)));
   std::printf("%-34s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e | bad_empty %ld outside %ld %ld %ld %ld | %s\n", c.name, eo.rel(),
               else_.den ? else_.rel() : 0.0, edq.rel(), edk.rel(), edv.rel(), bad_empty, out_o, out_dq, out_dk, out_dv, ok ? "OK" : "FAIL");
@@ -358,7 +380,10 @@ bool run_case(const Case& c) {
   if (tc.fwd_ws)
     std::printf("%-34s single-warpgroup forward (flash_fwd_kernel): o %.2e lse %.2e\n", "", eo_old.rel(),
                 else_old.den ? else_old.rel() : 0.0);
-  if (wrong_fwd) std::printf("%-34s the forward did not launch %s alone\n", "", fwd_kernel);
+  if (wrong_fwd) std::printf("%-34s the forward did not launch %s alone (or not on the blocks asked)\n", "", fwd_kernel);
+  if (tc.fwd_ws)
+    std::printf("%-34s warp-specialised forward on 1, 2, 3 blocks: %ld of o and lse differ from a block per row tile\n",
+                "", fwd_blocks_bits_differ);
   if (any_order)
     std::printf("%-34s added in any order: %ld elements whose bits differ from the ordered run\n", "",
                 any_order_bits_differ);

@@ -538,6 +538,29 @@ TEST_P(CudaAttentionWsForward, BothKernelsMatchFloat64AndRepeatBitwise) {
   std::printf("GPUCHECK ws_forward %s o_ws_vs_single_rel=%.3e\n", GetParam().name,
               masked_rel_diff(o_of[1], o_of[0], pr.ov.mask()));
 }
+// Its persistent grid (cuda_set_flash_forward_blocks): on 1, 2, 3 and 7 blocks every block walks several row
+// tiles (the loads' phases and the turns running on across them), on a block per row tile none does; every count
+// writes the default's bits, which match float64.
+TEST_P(CudaAttentionWsForward, AnyBlockCountGivesTheSameBits) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  Problem pr(GetParam(), AttentionKernel::Fused, DType::BF16, be, rng);
+  ASSERT_EQ(cuda_flash_forward_blocks(*be.gpu), 0);
+  pr.forward();
+  pr.check_forward();
+  const auto o_bytes = raw_bytes(*be.gpu, pr.o.dev), lse_bytes = raw_bytes(*be.gpu, pr.lse.dev);
+  for (const int blocks : {1, 2, 3, 7, 1 << 20}) {
+    SCOPED_TRACE("forward blocks " + std::to_string(blocks));
+    cuda_set_flash_forward_blocks(*be.gpu, blocks);
+    pr.o.poison(*be.gpu), pr.lse.poison(*be.gpu);
+    be.gpu->attention_forward(pr.params(true));
+    EXPECT_EQ(raw_bytes(*be.gpu, pr.o.dev), o_bytes) << "o differs from the default grid's";
+    EXPECT_EQ(raw_bytes(*be.gpu, pr.lse.dev), lse_bytes) << "lse differs from the default grid's";
+  }
+  EXPECT_THROW(cuda_set_flash_forward_blocks(*be.gpu, -1), InvalidArgument);
+  cuda_set_flash_forward_blocks(*be.gpu, 0);
+}
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionWsForward, ::testing::ValuesIn(cases_192_128()),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 

@@ -149,6 +149,13 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
   if (kernel == AttentionKernel::Fused && s.dqk == 192 && s.dv == 128) {
     time_flipped(cuda_flash_ws_forward, cuda_set_flash_ws_forward, [&] { be.attention_forward(p); }, "fwd",
                  "warp_specialized", "single_warpgroup", fwd_flops);
+    if (cuda_flash_ws_forward(be) && cuda_flash_forward_blocks(be) == 0) {  // its grid not persistent
+      cuda_set_flash_forward_blocks(be, 1 << 30);
+      const double tiles = median_ms(be, [&] { be.attention_forward(p); }, reps);
+      cuda_set_flash_forward_blocks(be, 0);
+      std::snprintf(name, sizeof(name), "%s_%s_fwd_block_per_tile", s.name, tag);
+      print(name, tiles, fwd_flops);
+    }
     if (s.kv_heads == s.heads)
       time_flipped(cuda_flash_ws_backward, cuda_set_flash_ws_backward, [&] { be.attention_backward(p); }, "bwd",
                    "warp_specialized", "dkdv_regs", bwd_flops);

@@ -653,6 +653,9 @@ inline void wait_counter(const unsigned* counter, unsigned value, bool at_least 
   EMU_CHECK(at_least ? v >= value : v == value, "block %u waits for counter %s%u, which is at %u and cannot advance",
             blockIdx.x, at_least ? ">= " : "", value, v);
 }
+inline unsigned take_ticket(unsigned* counter) {
+  return std::atomic_ref<unsigned>(*counter).fetch_add(1, std::memory_order_relaxed);
+}
 inline void release_counter(unsigned* counter) {
   std::atomic_ref<unsigned>(*counter).fetch_add(1, std::memory_order_release);
 }
