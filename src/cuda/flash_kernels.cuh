@@ -593,7 +593,8 @@ struct FwdWsTraits {
   static constexpr int kOffK = kQBytes;                  // K stages 0, 1
   static constexpr int kOffV = kOffK + 2 * kKBytes;      // V stages 0, 1
   static constexpr int kOffBar = kOffV + 2 * kVBytes;    // mbarriers: Q, K, V, row tile full and free, two of each
-  static constexpr int kOffSink = kOffBar + 16 * 8 + 8;  // (and the two row tile slots) two floats per computing thread
+  static constexpr int kOffSink = kOffBar + 16 * 8 + 8;  // past them, two row tile slots; then two floats a
+                                                         // computing thread (sched_sink)
   static constexpr int kSmemBytes = kOffSink + kConsumerThreads * 8;
   static_assert(kDqk % 64 == 0 && kDv % 64 == 0 && kDv <= 256, "whole 64-column slabs; O in one n-chain");
   static_assert(kOffK % 1024 == 0 && kKBytes % 1024 == 0 && kOffV % 1024 == 0 && kVBytes % 1024 == 0,
@@ -746,8 +747,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
           load_tile_async<kBN, kDqk, kLoad, kAligned>(s_k(st), k_row, k, ltid);
         }
         announce(k_full + st);
-        // The row tile's Q behind its first K tile, each warpgroup's half once that warpgroup has computed the
-        // previous row tile's last S: it loads while the consumers finish that row tile.
         if (it >= 2) mbar_wait(v_free + st, free_parity);
         if constexpr (kAligned) {
           load_rows_async<kBN, kDv, kLoad>(s_v(st), v + n0 * p.v_token_stride, p.v_token_stride, valid, ltid);
