@@ -656,6 +656,18 @@ __device__ __forceinline__ void load_rows_async(bf16* s, const bf16* first, i64 
   }
 }
 
+// kRows rows `stride` elements apart from `first` (rows from `valid` on zeroed) into a swz_k64 tile by the loading
+// warpgroup: load_rows_async on 16-byte aligned views, else load_tile_async's plain loads and stores row by row.
+template <int kRows, int kCols, int kThreads, bool kAligned>
+__device__ __forceinline__ void load_rows_any_async(bf16* s, const bf16* first, i64 stride, i64 valid, int tid) {
+  if constexpr (kAligned) {
+    load_rows_async<kRows, kCols, kThreads>(s, first, stride, valid, tid);
+  } else {
+    auto row = [&](int r) -> const bf16* { return r < valid ? first + r * stride : nullptr; };
+    load_tile_async<kRows, kCols, kThreads, kAligned>(s, row, first, tid);
+  }
+}
+
 template <class Tr, bool kAligned>
 __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const AttentionFwdParams p, const int items,
                                                                           unsigned* taken) {
@@ -740,20 +752,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
         const i64 n0 = i64(t) * kBN;
         if (it >= 2) mbar_wait(k_free + st, free_parity);
         const i64 valid = p.kv_len - n0;  // keys of the tile that exist
-        if constexpr (kAligned) {
-          load_rows_async<kBN, kDqk, kLoad>(s_k(st), k + n0 * p.k_token_stride, p.k_token_stride, valid, ltid);
-        } else {
-          auto k_row = [&](int r) -> const bf16* { return r < valid ? k + (n0 + r) * p.k_token_stride : nullptr; };
-          load_tile_async<kBN, kDqk, kLoad, kAligned>(s_k(st), k_row, k, ltid);
-        }
+        load_rows_any_async<kBN, kDqk, kLoad, kAligned>(s_k(st), k + n0 * p.k_token_stride, p.k_token_stride, valid,
+                                                         ltid);
         announce(k_full + st);
         if (it >= 2) mbar_wait(v_free + st, free_parity);
-        if constexpr (kAligned) {
-          load_rows_async<kBN, kDv, kLoad>(s_v(st), v + n0 * p.v_token_stride, p.v_token_stride, valid, ltid);
-        } else {
-          auto v_row = [&](int r) -> const bf16* { return r < valid ? v + (n0 + r) * p.v_token_stride : nullptr; };
-          load_tile_async<kBN, kDv, kLoad, kAligned>(s_v(st), v_row, v, ltid);
-        }
+        load_rows_any_async<kBN, kDv, kLoad, kAligned>(s_v(st), v + n0 * p.v_token_stride, p.v_token_stride, valid,
+                                                        ltid);
         announce(v_full + st);
       }
       ++qs;
