@@ -192,7 +192,7 @@ bool run_case(const Case& c) {
   if (tc.fwd_ws)
     for (const int blocks : {1, 2, 3}) {
       const auto launched_n = run_fwd(p, true, blocks);
-      const i64 row_tiles = ceil_div(c.q_len * group, 128) * c.kv_heads * c.batch;
+      const i64 row_tiles = ceil_div(c.q_len * group, i64(FwdWsTraits<192, 128>::kBlockM)) * c.kv_heads * c.batch;
       wrong_fwd += launched_n.size() != 1 || launched_n[0].second != std::min<i64>(blocks, row_tiles);
       o_blocks.push_back(o), lse_blocks.push_back(lse);
       std::fill(o.begin(), o.end(), float_to_bf16(kNan)), std::fill(lse.begin(), lse.end(), kNan);
