@@ -43,6 +43,8 @@ CudaMemInfo cuda_mem_info(int device);
 
 // The device's name ("NVIDIA H200"); throws InvalidArgument for a device that does not exist.
 std::string cuda_device_name(int device);
+// Its streaming multiprocessors (132 on an H200); throws InvalidArgument for a device that does not exist.
+int cuda_multiprocessor_count(int device);
 
 // High-water mark of cudaMemGetInfo's used bytes on the backend's device, sampled after every allocation
 // the backend's allocator makes and every growth of its kernel scratch (below); device memory only grows at
@@ -122,6 +124,14 @@ void cuda_set_flash_forward_blocks(Backend& backend, int blocks);
 // rounding; each is deterministic.
 bool cuda_flash_ws_backward(Backend& backend);
 void cuda_set_flash_ws_backward(Backend& backend, bool warp_specialized);
+
+// How many blocks the warp-specialised 192/128 backward launches. 0 (the default): one block per key block (128
+// keys). n > 0: a persistent grid of at most n blocks (one per SM: the device's SM count), each taking the next
+// untaken key block, in the order the default grid issues them, once it has issued the loads of the one it walks
+// (a key block's first rows load under the previous one's last dQ^T, its K and V as that dQ^T finishes). Every
+// count gives the same bits (dQ's in the deterministic mode); a negative one throws InvalidArgument.
+int cuda_flash_backward_blocks(Backend& backend);
+void cuda_set_flash_backward_blocks(Backend& backend, int blocks);
 
 // Which kernel runs the 576/512 tensor-core backward that sums dK + [dV, 0] (absorbed MLA, V inside K): `true`
 // (the default) flash_bwd_vkq_kernel (a block per row tile, dQ in registers, dK + dV added up in fp32 key tiles;

@@ -30,7 +30,7 @@ const char* scratch_slot_name(ScratchSlot s) {
     case ScratchSlot::split_partial: return "split_partial";
     case ScratchSlot::dq_accum: return "dq_accum";
     case ScratchSlot::dq_count: return "dq_count";
-    case ScratchSlot::fwd_taken: return "fwd_taken";
+    case ScratchSlot::taken: return "taken";
     case ScratchSlot::dv_sum: return "dv_sum";
     case ScratchSlot::norm_partial: return "norm_partial";
     case ScratchSlot::gemm_fallback: return "gemm_fallback";
@@ -549,6 +549,14 @@ std::string cuda_device_name(int device) {
   return prop.name;
 }
 
+int cuda_multiprocessor_count(int device) {
+  const int count = cuda_device_count();
+  LAGA_REQUIRE(device >= 0 && device < count, "cuda device ", device, " does not exist (", count, " device(s))");
+  int sms = 0;
+  LAGA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 std::size_t cuda_peak_used_bytes(Backend& backend) {
   return as_cuda(backend, "cuda_peak_used_bytes").cuda_allocator().peak_used();
 }
@@ -658,6 +666,16 @@ void cuda_set_flash_forward_blocks(Backend& backend, int blocks) {
   LAGA_REQUIRE(blocks >= 0, "cuda_set_flash_forward_blocks: blocks is ", blocks,
                "; it must be 0 (one per multiprocessor) or a positive count");
   as_cuda(backend, "cuda_set_flash_forward_blocks").context().flash_forward_blocks = blocks;
+}
+
+int cuda_flash_backward_blocks(Backend& backend) {
+  return as_cuda(backend, "cuda_flash_backward_blocks").context().flash_backward_blocks;
+}
+
+void cuda_set_flash_backward_blocks(Backend& backend, int blocks) {
+  LAGA_REQUIRE(blocks >= 0, "cuda_set_flash_backward_blocks: blocks is ", blocks,
+               "; it must be 0 (a block per key block) or a positive count (a persistent grid)");
+  as_cuda(backend, "cuda_set_flash_backward_blocks").context().flash_backward_blocks = blocks;
 }
 
 bool cuda_flash_ws_backward(Backend& backend) {

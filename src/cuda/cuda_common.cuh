@@ -119,7 +119,8 @@ inline unsigned blocks_for(i64 n, int threads) {
 //   dq_accum       fused tensor-core backward, 192/128 and 576/512 (V inside K, dv_in_dk): fp32 dQ added up by
 //                  the dK/dV kernel, 64-row tiles
 //   dq_count       its per-tile counters (how many key blocks have added theirs)
-//   fwd_taken      the 192/128 warp-specialised forward's count of the row tiles its persistent blocks have taken
+//   taken          the persistent 192/128 warp-specialised kernels' count of the work items (the forward's row
+//                  tiles, the backward's key blocks) their blocks have taken
 //   dv_sum         attention backward with dv_in_dk on a path that writes dV apart: that dV, added into dK
 //   norm_partial   RMSNorm backward: dgamma partial sums
 //   gemm_fallback  reserved for the GEMM fallback
@@ -133,7 +134,7 @@ enum class ScratchSlot {
   split_partial,
   dq_accum,
   dq_count,
-  fwd_taken,
+  taken,
   dv_sum,
   norm_partial,
   gemm_fallback,
@@ -199,6 +200,7 @@ struct Context {
   bool flash_ws_forward = true;  // 192/128 forward: the warp-specialised kernel (else flash_fwd_kernel)
   int flash_forward_blocks = 0;  // its persistent grid: 0 one block per SM, else at most this many
   bool flash_ws_backward = true;  // 192/128 fused-dQ backward, MHA: flash_bwd_ws_kernel (else the dK/dV kernel)
+  int flash_backward_blocks = 0;  // its grid: 0 a block per key block, else persistent, at most this many
   bool flash_vk_rows = true;      // 576/512 summed dK + [dV, 0] backward: flash_bwd_vkq_kernel (else flash_bwd_vk_kernel)
   // flash_bwd_ws_kernel's dQ and flash_bwd_vkq_kernel's dK + [dV, 0]: added into each fp32 tile in a fixed order
   // (reruns bitwise identical), else in whichever order the blocks reach it

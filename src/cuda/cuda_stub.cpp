@@ -27,6 +27,7 @@ void* cuda_stream(Backend&) { no_cuda("cuda_stream"); }
 int cuda_device_of(Backend&) { no_cuda("cuda_device_of"); }
 CudaMemInfo cuda_mem_info(int) { no_cuda("cuda_mem_info"); }
 std::string cuda_device_name(int) { no_cuda("cuda_device_name"); }
+int cuda_multiprocessor_count(int) { no_cuda("cuda_multiprocessor_count"); }
 std::size_t cuda_peak_used_bytes(Backend&) { no_cuda("cuda_peak_used_bytes"); }
 void cuda_reset_peak_used(Backend&) { no_cuda("cuda_reset_peak_used"); }
 CudaScratchInfo cuda_scratch_info(Backend&) { no_cuda("cuda_scratch_info"); }
@@ -41,6 +42,8 @@ void cuda_set_flash_fused_dq(Backend&, bool) { no_cuda("cuda_set_flash_fused_dq"
 int cuda_flash_row_splits(Backend&) { no_cuda("cuda_flash_row_splits"); }
 int cuda_flash_forward_blocks(Backend&) { no_cuda("cuda_flash_forward_blocks"); }
 void cuda_set_flash_forward_blocks(Backend&, int) { no_cuda("cuda_set_flash_forward_blocks"); }
+int cuda_flash_backward_blocks(Backend&) { no_cuda("cuda_flash_backward_blocks"); }
+void cuda_set_flash_backward_blocks(Backend&, int) { no_cuda("cuda_set_flash_backward_blocks"); }
 void cuda_set_flash_row_splits(Backend&, int) { no_cuda("cuda_set_flash_row_splits"); }
 bool cuda_flash_ws_forward(Backend&) { no_cuda("cuda_flash_ws_forward"); }
 void cuda_set_flash_ws_forward(Backend&, bool) { no_cuda("cuda_set_flash_ws_forward"); }

@@ -119,15 +119,24 @@ struct KeyTile {
   i64 block, key0, g, b, group, rows, row_tiles, tile_base;  // tile_base: this (batch, kv head)'s first dQ tile
   RowMap rm;
   int n_tiles;
+  // The block's key block (blockIdx.x), or item x of the work order (a persistent grid's blocks walk several).
   __device__ __forceinline__ explicit KeyTile(const AttentionFwdParams& p)
       : group(p.q_heads / p.kv_heads), rows(p.q_len * group), row_tiles(ceil_div(rows, kBM)), rm{u32(group)} {
-    const TileWork w = tile_work(ceil_div(p.kv_len, kBN), p.kv_heads, p.batch);
+    init(p, tile_work(ceil_div(p.kv_len, kBN), p.kv_heads, p.batch));
+  }
+  __device__ __forceinline__ KeyTile(const AttentionFwdParams& p, i64 x)
+      : group(p.q_heads / p.kv_heads), rows(p.q_len * group), row_tiles(ceil_div(rows, kBM)), rm{u32(group)} {
+    init(p, tile_work(x, ceil_div(p.kv_len, kBN), p.kv_heads, p.batch));
+  }
+  __device__ __forceinline__ i64 step_row0(int t) const { return (row_tiles - 1 - t) * kBM; }
+
+ private:
+  __device__ __forceinline__ void init(const AttentionFwdParams& p, const TileWork& w) {
     block = w.tile, key0 = w.tile * kBN, g = w.g, b = w.b;
     tile_base = (b * p.kv_heads + g) * row_tiles;
     const i64 r_first = imin(imax(key0 - p.q_offset, 0), p.q_len) * group;  // first row that sees key0
     n_tiles = r_first < rows ? int(row_tiles - r_first / kBM) : 0;
   }
-  __device__ __forceinline__ i64 step_row0(int t) const { return (row_tiles - 1 - t) * kBM; }
 };
 
 // kRows x kCols of a global view into a swizzled shared tile; src(r) is row r's first element, or null for
@@ -1287,8 +1296,10 @@ template <int kDqk_, int kDv_>
 struct BwdWsTraits {
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockN = 128, kBlockM = 64;
   static constexpr int kConsumerThreads = 256, kLoadThreads = 64, kThreads = 384;
-  // 168 a thread at launch; per register file 24 x 32 + 2 x 240 x 32 = 16128 of 16384.
-  static constexpr int kLoadRegs = 24, kMmaRegs = 240;
+  // 168 a thread at launch; per register file 24 x 32 + 2 x 240 x 32 = 16128 of 16384. On the persistent grid the
+  // loading warps carry the walk's state too: 32 x 32 + 2 x 240 x 32, the whole file (ptxas spills 480 / 780 B
+  // at 24, 340 / 572 at 32; 204 / 368 on a block per key block).
+  static constexpr int kLoadRegs = 24, kLoadRegsPersistent = 32, kMmaRegs = 240;
   static constexpr int kKBytes = kBlockN * kDqk * 2, kVBytes = kBlockN * kDv * 2;
   static constexpr int kQBytes = kBlockM * kDqk * 2, kDoBytes = kBlockM * kDv * 2;
   static constexpr int kStageBytes = (kQBytes + kDoBytes + 2 * kBlockM * 4 + 1023) / 1024 * 1024;  // Q | dO | lse | D
@@ -1299,14 +1310,17 @@ struct BwdWsTraits {
   static constexpr int kOffDst = kOffStage + 2 * kStageBytes;  // dS^T, buffers 0, 1
   static constexpr int kOffDq = kOffDst + 2 * kPtBytes;        // dQ^T slabs: warpgroups 0, 1 x buffers 0, 1
   // mbarriers: K/V full; stage full x2, stage free x2; dS^T buffer full x2 (both warpgroups' halves written),
-  // dS^T buffer free x2 (both warpgroups' dQ^T have read it)
+  // dS^T buffer free x2 (both warpgroups' dQ^T have read it); K/V free (the key block's last dQ^T done); key block
+  // full x2, key block free x2 (the persistent grid's hand-over); then two key block slots.
   static constexpr int kOffBar = kOffDq + 4 * kDqSlabBytes;
-  static constexpr int kSmemBytes = kOffBar + 9 * 8;
+  static constexpr int kSmemBytes = kOffBar + 14 * 8 + 8;
   // Named barriers: 1 warpgroup 1's turn at a step's S^T (warpgroup 0 has issued that step's dP^T), 10 warpgroup
   // 0's (warpgroup 1 has issued the previous step's dP^T), each over both computing warpgroups; 2 + 2 wg + buf a
   // dQ^T slab of warpgroup wg stored in buffer buf, 6 + 2 wg + buf that buffer read by its bulk operation (each
   // over the warpgroup and its dQ warp).
-  static constexpr int kBarTurn1 = 1, kBarDqFull = 2, kBarDqFree = 6, kBarTurn0 = 10, kDqBarThreads = 128 + 32;
+  // 11: the loading warps, over the two of them (the key block they read from a slot).
+  static constexpr int kBarTurn1 = 1, kBarDqFull = 2, kBarDqFree = 6, kBarTurn0 = 10, kBarLoad = 11;
+  static constexpr int kDqBarThreads = 128 + 32, kItemReaders = kConsumerThreads + 64;  // computing and dQ warps
   static_assert(kDqk == 192 && kDv == 128, "three dQ^T slabs interleaved with dV and dK, as the fused kernel");
   static_assert(kOffStage % 1024 == 0 && kStageBytes % 1024 == 0 && kOffDst % 1024 == 0 &&
                     kQBytes % 1024 == 0,
@@ -1314,11 +1328,12 @@ struct BwdWsTraits {
   static_assert(std::size_t(kSmemBytes) <= kSmemBudget, "warp-specialised backward tiles exceed shared memory");
 };
 
-template <class Tr>
+template <class Tr, bool kPersistent>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_ws_kernel(const AttentionBwdParams p, const float* delta, float* dq_accum, unsigned* dq_count,
-                        bool ordered) {
+                        bool ordered, const int items, unsigned* taken) {
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv;
+  using Keys = KeyTile<kBN, kBM>;
   char* smem = dynamic_smem();
   bf16* s_k = reinterpret_cast<bf16*>(smem);
   bf16* s_v = reinterpret_cast<bf16*>(smem + Tr::kOffV);
@@ -1336,223 +1351,341 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   std::uint64_t* stage_free = bar + 3;  // [2]
   std::uint64_t* ds_full = bar + 5;     // [2]
   std::uint64_t* ds_free = bar + 7;     // [2]
+  std::uint64_t* kv_free = bar + 9;     // persistent grid only, as the three below
+  std::uint64_t* item_full = bar + 10;  // [2]: the block's n-th key block's index in item_slot[n % 2]
+  std::uint64_t* item_free = bar + 12;  // [2]
+  int* item_slot = reinterpret_cast<int*>(bar + 14);  // [2]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
   const int wg = warp >> 2;  // 0, 1: keys 64 wg..; 2: loads and dQ
-  const KeyTile<kBN, kBM> kt(p);
-  const i64 block = kt.block, key0 = kt.key0, g = kt.g, b = kt.b, rows = kt.rows, tile_base = kt.tile_base;
-  const int n_tiles = kt.n_tiles;
   const RowMap rm{1u};  // MHA (the launcher's rule): a row is a query, at compile time
-  auto step_row0 = [&](int t) { return kt.step_row0(t); };
 
-  if (tid == 0) {
-    mbar_init(kv_full, Tr::kLoadThreads);
-    for (int st = 0; st < 2; ++st) {
-      mbar_init(stage_full + st, Tr::kLoadThreads), mbar_init(stage_free + st, Tr::kConsumerThreads);
-      mbar_init(ds_full + st, Tr::kConsumerThreads), mbar_init(ds_free + st, Tr::kConsumerThreads);
-    }
-  }
-  __syncthreads();  // the only block-wide barrier
-  if (n_tiles == 0) {  // no row sees these keys: dK = dV = 0, nothing added to dQ
-    if (wg < 2) {
-      float acc_dk[1][kDqk / 8][4], acc_dv[1][kDv / 8][4];
-      zero(acc_dk), zero(acc_dv);
-      store_dkdv<true>(p, b, g, key0 + warp * 16, 0, 0, acc_dk, acc_dv, gid, tig);
-    }
-    return;
-  }
-
-  if (wg == 2) {
-    setmaxnreg_dec<Tr::kLoadRegs>();
-    const int ltid = tid - Tr::kConsumerThreads;
-    if (ltid < Tr::kLoadThreads) {
-      const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
-      const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
-      load_rows_async<kBN, kDqk, Tr::kLoadThreads>(s_k, k + key0 * p.k_token_stride, p.k_token_stride, p.kv_len - key0, ltid);
-      load_rows_async<kBN, kDv, Tr::kLoadThreads>(s_v, v + key0 * p.v_token_stride, p.v_token_stride, p.kv_len - key0, ltid);
+  // One key block's work for each role; `sc` counts the block's steps before it (the stages' and dS^T buffers'
+  // phases run on across key blocks), `kvs` its key blocks before it that loaded K and V.
+  // The loading warps: K and V, then each step's Q, dO, lse and D a step ahead. After the block's first key
+  // block, the first stage loads before K and V, which wait until the previous key block's last dQ^T has read K.
+  auto load_key_block = [&](const Keys& kt, u32 sc, u32 kvs, int ltid) {
+    const i64 b = kt.b, g = kt.g, key0 = kt.key0, rows = kt.rows;
+    const int n_tiles = kt.n_tiles;
+    const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
+    const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
+    auto load_kv = [&] {
+      load_rows_async<kBN, kDqk, Tr::kLoadThreads>(s_k, k + key0 * p.k_token_stride, p.k_token_stride,
+                                                   p.kv_len - key0, ltid);
+      load_rows_async<kBN, kDv, Tr::kLoadThreads>(s_v, v + key0 * p.v_token_stride, p.v_token_stride,
+                                                  p.kv_len - key0, ltid);
       cp_async_mbar_arrive(kv_full);
-      const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride + g * p.q_head_stride;
-      const bf16* dout = static_cast<const bf16*>(p.dout) + b * p.dout_batch_stride + g * p.dout_head_stride;
-      const i64 lse0 = (b * p.q_heads + g) * p.q_len;  // this head's first lse and D
-      for (int t = 0; t < n_tiles; ++t) {
-        const int st = t & 1;
-        if (t >= 2) mbar_wait(stage_free + st, u32((t >> 1) - 1) & 1u);
-        const i64 r0 = step_row0(t);
-        load_rows_async<kBM, kDqk, Tr::kLoadThreads>(s_q(st), q + r0 * p.q_token_stride, p.q_token_stride, rows - r0, ltid);
-        load_rows_async<kBM, kDv, Tr::kLoadThreads>(s_do(st), dout + r0 * p.dout_token_stride, p.dout_token_stride,
-                                                    rows - r0, ltid);
-        // Rows past the end: lse = D = 0, so P^T = 1 against zero Q and dO rows, and their dS^T, dV and dK terms
-        // are 0 (dQ of those rows is never written out).
-        static_assert(kBM == Tr::kLoadThreads, "a row's lse and D per loading thread");
-        const bool in = r0 + ltid < rows;
-        const i64 r = in ? r0 + ltid : 0;
-        cp_async4_fill(s_lse(st) + ltid, static_cast<const float*>(p.lse) + lse0 + r, in);
-        cp_async4_fill(s_dd(st) + ltid, delta + lse0 + r, in);
-        cp_async_mbar_arrive(stage_full + st);
-      }
-      cp_async_wait<0>();
-    } else {
-      // dQ: warp 2 + h of this warpgroup adds computing warpgroup h's half of each slab (rows 32 h.. of the tile),
-      // so that the two computing warpgroups hand over their slabs independently. Per step: wait until the
-      // key blocks before this one have added both halves of theirs to the row tile (its counter counts halves;
-      // not `ordered`: only key block 0, which stores, and the others add in whichever order they come), then
-      // the three slabs as they come, by one bulk operation each (a store for key block 0, an add after it),
-      // then count this half once its writes are done (not `ordered`: key block 0 only). Slab n of the block
-      // (3 t + s) is in buffer n % 2; a buffer goes back once its bulk operation has read it (slab n's when
-      // slab n + 1 is issued, the step's last at the step's end, before the wait for the writes), except where
-      // no slab follows to use it, so that arrivals and syncs pair up.
-      const int h = (ltid - Tr::kLoadThreads) / 32;
-      float* tiles = dq_accum + tile_base * (kBM * kDqk);
-      constexpr u32 kSlab = Tr::kDqSlabBytes;
-      constexpr int kSlabFloats = Tr::kDqSlabBytes / 4;
-      const int n_slabs = 3 * n_tiles;
-      auto give_back = [&](int n) {  // slab n's buffer, once read
-        __syncwarp();
-        if (n + 2 < n_slabs) named_bar_arrive(Tr::kBarDqFree + 2 * h + (n & 1), Tr::kDqBarThreads);
-      };
-      for (int buf = 0; buf < 2; ++buf) named_bar_arrive(Tr::kBarDqFree + 2 * h + buf, Tr::kDqBarThreads);
-      for (int t = 0; t < n_tiles; ++t) {
-        const i64 tile = step_row0(t) / kBM;
-        float* dst = tiles + tile * (kBM * kDqk) + h * kSlabFloats;
-        if (lane == 0) {
-          wait_counter(dq_count + tile_base + tile, ordered || block == 0 ? 2 * unsigned(block) : 2u, true);
-          fence_proxy_async_global();
-        }
-        for (int s = 0; s < 3; ++s) {
-          const int n = 3 * t + s;
-          named_bar_sync(Tr::kBarDqFull + 2 * h + (n & 1), Tr::kDqBarThreads);
-          if (lane == 0) {
-            if (block == 0)
-              bulk_store(dst + s * 2 * kSlabFloats, s_dq(h, n & 1), kSlab);
-            else
-              bulk_reduce_add(dst + s * 2 * kSlabFloats, s_dq(h, n & 1), kSlab);
-            bulk_commit();
-          }
-          if (s > 0) {
-            if (lane == 0) bulk_wait_read<1>();  // slab n - 1's group (groups complete in order)
-            give_back(n - 1);
-          }
-        }
-        // The step's last buffer goes back once read, before the wait for the writes (which outlasts a slab).
-        if (lane == 0) bulk_wait_read<0>();
-        give_back(3 * t + 2);
-        // Count this half as added once its writes are done: for the key blocks after this one (ordered), or
-        // for those after key block 0 and for the conversion, which reads a tile only where it was stored to.
-        if (lane == 0 && (ordered || block == 0)) {
-          bulk_wait<0>();
-          fence_proxy_async_global();
-          release_counter(dq_count + tile_base + tile);
-        }
-      }
-      if (lane == 0) bulk_wait<0>();  // every add done before the block ends
+    };
+    if (kvs == 0) load_kv();
+    const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride + g * p.q_head_stride;
+    const bf16* dout = static_cast<const bf16*>(p.dout) + b * p.dout_batch_stride + g * p.dout_head_stride;
+    const i64 lse0 = (b * p.q_heads + g) * p.q_len;  // this head's first lse and D
+    auto load_stage = [&](int t) {
+      const u32 u = sc + u32(t);
+      const int st = int(u & 1u);
+      if (u >= 2) mbar_wait(stage_free + st, ((u >> 1) - 1) & 1u);
+      const i64 r0 = kt.step_row0(t);
+      load_rows_async<kBM, kDqk, Tr::kLoadThreads>(s_q(st), q + r0 * p.q_token_stride, p.q_token_stride, rows - r0,
+                                                  ltid);
+      load_rows_async<kBM, kDv, Tr::kLoadThreads>(s_do(st), dout + r0 * p.dout_token_stride, p.dout_token_stride,
+                                                 rows - r0, ltid);
+      // Rows past the end: lse = D = 0, so P^T = 1 against zero Q and dO rows, and their dS^T, dV and dK terms
+      // are 0 (dQ of those rows is never written out).
+      static_assert(kBM == Tr::kLoadThreads, "a row's lse and D per loading thread");
+      const bool in = r0 + ltid < rows;
+      const i64 r = in ? r0 + ltid : 0;
+      cp_async4_fill(s_lse(st) + ltid, static_cast<const float*>(p.lse) + lse0 + r, in);
+      cp_async4_fill(s_dd(st) + ltid, delta + lse0 + r, in);
+      cp_async_mbar_arrive(stage_full + st);
+    };
+    if (kvs > 0) {
+      load_stage(0);
+      mbar_wait(kv_free, (kvs - 1) & 1u);
+      load_kv();
     }
-    return;
-  }
+    for (int t = kvs > 0 ? 1 : 0; t < n_tiles; ++t) load_stage(t);
+  };
 
-  // A computing warpgroup: keys 64 wg.. of the block; warp w of it keys 16 w + gid (+ 8). Step t computes
+  // dQ: warp 2 + h of this warpgroup adds computing warpgroup h's half of each slab (rows 32 h.. of the tile),
+  // so that the two computing warpgroups hand over their slabs independently. Per step: wait until the key
+  // blocks before this one have added both halves of theirs to the row tile (its counter counts halves; not
+  // `ordered`: only key block 0, which stores, and the others add in whichever order they come), then the three
+  // slabs as they come, by one bulk operation each (a store for key block 0, an add after it), then count this
+  // half once its writes are done (not `ordered`: key block 0 only). Slab n of the key block (3 t + s) is in
+  // buffer n % 2; a buffer goes back once its bulk operation has read it (slab n's when slab n + 1 is issued, the
+  // step's last at the step's end, before the wait for the writes), except where no slab of the key block follows
+  // to use it, so that arrivals and syncs pair up; each key block starts by giving both buffers (read by then).
+  auto add_dq = [&](const Keys& kt, int ltid) {
+    const i64 block = kt.block, tile_base = kt.tile_base;
+    const int n_tiles = kt.n_tiles;
+    const int h = (ltid - Tr::kLoadThreads) / 32;
+    float* tiles = dq_accum + tile_base * (kBM * kDqk);
+    constexpr u32 kSlab = Tr::kDqSlabBytes;
+    constexpr int kSlabFloats = Tr::kDqSlabBytes / 4;
+    const int n_slabs = 3 * n_tiles;
+    auto give_back = [&](int n) {  // slab n's buffer, once read
+      __syncwarp();
+      if (n + 2 < n_slabs) named_bar_arrive(Tr::kBarDqFree + 2 * h + (n & 1), Tr::kDqBarThreads);
+    };
+    for (int buf = 0; buf < 2; ++buf) named_bar_arrive(Tr::kBarDqFree + 2 * h + buf, Tr::kDqBarThreads);
+    for (int t = 0; t < n_tiles; ++t) {
+      const i64 tile = kt.step_row0(t) / kBM;
+      float* dst = tiles + tile * (kBM * kDqk) + h * kSlabFloats;
+      if (lane == 0) {
+        wait_counter(dq_count + tile_base + tile, ordered || block == 0 ? 2 * unsigned(block) : 2u, true);
+        fence_proxy_async_global();
+      }
+      for (int s = 0; s < 3; ++s) {
+        const int n = 3 * t + s;
+        named_bar_sync(Tr::kBarDqFull + 2 * h + (n & 1), Tr::kDqBarThreads);
+        if (lane == 0) {
+          if (block == 0)
+            bulk_store(dst + s * 2 * kSlabFloats, s_dq(h, n & 1), kSlab);
+          else
+            bulk_reduce_add(dst + s * 2 * kSlabFloats, s_dq(h, n & 1), kSlab);
+          bulk_commit();
+        }
+        if (s > 0) {
+          if (lane == 0) bulk_wait_read<1>();  // slab n - 1's group (groups complete in order)
+          give_back(n - 1);
+        }
+      }
+      // The step's last buffer goes back once read, before the wait for the writes (which outlasts a slab).
+      if (lane == 0) bulk_wait_read<0>();
+      give_back(3 * t + 2);
+      // Count this half as added once its writes are done: for the key blocks after this one (ordered), or
+      // for those after key block 0 and for the conversion, which reads a tile only where it was stored to.
+      if (lane == 0 && (ordered || block == 0)) {
+        bulk_wait<0>();
+        fence_proxy_async_global();
+        release_counter(dq_count + tile_base + tile);
+      }
+    }
+  };
+
+  // A computing warpgroup: keys 64 wg.. of the key block; warp w of it keys 16 w + gid (+ 8). Step t computes
   // S^T, P^T, dP^T, dS^T, dV and dK of row tile t and then dQ^T of row tile t - 1, whose dS^T both warpgroups
   // wrote a step before: the warpgroups do not meet, so one's elementwise work can run under the other's GEMMs
-  // (warpgroup 1 half a step behind, by the turns at S^T).
-  setmaxnreg_inc<Tr::kMmaRegs>();
-  const int wk0 = warp * 16, m0 = 64 * wg, wtid = tid & 127;
-  float acc_dk[1][kDqk / 8][4], acc_dv[1][kDv / 8][4];
-  zero(acc_dk);
-  zero(acc_dv);
-  const float sl2 = float(p.scale) * kLog2e;
-  mbar_wait(kv_full, 0);
-  for (int t = 0; t <= n_tiles; ++t) {
-    const int st = t & 1;
-    if (t < n_tiles) {
-      const i64 r0 = step_row0(t);
-      mbar_wait(stage_full + st, u32(t >> 1) & 1u);
-      fence_proxy_async();  // cp.async wrote the tiles (generic proxy); wgmma reads them (async proxy)
-      const bf16* sq = s_q(st);
-      const bf16* sdo = s_do(st);
-      const float* slse = s_lse(st);
-      const float* sdd = s_dd(st);
-      bf16* sdst = s_dst(st);
+  // (warpgroup 1 half a step behind, by the turns at S^T). Then dK and dV out.
+  auto compute_key_block = [&](const Keys& kt, u32 sc, u32 kvs) {
+    const i64 key0 = kt.key0, g = kt.g, b = kt.b;
+    const int n_tiles = kt.n_tiles;
+    const int wk0 = warp * 16, m0 = 64 * wg, wtid = tid & 127;
+    float acc_dk[1][kDqk / 8][4], acc_dv[1][kDv / 8][4];
+    zero(acc_dk);
+    zero(acc_dv);
+    const float sl2 = float(p.scale) * kLog2e;
+    mbar_wait(kv_full, kvs & 1u);
+    for (int t = 0; t <= n_tiles; ++t) {
+      const u32 ut = sc + u32(t);  // the block's step
+      const int st = int(ut & 1u);
+      if (t < n_tiles) {
+        const i64 r0 = kt.step_row0(t);
+        mbar_wait(stage_full + st, (ut >> 1) & 1u);
+        fence_proxy_async();  // cp.async wrote the tiles (generic proxy); wgmma reads them (async proxy)
+        const bf16* sq = s_q(st);
+        const bf16* sdo = s_do(st);
+        const float* slse = s_lse(st);
+        const float* sdd = s_dd(st);
+        bf16* sdst = s_dst(st);
 
-      // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e), bf16 in registers as the A operand of dV += P^T dO;
-      // D - dP^T = D - V dO^T (the accumulator starts at D: its loads run under dV, and no subtraction is left
-      // for after the wait); dS^T = P^T (dP^T - D), bf16 in registers as the A operand of dK += dS^T Q and into
-      // this step's dS^T buffer for dQ (once both warpgroups' dQ^T of step t - 2 have read it).
-      float pt[1][kBM / 8][4];
-      // Turns: warpgroup 1 issues S^T of a step once warpgroup 0 has issued that step's dP^T, warpgroup 0 once
-      // warpgroup 1 has issued the previous step's, so that each one's softmax and dS^T fall under the other's GEMMs.
-      if (wg == 1) named_bar_sync(Tr::kBarTurn1, Tr::kConsumerThreads);
-      if (wg == 0 && t > 0) named_bar_sync(Tr::kBarTurn0, Tr::kConsumerThreads);
-      warpgroup_mma_nt_async<1, kBM, kDqk, kBN>(pt, s_k, m0, sq);
-      warpgroup_wait<0>(pt);
-      recompute_pt<kBN>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
-      u32 pa[1][kBM / 16][4];
-      acc_to_a(pa, pt);
-      warpgroup_mma_rs_tb_async<1, kDv, kBM / 16, kBM>(acc_dv, pa, sdo);
-      float ds[1][kBM / 8][4];
-      d_into_acc(ds, sdd, tig);
-      warpgroup_mma_nt_async<1, kBM, kDv, kBN, true, -1>(ds, s_v, m0, sdo);
-      if (wg == 0) named_bar_arrive(Tr::kBarTurn1, Tr::kConsumerThreads);
-      if (wg == 1 && t + 1 < n_tiles) named_bar_arrive(Tr::kBarTurn0, Tr::kConsumerThreads);
-      warpgroup_wait<0>(ds);  // dV (issued first) and D - dP^T done
-      u32 dsa[1][kBM / 16][4];
+        // S^T = K Q^T; P^T = exp2(S^T sl2 - lse log2e), bf16 in registers as the A operand of dV += P^T dO;
+        // D - dP^T = D - V dO^T (the accumulator starts at D: its loads run under dV, and no subtraction is left
+        // for after the wait); dS^T = P^T (dP^T - D), bf16 in registers as the A operand of dK += dS^T Q and into
+        // this step's dS^T buffer for dQ (once both warpgroups' dQ^T of step t - 2 have read it).
+        float pt[1][kBM / 8][4];
+        // Turns: warpgroup 1 issues S^T of a step once warpgroup 0 has issued that step's dP^T, warpgroup 0 once
+        // warpgroup 1 has issued the previous step's (of the key block), so that each one's softmax and dS^T
+        // fall under the other's GEMMs.
+        if (wg == 1) named_bar_sync(Tr::kBarTurn1, Tr::kConsumerThreads);
+        if (wg == 0 && t > 0) named_bar_sync(Tr::kBarTurn0, Tr::kConsumerThreads);
+        warpgroup_mma_nt_async<1, kBM, kDqk, kBN>(pt, s_k, m0, sq);
+        warpgroup_wait<0>(pt);
+        recompute_pt<kBN>(pt, slse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
+        u32 pa[1][kBM / 16][4];
+        acc_to_a(pa, pt);
+        warpgroup_mma_rs_tb_async<1, kDv, kBM / 16, kBM>(acc_dv, pa, sdo);
+        float ds[1][kBM / 8][4];
+        d_into_acc(ds, sdd, tig);
+        warpgroup_mma_nt_async<1, kBM, kDv, kBN, true, -1>(ds, s_v, m0, sdo);
+        if (wg == 0) named_bar_arrive(Tr::kBarTurn1, Tr::kConsumerThreads);
+        if (wg == 1 && t + 1 < n_tiles) named_bar_arrive(Tr::kBarTurn0, Tr::kConsumerThreads);
+        warpgroup_wait<0>(ds);  // dV (issued first) and D - dP^T done
+        u32 dsa[1][kBM / 16][4];
 #pragma unroll
-      for (int nt = 0; nt < kBM / 8; ++nt) {
+        for (int nt = 0; nt < kBM / 8; ++nt) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const u32 ph = pa[0][nt / 2][(nt % 2) * 2 + h];  // P^T of rows gid + 8 h, columns nt * 8 + 2 tig (+ 1)
-          dsa[0][nt / 2][(nt % 2) * 2 + h] =
-              pack_bf16(-lo_bf16(ph) * ds[0][nt][2 * h], -hi_bf16(ph) * ds[0][nt][2 * h + 1]);
+          for (int h = 0; h < 2; ++h) {
+            const u32 ph = pa[0][nt / 2][(nt % 2) * 2 + h];  // P^T of rows gid + 8 h, columns nt * 8 + 2 tig (+ 1)
+            dsa[0][nt / 2][(nt % 2) * 2 + h] =
+                pack_bf16(-lo_bf16(ph) * ds[0][nt][2 * h], -hi_bf16(ph) * ds[0][nt][2 * h + 1]);
+          }
+        }
+        warpgroup_mma_rs_tb_async<1, kDqk, kBM / 16, kBM>(acc_dk, dsa, sq);
+        // dS^T into this step's buffer for dQ while dK runs (once both warpgroups' dQ^T of step t - 2 have read
+        // it), four 8x8 matrices a stmatrix: dsa[0][i][j] holds rows gid + 8 (j % 2), columns 8 (2 i + j / 2) +
+        // 2 tig (+ 1); lane l addresses row l % 8 of matrix l / 8.
+        if (ut >= 2) mbar_wait(ds_free + st, ((ut >> 1) - 1) & 1u);
+#pragma unroll
+        for (int i = 0; i < kBM / 16; ++i) {
+          const int j = lane >> 3;
+          stsm_x4(smem_u32(sdst + swz_k64<kBN>(wk0 + (lane & 7) + 8 * (j & 1), 8 * (2 * i + (j >> 1)))), dsa[0][i]);
+        }
+        fence_proxy_async();  // the other warpgroup's dQ^T wgmma (async proxy) reads these stores
+        mbar_arrive(ds_full + st);
+        if (t == 0) {  // no dQ^T this step: this stage's Q and dO are read once dK is done
+          warpgroup_wait<0>(acc_dk);
+          mbar_arrive(stage_free + st);
+          continue;
         }
       }
-      warpgroup_mma_rs_tb_async<1, kDqk, kBM / 16, kBM>(acc_dk, dsa, sq);
-      // dS^T into this step's buffer for dQ while dK runs (once both warpgroups' dQ^T of step t - 2 have read it),
-      // four 8x8 matrices a stmatrix: dsa[0][i][j] holds rows gid + 8 (j % 2), columns 8 (2 i + j / 2) + 2 tig
-      // (+ 1); lane l addresses row l % 8 of matrix l / 8.
-      if (t >= 2) mbar_wait(ds_free + st, u32((t >> 1) - 1) & 1u);
+
+      // dQ^T of step u = t - 1 (d_qk x 32 rows per warpgroup) = K^T dS^T a 64-column slab at a time (two
+      // accumulators in turn), each slab to shared memory for the dQ warp while the next one runs.
+      const int u = t - 1;
+      const u32 uu = ut - 1;  // the block's step u
+      mbar_wait(ds_full + (uu & 1u), (uu >> 1) & 1u);
+      float acc_dq[2][4][4];
+      auto store_slab = [&](const float (&acc)[4][4], int s) {  // slab 3 u + s, in buffer (3 u + s) % 2
+        const int buf = (3 * u + s) & 1;
+        named_bar_sync(Tr::kBarDqFree + 2 * wg + buf, Tr::kDqBarThreads);
+        float* d = s_dq(wg, buf) + wtid * 4;
 #pragma unroll
-      for (int i = 0; i < kBM / 16; ++i) {
-        const int j = lane >> 3;
-        stsm_x4(smem_u32(sdst + swz_k64<kBN>(wk0 + (lane & 7) + 8 * (j & 1), 8 * (2 * i + (j >> 1)))), dsa[0][i]);
-      }
-      fence_proxy_async();  // the other warpgroup's dQ^T wgmma (async proxy) reads these stores
-      mbar_arrive(ds_full + st);
-      if (t == 0) {  // no dQ^T this step: this stage's Q and dO are read once dK is done
-        warpgroup_wait<0>(acc_dk);
+        for (int nt = 0; nt < 4; ++nt) st_shared_v4(d + nt * 128 * 4, acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+        fence_proxy_async();  // the bulk reduction (async proxy) reads what these stores wrote
+        named_bar_arrive(Tr::kBarDqFull + 2 * wg + buf, Tr::kDqBarThreads);
+      };
+      const bf16* s_dst_wg = s_dst(int(uu & 1u)) + 32 * wg;
+      warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[0], s_k, 0, s_dst_wg);
+      warpgroup_wait<0>(acc_dq[0]);  // slab 0 done, and dK of step t: this stage's Q and dO are read
+      if (t < n_tiles) {
+        reg_fence_all(acc_dk);
         mbar_arrive(stage_free + st);
+      }
+      warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[1], s_k, 1, s_dst_wg);
+      store_slab(acc_dq[0], 0);
+      warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[0], s_k, 2, s_dst_wg);
+      warpgroup_wait<1>(acc_dq[1]);
+      store_slab(acc_dq[1], 1);
+      warpgroup_wait<0>(acc_dq[0]);
+      mbar_arrive(ds_free + (uu & 1u));  // this warpgroup's dQ^T has read dS^T buffer u % 2
+      // The key block's last read of K (V's came before it): the next one's K and V may load.
+      if (kPersistent && t == n_tiles) mbar_arrive(kv_free);
+      store_slab(acc_dq[0], 2);
+    }
+    store_dkdv<true>(p, b, g, key0 + wk0, 0, 0, acc_dk, acc_dv, gid, tig);
+  };
+
+  // No row sees these keys: dK = dV = 0, nothing added to dQ.
+  auto zero_key_block = [&](const Keys& kt) {
+    float acc_dk[1][Tr::kDqk / 8][4], acc_dv[1][Tr::kDv / 8][4];
+    zero(acc_dk), zero(acc_dv);
+    store_dkdv<true>(p, kt.b, kt.g, kt.key0 + warp * 16, 0, 0, acc_dk, acc_dv, gid, tig);
+  };
+
+  if constexpr (!kPersistent) {  // a block per key block
+    const Keys kt(p);
+    if (tid == 0) {
+      mbar_init(kv_full, Tr::kLoadThreads);
+      for (int st = 0; st < 2; ++st) {
+        mbar_init(stage_full + st, Tr::kLoadThreads), mbar_init(stage_free + st, Tr::kConsumerThreads);
+        mbar_init(ds_full + st, Tr::kConsumerThreads), mbar_init(ds_free + st, Tr::kConsumerThreads);
+      }
+    }
+    __syncthreads();  // the only block-wide barrier
+    if (kt.n_tiles == 0) {
+      if (wg < 2) zero_key_block(kt);
+      return;
+    }
+    if (wg == 2) {
+      setmaxnreg_dec<Tr::kLoadRegs>();
+      const int ltid = tid - Tr::kConsumerThreads;
+      if (ltid < Tr::kLoadThreads) {
+        load_key_block(kt, 0, 0, ltid);
+        cp_async_wait<0>();
+      } else {
+        add_dq(kt, ltid);
+        if (lane == 0) bulk_wait<0>();  // every add done before the block ends
+      }
+      return;
+    }
+    setmaxnreg_inc<Tr::kMmaRegs>();
+    compute_key_block(kt, 0, 0);
+  } else {
+    // A persistent grid: block c starts at key block c of the work order and takes the next untaken one each
+    // time its loading warps have issued one's loads (*taken counts those handed out past the first gridDim.x,
+    // zeroed by the launcher), heaviest first, as the GPU would issue blocks. Key blocks are taken in the work
+    // order and a block walks its own in that order, so the key block that a dQ counter waits for is always one
+    // a block is walking or has walked. The first loading thread takes it and hands it to the others through
+    // item_slot; the roles walk the same key blocks.
+    if (tid == 0) {
+      mbar_init(kv_full, Tr::kLoadThreads), mbar_init(kv_free, Tr::kConsumerThreads);
+      for (int st = 0; st < 2; ++st) {
+        mbar_init(stage_full + st, Tr::kLoadThreads), mbar_init(stage_free + st, Tr::kConsumerThreads);
+        mbar_init(ds_full + st, Tr::kConsumerThreads), mbar_init(ds_free + st, Tr::kConsumerThreads);
+        mbar_init(item_full + st, 1), mbar_init(item_free + st, Tr::kItemReaders);
+      }
+    }
+    __syncthreads();  // the only block-wide barrier
+    // The block's n-th key block (n > 0), read from its slot by the computing and dQ warps.
+    auto next_item = [&](u32 n) {
+      const u32 slot = n & 1u;
+      mbar_wait(item_full + slot, ((n - 1) >> 1) & 1u);
+      const int x = item_slot[slot];
+      mbar_arrive(item_free + slot);
+      return u32(x);
+    };
+    if (wg == 2) {
+      setmaxnreg_dec<Tr::kLoadRegsPersistent>();
+      const int ltid = tid - Tr::kConsumerThreads;
+      if (ltid < Tr::kLoadThreads) {
+        u32 sc = 0, kvs = 0;  // steps and K/V tiles loaded so far
+        for (u32 n = 0, x = blockIdx.x;; ++n) {
+          if (n > 0) {  // take the next key block and hand it over (also the one past the end, which ends the walk)
+            const u32 slot = n & 1u;
+            if (ltid == 0) {
+              const u32 next = gridDim.x + take_ticket(taken);
+              if (n >= 3) mbar_wait(item_free + slot, ((n - 3) >> 1) & 1u);  // key block n - 2 read from the slot
+              item_slot[slot] = int(imin(next, items));
+              mbar_arrive(item_full + slot);
+            }
+            // The loading threads read it behind a barrier of their own, which also keeps thread 0 from writing
+            // the slot again (two key blocks on) before all of them have read it.
+            named_bar_sync(Tr::kBarLoad, Tr::kLoadThreads);
+            x = u32(item_slot[slot]);
+          }
+          if (x >= u32(items)) break;
+          const Keys kt(p, x);
+          if (kt.n_tiles == 0) continue;
+          load_key_block(kt, sc, kvs, ltid);
+          sc += u32(kt.n_tiles), ++kvs;
+        }
+        cp_async_wait<0>();
+      } else {
+        for (u32 n = 0, x = blockIdx.x;; ++n) {
+          if (n > 0) x = next_item(n);
+          if (x >= u32(items)) break;
+          const Keys kt(p, x);
+          if (kt.n_tiles > 0) add_dq(kt, ltid);
+        }
+        if (lane == 0) bulk_wait<0>();  // every add done before the block ends
+      }
+      return;
+    }
+    setmaxnreg_inc<Tr::kMmaRegs>();
+    u32 sc = 0, kvs = 0;  // steps and K/V tiles consumed so far
+    for (u32 n = 0, x = blockIdx.x;; ++n) {
+      if (n > 0) x = next_item(n);
+      if (x >= u32(items)) break;
+      const Keys kt(p, x);
+      if (kt.n_tiles == 0) {
+        zero_key_block(kt);
         continue;
       }
+      compute_key_block(kt, sc, kvs);
+      sc += u32(kt.n_tiles), ++kvs;
     }
-
-    // dQ^T of step u = t - 1 (d_qk x 32 rows per warpgroup) = K^T dS^T a 64-column slab at a time (two
-    // accumulators in turn), each slab to shared memory for the dQ warp while the next one runs.
-    const int u = t - 1;
-    mbar_wait(ds_full + (u & 1), u32(u >> 1) & 1u);
-    float acc_dq[2][4][4];
-    auto store_slab = [&](const float (&acc)[4][4], int s) {  // slab 3 u + s, in buffer (3 u + s) % 2
-      const int buf = (3 * u + s) & 1;
-      named_bar_sync(Tr::kBarDqFree + 2 * wg + buf, Tr::kDqBarThreads);
-      float* d = s_dq(wg, buf) + wtid * 4;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) st_shared_v4(d + nt * 128 * 4, acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-      fence_proxy_async();  // the bulk reduction (async proxy) reads what these stores wrote
-      named_bar_arrive(Tr::kBarDqFull + 2 * wg + buf, Tr::kDqBarThreads);
-    };
-    const bf16* s_dst_wg = s_dst(u & 1) + 32 * wg;
-    warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[0], s_k, 0, s_dst_wg);
-    warpgroup_wait<0>(acc_dq[0]);  // slab 0 done, and dK of step t: this stage's Q and dO are read
-    if (t < n_tiles) {
-      reg_fence_all(acc_dk);
-      mbar_arrive(stage_free + st);
-    }
-    warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[1], s_k, 1, s_dst_wg);
-    store_slab(acc_dq[0], 0);
-    warpgroup_mma_tt_async<kBN / 16, kBN>(acc_dq[0], s_k, 2, s_dst_wg);
-    warpgroup_wait<1>(acc_dq[1]);
-    store_slab(acc_dq[1], 1);
-    warpgroup_wait<0>(acc_dq[0]);
-    mbar_arrive(ds_free + (u & 1));  // this warpgroup's dQ^T has read dS^T buffer u % 2
-    store_slab(acc_dq[0], 2);
   }
-  store_dkdv<true>(p, b, g, key0 + wk0, 0, 0, acc_dk, acc_dv, gid, tig);
 }
 
 // ================================================================ backward, V inside K: dK + dV in one accumulator

@@ -18,6 +18,9 @@
 //                                                           SM, n > 0 at most n (never more than its row tiles)
 //   bool warp_specialized_backward()                        192/128 with fused dQ, MHA, aligned views:
 //                                                           flash_bwd_ws_kernel, else flash_bwd_dkdv_regs_kernel
+//   int backward_blocks()                                   flash_bwd_ws_kernel's grid: 0 one block per key block,
+//                                                           n > 0 persistent, at most n (never more than its key
+//                                                           blocks)
 //   bool rows_resident_vk()                                 576/512 with V inside K and dv_in_dk (fused dQ):
 //                                                           flash_bwd_vkq_kernel, else flash_bwd_vk_kernel
 //   bool ordered_dq()                                       flash_bwd_ws_kernel's dQ and flash_bwd_vkq_kernel's
@@ -42,7 +45,7 @@ enum class LaunchScratch {
   dq_accum,       // 192/128 with fused dQ: fp32 dQ tiles of kDqTileRows rows
   dq_count,       // their counters (how many key blocks have added theirs)
   split_partial,  // 576/512: the dK/dV partial sums of the row splits
-  fwd_taken,      // 192/128 warp-specialised forward: how many row tiles its persistent blocks have taken
+  taken,          // 192/128 warp-specialised kernels: how many work items their persistent blocks have taken
 };
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
@@ -137,7 +140,7 @@ void forward_impl(L& launcher, const AttentionFwdParams& p) {
         const i64 items = flash_grid(ceil_div(rows, Tr::kBlockM), p);
         if (items == 0) return;
         const int want = launcher.forward_blocks();
-        auto* taken = static_cast<unsigned*>(launcher.scratch(LaunchScratch::fwd_taken, sizeof(unsigned)));
+        auto* taken = static_cast<unsigned*>(launcher.scratch(LaunchScratch::taken, sizeof(unsigned)));
         launcher.zero(taken, sizeof(unsigned));
         launch_nonempty(launcher, flash_fwd_ws_kernel<Tr, kAligned>, "flash_fwd_ws_kernel",
             std::min<i64>(items, want > 0 ? want : launcher.multiprocessors()), Tr::kThreads,
@@ -246,9 +249,19 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
       if (launcher.fused_dq() && launcher.warp_specialized_backward() && group == 1) {
         using Tr = typename K::DkdvWs;
         const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
-        launch_nonempty(launcher, flash_bwd_ws_kernel<Tr>, "flash_bwd_ws_kernel",
-            flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta,
-            dq.accum, dq.count, launcher.ordered_dq());
+        const i64 items = flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p);  // key blocks
+        const int want = launcher.backward_blocks();
+        if (want > 0) {  // a persistent grid of at most `want` blocks
+          auto* taken = static_cast<unsigned*>(launcher.scratch(LaunchScratch::taken, sizeof(unsigned)));
+          launcher.zero(taken, sizeof(unsigned));
+          launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, true>, "flash_bwd_ws_kernel",
+              std::min<i64>(items, want), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count,
+              launcher.ordered_dq(), int(items), taken);
+        } else {  // a block per key block
+          launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, false>, "flash_bwd_ws_kernel", items, Tr::kThreads,
+              std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count, launcher.ordered_dq(), int(items),
+              static_cast<unsigned*>(nullptr));
+        }
         dq_from_tiles<Tr::kDqk, kAligned, DqLayout::ws>(launcher, p, dq);
         return;
       }

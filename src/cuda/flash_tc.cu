@@ -13,7 +13,7 @@ ScratchSlot slot_of(flash::LaunchScratch s) {
     case flash::LaunchScratch::dq_accum: return ScratchSlot::dq_accum;
     case flash::LaunchScratch::dq_count: return ScratchSlot::dq_count;
     case flash::LaunchScratch::split_partial: return ScratchSlot::split_partial;
-    case flash::LaunchScratch::fwd_taken: return ScratchSlot::fwd_taken;
+    case flash::LaunchScratch::taken: return ScratchSlot::taken;
   }
   LAGA_CHECK(false, "unknown scratch slot of the tensor-core attention");
   return ScratchSlot::delta;
@@ -45,6 +45,7 @@ class StreamLauncher {
   bool warp_specialized_forward() const { return ctx_.flash_ws_forward; }
   int forward_blocks() const { return ctx_.flash_forward_blocks; }
   bool warp_specialized_backward() const { return ctx_.flash_ws_backward; }
+  int backward_blocks() const { return ctx_.flash_backward_blocks; }
   bool rows_resident_vk() const { return ctx_.flash_vk_rows; }
   bool ordered_dq() const { return ctx_.flash_ordered_dq; }
 

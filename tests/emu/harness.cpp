@@ -96,7 +96,9 @@ class EmuLauncher {
     EMU_CHECK(blocks > 0 && blocks <= INT32_MAX, "%s: %ld blocks", name, long(blocks));
     EMU_CHECK(smem <= kSmemBudget, "%s: %zu bytes of shared memory", name, smem);
     launched.emplace_back(name, blocks);
+    emu::resident_blocks = resident;
     emu::launch(kernel, EmuDim3{unsigned(blocks), 1, 1}, threads, smem, args...);
+    emu::resident_blocks = 1;
   }
   void* scratch(LaunchScratch slot, std::size_t bytes) {
     std::vector<float>& b = scratch_[int(slot)];
@@ -112,8 +114,11 @@ class EmuLauncher {
   bool rows_resident_vk() const { return vk_rows_; }
   bool ordered_dq() const { return !any_order_dq; }
   int forward_blocks() const { return forward_blocks_; }
+  int backward_blocks() const { return backward_blocks_; }
   bool any_order_dq = false;  // flash_bwd_ws_kernel's dQ added in any order
   int forward_blocks_ = 0;    // flash_fwd_ws_kernel's grid (as cuda_set_flash_forward_blocks)
+  int backward_blocks_ = 0;   // flash_bwd_ws_kernel's grid (as cuda_set_flash_backward_blocks)
+  int resident = 1;           // blocks running together (emu::resident_blocks): a persistent grid's size
   std::vector<std::pair<std::string, i64>> launched;  // kernel names and blocks, in launch order
 
  private:
@@ -129,16 +134,21 @@ class EmuLauncher {
 // An H200's SM count: the dK/dV row splits of 576/512 are those the GPU would run.
 constexpr int kMultiprocessors = 132;
 
+// A persistent grid of n blocks (forward_blocks, backward_blocks n > 0) runs its n blocks together, as on n SMs.
 std::vector<std::pair<std::string, i64>> run_fwd(const AttentionFwdParams& p, bool ws_forward, int forward_blocks = 0) {
   EmuLauncher launcher(kMultiprocessors, true, 0, ws_forward);
   launcher.forward_blocks_ = forward_blocks;
+  launcher.resident = std::max(forward_blocks, 1);
   forward(launcher, p);
   return launcher.launched;
 }
 std::vector<std::pair<std::string, i64>> run_bwd(const AttentionBwdParams& p, bool fused_dq, int row_splits,
-                                                 bool ws_backward = true, bool vk_rows = false, bool any_order = false) {
+                                                 bool ws_backward = true, bool vk_rows = false, bool any_order = false,
+                                                 int backward_blocks = 0) {
   EmuLauncher launcher(kMultiprocessors, fused_dq, row_splits, true, ws_backward, vk_rows);
   launcher.any_order_dq = any_order;
+  launcher.backward_blocks_ = backward_blocks;
+  launcher.resident = std::max(backward_blocks, 1);
   backward(launcher, p);
   return launcher.launched;
 }
@@ -239,6 +249,21 @@ bool run_case(const Case& c) {
     dq_any = dq, dk_any = dk, dv_any = dv;
     poison();
   }
+  // The warp-specialised backward's persistent grid on 1, 2 and 3 blocks running together (each walking several
+  // key blocks, the stages' and buffers' phases running on across them, the dQ counters waited for across
+  // blocks): in the fixed order every count must give the default's bits; in any order (2 blocks) dK and dV
+  // the same bits and dQ within its rounding.
+  std::vector<std::vector<bf16>> dq_blocks, dk_blocks, dv_blocks;
+  long bwd_blocks_wrong = 0;
+  const i64 key_blocks = ceil_div(c.kv_len, i64(BwdWsTraits<192, 128>::kBlockN)) * c.kv_heads * c.batch;
+  if (ws_bwd)
+    for (const auto& [blocks, any] : std::vector<std::pair<int, bool>>{{1, false}, {2, false}, {3, false}, {2, true}}) {
+      const auto launched_n = run_bwd(p, true, fixed, true, c.vk_rows, any, blocks);
+      for (const auto& kv : launched_n)
+        if (kv.first == "flash_bwd_ws_kernel") bwd_blocks_wrong += kv.second != std::min<i64>(blocks, key_blocks);
+      dq_blocks.push_back(dq), dk_blocks.push_back(dk), dv_blocks.push_back(dv);
+      poison();
+    }
   const std::vector<std::pair<std::string, i64>> launched = run_bwd(p, true, fixed, true, c.vk_rows);
   if (both) {
     bool ws_ran = false;
@@ -283,6 +308,23 @@ bool run_case(const Case& c) {
   if (ws_bwd) dkdv_bits_differ += bits_differ(dk, dk_regs) + bits_differ(dv, dv_regs);
   const long any_order_bits_differ =
       any_order ? bits_differ(dq, dq_any) + bits_differ(dk, dk_any) + bits_differ(dv, dv_any) : 0;
+  long bwd_blocks_bits_differ = 0;
+  Err edq_any_blocks;
+  for (std::size_t i = 0; i < dq_blocks.size(); ++i) {
+    const bool any = i + 1 == dq_blocks.size();
+    bwd_blocks_bits_differ += bits_differ(dk_blocks[i], dk) + bits_differ(dv_blocks[i], dv);
+    if (!any) {
+      bwd_blocks_bits_differ += bits_differ(dq_blocks[i], dq);
+    } else {
+      for (i64 t = 0; t < qv.tokens; ++t)
+        for (i64 bb = 0; bb < qv.batch; ++bb)
+          for (i64 h = 0; h < qv.heads; ++h)
+            for (i64 d = 0; d < qv.dim; ++d) {
+              const std::size_t at = std::size_t(qv.idx(t, bb, h, d));
+              edq_any_blocks.add(bf16_to_float(dq_blocks[i][at]), bf16_to_float(dq[at]));
+            }
+    }
+  }
 
   // float64 reference (from the bf16 inputs; o for D from the GPU's rounded o like FlashAttention? no: exact)
   Err eo, else_, edq, edk, edv, edq_sep, edq_regs, eo_old, else_old;
@@ -365,7 +407,8 @@ bool run_case(const Case& c) {
   const bool ok = eo.rel() <= tol && edq.rel() <= tol && edk.rel() <= tol && (c.dv_in_dk || edv.rel() <= tol) && (else_.den == 0 || else_.rel() <= 1e-5) &&
                   bad_empty == 0 && out_o + out_dq + out_dk + out_dv + out_sep == 0 && (!both || edq_sep.rel() <= tol) && (!ws_bwd || edq_regs.rel() <= tol) && wrong_bwd == 0 &&
                   dkdv_bits_differ == 0 && any_order_bits_differ == 0 && wrong_splits == 0 && wrong_fwd == 0 &&
-                  fwd_blocks_bits_differ == 0 &&
+                  fwd_blocks_bits_differ == 0 && bwd_blocks_bits_differ == 0 && bwd_blocks_wrong == 0 &&
+                  (edq_any_blocks.den == 0 || edq_any_blocks.rel() <= 4e-3) &&
                   (!tc.fwd_ws || (eo_old.rel() <= tol && (else_old.den == 0 || else_old.rel() <= 1e-5)));
   std::printf("%-34s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e | bad_empty %ld outside %ld %ld %ld %ld | %s\n", c.name, eo.rel(),
               else_.den ? else_.rel() : 0.0, edq.rel(), edk.rel(), edv.rel(), bad_empty, out_o, out_dq, out_dk, out_dv, ok ? "OK" : "FAIL");
@@ -387,6 +430,10 @@ bool run_case(const Case& c) {
   if (any_order)
     std::printf("%-34s added in any order: %ld elements whose bits differ from the ordered run\n", "",
                 any_order_bits_differ);
+  if (ws_bwd)
+    std::printf("%-34s warp-specialised backward on 1, 2, 3 blocks%s: %ld of dq, dk, dv differ from the default; "
+                "in any order on 2: dq %.2e from the ordered run\n",
+                "", bwd_blocks_wrong ? " (NOT the blocks asked)" : "", bwd_blocks_bits_differ, edq_any_blocks.rel());
   if (c.dv_in_dk && c.vk_rows)
     std::printf("%-34s dk = dK + [dV, 0] by flash_bwd_vkq_kernel (rows resident): %s\n", "",
                 wrong_splits ? "NOT what was launched" : "launched");
@@ -410,6 +457,9 @@ int main(int argc, char** argv) {
       // Five 128-key tiles (the warp-specialised forward reuses each K and V stage twice), aligned and unaligned.
       {"mha_192_128_five_key_tiles", 1, 70, 600, 2, 2, 192, 128, 530, false, false, 1},
       {"mha_192_128_five_key_tiles_wide", 1, 40, 590, 1, 1, 192, 128, 550, true, false, 1},
+      // Keys past every row: key blocks 1-3 of each head see no row (dK = dV = 0), so a persistent block walks
+      // several of them in a row after the seen ones.
+      {"mha_192_128_keys_past_rows", 1, 64, 500, 2, 2, 192, 128, 0, false, false, 1},
       // 17 kv heads x batch 2 = 34 (head, batch) pairs: three groups of the grid order, the last partial.
       {"mha_192_128_head_groups", 2, 24, 24, 17, 17, 192, 128, 0, false, false, 1},
       {"mqa_576_512_absorbed_wide", 1, 70, 70, 4, 1, 576, 512, 0, true, true, 1},

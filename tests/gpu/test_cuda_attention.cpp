@@ -626,6 +626,43 @@ TEST_P(CudaAttentionWsBackward, AnyOrderDqMatchesFloat64WithTheSameDkDv) {
   const double rel = backward_two_ways(GetParam(), set, {true, false}, {true, false}, {"deterministic", "any order"});
   std::printf("GPUCHECK any_order_dq %s dq_vs_ordered_rel=%.3e\n", GetParam().name, rel);
 }
+// Its persistent grid (cuda_set_flash_backward_blocks): on 1, 2, 3 and 7 blocks every block walks several key
+// blocks (the stages' and dS^T buffers' phases running on across them, dQ's counters waited for across blocks), on
+// a block per key block none does; in the fixed order every count writes the default's bits, which match float64;
+// in any order on 3 blocks dK and dV are those bits and dQ matches float64.
+TEST_P(CudaAttentionWsBackward, AnyBlockCountGivesTheSameBits) {
+  LAGA_REQUIRE_GPU();
+  Backends be;
+  auto rng = rng_for_test();
+  Problem pr(GetParam(), AttentionKernel::Fused, DType::BF16, be, rng);
+  ASSERT_EQ(cuda_flash_backward_blocks(*be.gpu), 0);
+  pr.forward();
+  pr.backward(rng);
+  pr.check_backward();
+  auto raw = [&](const Mirror& m) { return raw_bytes(*be.gpu, m.dev); };
+  const auto dq = raw(pr.dq), dk = raw(pr.dk), dv = raw(pr.dv);
+  auto run = [&] {
+    for (Mirror* m : {&pr.dq, &pr.dk, &pr.dv}) m->poison(*be.gpu);
+    be.gpu->attention_backward(pr.params(true));
+  };
+  for (const int blocks : {1, 2, 3, 7, 1 << 20}) {
+    SCOPED_TRACE("backward blocks " + std::to_string(blocks));
+    cuda_set_flash_backward_blocks(*be.gpu, blocks);
+    run();
+    EXPECT_EQ(raw(pr.dq), dq) << "dq differs from the default grid's";
+    EXPECT_EQ(raw(pr.dk), dk) << "dk differs from the default grid's";
+    EXPECT_EQ(raw(pr.dv), dv) << "dv differs from the default grid's";
+  }
+  cuda_set_flash_backward_blocks(*be.gpu, 3);
+  cuda_set_attention_deterministic(*be.gpu, false);
+  run();
+  pr.check_backward();
+  EXPECT_EQ(raw(pr.dk), dk) << "dk differs in any order";
+  EXPECT_EQ(raw(pr.dv), dv) << "dv differs in any order";
+  cuda_set_attention_deterministic(*be.gpu, true);
+  EXPECT_THROW(cuda_set_flash_backward_blocks(*be.gpu, -1), InvalidArgument);
+  cuda_set_flash_backward_blocks(*be.gpu, 0);
+}
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionWsBackward, ::testing::ValuesIn(cases_192_128()),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 

@@ -156,9 +156,23 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
       std::snprintf(name, sizeof(name), "%s_%s_fwd_block_per_tile", s.name, tag);
       print(name, tiles, fwd_flops);
     }
-    if (s.kv_heads == s.heads)
+    if (s.kv_heads == s.heads) {
       time_flipped(cuda_flash_ws_backward, cuda_set_flash_ws_backward, [&] { be.attention_backward(p); }, "bwd",
                    "warp_specialized", "dkdv_regs", bwd_flops);
+      // On a persistent grid of one block per SM, in both orders of dQ's sums.
+      if (cuda_flash_ws_backward(be) && cuda_flash_backward_blocks(be) == 0) {
+        cuda_set_flash_backward_blocks(be, cuda_multiprocessor_count(cuda_device_of(be)));
+        const bool was = cuda_attention_deterministic(be);
+        for (const bool deterministic : {true, false}) {
+          cuda_set_attention_deterministic(be, deterministic);
+          const double ms = median_ms(be, [&] { be.attention_backward(p); }, reps);
+          std::snprintf(name, sizeof(name), "%s_%s_bwd_persistent%s", s.name, tag, deterministic ? "" : "_any_order");
+          print(name, ms, bwd_flops);
+        }
+        cuda_set_attention_deterministic(be, was);
+        cuda_set_flash_backward_blocks(be, 0);
+      }
+    }
   }
   // 576/512 with V inside K: the summed backward on the other kernel (rows resident or key blocks resident).
   if (kernel == AttentionKernel::Fused && s.v_in_k)

@@ -434,64 +434,112 @@ inline void fiber_main() {
   swapcontext(&tl_fiber->ctx, &tl_scheduler);  // never resumed
 }
 
-// Runs kernel(args...) over the grid, block by block (blockIdx.x fastest), one fiber per CUDA thread.
+// How many blocks of a grid are resident at once: 1 runs them one after another in grid order (a block that
+// waits for a later one then waits forever, as it could on the GPU); n > 1 admits them in grid order as
+// resident ones finish, their fibers taking turns together, as a persistent grid of n blocks runs on n SMs.
+inline int resident_blocks = 1;
+
+// Runs kernel(args...) over the grid (blockIdx.x fastest), one fiber per CUDA thread, resident_blocks blocks at a
+// time.
 template <class K, class... Args>
 void launch(K kernel, EmuDim3 grid, int threads, std::size_t smem_bytes, Args... args) {
   constexpr std::size_t kStack = std::size_t(256) << 10;
-  std::vector<char> smem(smem_bytes + 16);
-  std::unique_ptr<char[]> stacks(new char[kStack * std::size_t(threads)]);  // pages touched as used
+  struct Run {  // a resident block
+    EmuDim3 idx;
+    std::vector<char> smem;
+    std::unique_ptr<char[]> stacks;  // pages touched as used
+    std::unique_ptr<Barrier> bar;
+    std::vector<Warp> warps;
+    std::unique_ptr<Block> blk;
+    std::vector<Fiber> fibers;
+    int live = 0;
+  };
+  const std::function<void()> body = [&] { kernel(args...); };
+  std::vector<EmuDim3> order;
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        // Poison: bf16 NaN pairs (also a float NaN).
-        for (std::size_t i = 0; i + 1 < smem.size(); i += 2) smem[i] = char(0xc0), smem[i + 1] = char(0x7f);
-        Barrier bar(threads);
-        std::vector<Warp> warps(std::size_t(threads / 32));
-        Block blk{&bar, smem.data(), smem_bytes, warps.data()};
-        const std::function<void()> body = [&] { kernel(args...); };
-        std::vector<Fiber> fibers(static_cast<std::size_t>(threads));
-        for (int t = 0; t < threads; ++t) {
-          Fiber& f = fibers[std::size_t(t)];
-          f.thread = t;
-          getcontext(&f.ctx);
-          f.ctx.uc_stack.ss_sp = stacks.get() + kStack * std::size_t(t);
-          f.ctx.uc_stack.ss_size = kStack;
-          f.ctx.uc_link = nullptr;
-          makecontext(&f.ctx, fiber_main, 0);
-        }
-        tl_block = &blk;
-        tl_body = &body;
-        blockIdx = {bx, by, bz};
-        gridDim = grid;
-        blockDim = {unsigned(threads), 1, 1};
-        // Each round resumes every live fiber once, in thread order or in reverse (alternating with the round and
-        // the block), so a read that a missing barrier leaves racing with another thread's write sees the
-        // value before the write in half of the blocks.
-        for (int live = threads, round = 0; live > 0; ++round) {
-          const unsigned long before = tl_progress;
-          const bool reverse = ((round + bx) & 1) != 0;
-          live = 0;
-          for (int i = 0; i < threads; ++i) {
-            Fiber& f = fibers[std::size_t(reverse ? threads - 1 - i : i)];
-            if (f.done) continue;
-            tl_fiber = &f;
-            tl_warp = &warps[std::size_t(f.thread / 32)];
-            tl_lane = f.thread % 32;
-            tl_groups = &f.groups;
-            tl_open = &f.open;
-            threadIdx = {unsigned(f.thread), 0, 0};
-            swapcontext(&tl_scheduler, &f.ctx);
-            live += !f.done;
-          }
-          EMU_CHECK(live == 0 || tl_progress != before,
-                    "block %u: %d threads wait at barriers that the others never reach", bx, live);
-        }
-        EMU_CHECK(blk.pending.empty(), "block %u: %zu cp.async arrivals at mbarriers nobody waited on", bx,
-                  blk.pending.size());
-        for (int id = 1; id < 16; ++id)
-          EMU_CHECK(blk.named[id].arrived == 0, "block %u: named barrier %d left with %d arrivals nobody synced on", bx,
-                    id, blk.named[id].arrived);
+      for (unsigned bx = 0; bx < grid.x; ++bx) order.push_back({bx, by, bz});
+  const std::size_t resident = std::size_t(resident_blocks > 1 ? resident_blocks : 1);
+  std::vector<std::unique_ptr<Run>> runs;
+  std::vector<std::unique_ptr<char[]>> spare;  // finished blocks' stacks, for the next ones
+  std::size_t next = 0;
+  auto admit = [&] {
+    auto r = std::make_unique<Run>();
+    r->idx = order[next++];
+    // Poison: bf16 NaN pairs (also a float NaN).
+    r->smem.assign(smem_bytes + 16, 0);
+    for (std::size_t i = 0; i + 1 < r->smem.size(); i += 2) r->smem[i] = char(0xc0), r->smem[i + 1] = char(0x7f);
+    if (spare.empty()) {
+      r->stacks.reset(new char[kStack * std::size_t(threads)]);
+    } else {
+      r->stacks = std::move(spare.back());
+      spare.pop_back();
+    }
+    r->bar = std::make_unique<Barrier>(threads);
+    r->warps = std::vector<Warp>(std::size_t(threads / 32));
+    r->blk = std::make_unique<Block>(Block{r->bar.get(), r->smem.data(), smem_bytes, r->warps.data()});
+    r->fibers = std::vector<Fiber>(static_cast<std::size_t>(threads));
+    for (int t = 0; t < threads; ++t) {
+      Fiber& f = r->fibers[std::size_t(t)];
+      f.thread = t;
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = r->stacks.get() + kStack * std::size_t(t);
+      f.ctx.uc_stack.ss_size = kStack;
+      f.ctx.uc_link = nullptr;
+      makecontext(&f.ctx, fiber_main, 0);
+    }
+    r->live = threads;
+    runs.push_back(std::move(r));
+  };
+  auto finish = [&](const Run& r) {
+    const unsigned bx = r.idx.x;
+    EMU_CHECK(r.blk->pending.empty(), "block %u: %zu cp.async arrivals at mbarriers nobody waited on", bx,
+              r.blk->pending.size());
+    for (int id = 1; id < 16; ++id)
+      EMU_CHECK(r.blk->named[id].arrived == 0, "block %u: named barrier %d left with %d arrivals nobody synced on", bx,
+                id, r.blk->named[id].arrived);
+  };
+  tl_body = &body;
+  gridDim = grid;
+  blockDim = {unsigned(threads), 1, 1};
+  // Each round resumes every live fiber of every resident block once, in thread order or in reverse (alternating
+  // with the round and the block), so a read that a missing barrier leaves racing with another thread's write sees
+  // the value before the write in half of the blocks.
+  for (unsigned long round = 0;; ++round) {
+    while (runs.size() < resident && next < order.size()) admit();
+    if (runs.empty()) break;
+    const unsigned long before = tl_progress;
+    for (auto& r : runs) {
+      tl_block = r->blk.get();
+      blockIdx = r->idx;
+      const bool reverse = ((round + r->idx.x) & 1) != 0;
+      r->live = 0;
+      for (int i = 0; i < threads; ++i) {
+        Fiber& f = r->fibers[std::size_t(reverse ? threads - 1 - i : i)];
+        if (f.done) continue;
+        tl_fiber = &f;
+        tl_warp = &r->warps[std::size_t(f.thread / 32)];
+        tl_lane = f.thread % 32;
+        tl_groups = &f.groups;
+        tl_open = &f.open;
+        threadIdx = {unsigned(f.thread), 0, 0};
+        swapcontext(&tl_scheduler, &f.ctx);
+        r->live += !f.done;
       }
+    }
+    int live = 0;
+    for (const auto& r : runs) live += r->live;
+    EMU_CHECK(live == 0 || tl_progress != before, "block %u: %d threads wait at barriers that the others never reach",
+              runs.front()->idx.x, live);
+    for (std::size_t i = 0; i < runs.size();)
+      if (runs[i]->live == 0) {
+        finish(*runs[i]);
+        spare.push_back(std::move(runs[i]->stacks));
+        runs.erase(runs.begin() + std::ptrdiff_t(i));
+      } else {
+        ++i;
+      }
+  }
 }
 }  // namespace emu
 
@@ -631,8 +679,9 @@ inline float hi_bf16(u32 v) { return hi_f(v); }
 }  // namespace laga::cuda::flash
 
 // ---------------------------------------------------------------- ordered accumulation in global memory
-// Blocks run one after another in grid order, so a block that would wait for a counter not yet reached would
-// wait forever on the GPU too (its predecessors launch first): that is a failure here.
+// Blocks run one after another in grid order (emu::resident_blocks = 1), so a block that would wait for a counter
+// not yet reached would wait forever on the GPU too (its predecessors launch first): that is a failure here. A
+// persistent grid's blocks run together (resident_blocks = its size) and wait for each other's counters.
 namespace laga::cuda::flash {
 inline void st_global_v4(float* p, float a, float b, float c, float d) {
   EMU_CHECK(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, "st.global.v4 misaligned");
@@ -649,7 +698,12 @@ inline void store_or_add_v4(float* p, bool store, float a, float b, float c, flo
     red_add_v4(p, a, b, c, d);
 }
 inline void wait_counter(const unsigned* counter, unsigned value, bool at_least = false) {
-  const unsigned v = std::atomic_ref<unsigned>(*const_cast<unsigned*>(counter)).load(std::memory_order_acquire);
+  auto load = [&] { return std::atomic_ref<unsigned>(*const_cast<unsigned*>(counter)).load(std::memory_order_acquire); };
+  // With other blocks resident (emu::resident_blocks) they may still advance it: wait, the scheduler failing the
+  // run if no fiber moves; alone, nothing can.
+  if (emu::resident_blocks > 1)
+    while (!(at_least ? load() >= value : load() == value)) emu::yield();
+  const unsigned v = load();
   EMU_CHECK(at_least ? v >= value : v == value, "block %u waits for counter %s%u, which is at %u and cannot advance",
             blockIdx.x, at_least ? ">= " : "", value, v);
 }
@@ -657,6 +711,7 @@ inline unsigned take_ticket(unsigned* counter) {
   return std::atomic_ref<unsigned>(*counter).fetch_add(1, std::memory_order_relaxed);
 }
 inline void release_counter(unsigned* counter) {
+  ++emu::tl_progress;
   std::atomic_ref<unsigned>(*counter).fetch_add(1, std::memory_order_release);
 }
 inline void release_counter_if(bool on, unsigned* counter) {
