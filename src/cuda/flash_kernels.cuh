@@ -677,6 +677,39 @@ __device__ __forceinline__ void load_rows_any_async(bf16* s, const bf16* first, 
   }
 }
 
+// A persistent grid's hand-over of the work items its blocks walk (flash_fwd_ws_kernel's row tiles,
+// flash_bwd_ws_kernel's key blocks): block c starts at item c; its n-th item (n > 0) comes from a ticket, which
+// the first loading thread takes (tickets count the items handed out past the first gridDim.x) and writes into
+// slot n % 2, `items` once past the end, when the readers have given that slot's item n - 2 back. Two slots and
+// two mbarriers each in shared memory: full (one arrival) and free (every reader's).
+struct ItemSlots {
+  int* slot;
+  std::uint64_t* full;
+  std::uint64_t* free;
+  // The first loading thread's side (ltid 0 of the loading threads); the loading threads then read the item
+  // behind named barrier `bar` over `threads` of them, which also keeps the writer from reusing the slot (two
+  // items on) before all of them have read it.
+  __device__ __forceinline__ u32 hand_over(u32 n, int ltid, unsigned* taken, int items, int bar, int threads) const {
+    const u32 s = n & 1u;
+    if (ltid == 0) {
+      const u32 next = gridDim.x + take_ticket(taken);
+      if (n >= 3) mbar_wait(free + s, ((n - 3) >> 1) & 1u);  // item n - 2 read from the slot
+      slot[s] = int(imin(next, items));
+      mbar_arrive(full + s);
+    }
+    named_bar_sync(bar, threads);
+    return u32(slot[s]);
+  }
+  // A reader's side: the block's n-th item (n > 0), the slot given back once read.
+  __device__ __forceinline__ u32 read(u32 n) const {
+    const u32 s = n & 1u;
+    mbar_wait(full + s, ((n - 1) >> 1) & 1u);
+    const u32 x = u32(slot[s]);
+    mbar_arrive(free + s);
+    return x;
+  }
+};
+
 template <class Tr, bool kAligned>
 __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const AttentionFwdParams p, const int items,
                                                                           unsigned* taken) {
@@ -692,16 +725,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
   std::uint64_t* k_free = bar + 6;  // [2]
   std::uint64_t* v_full = bar + 8;  // [2]
   std::uint64_t* v_free = bar + 10;  // [2]
-  std::uint64_t* item_full = bar + 12;  // [2]: the block's n-th row tile's index in item_slot[n % 2]
+  std::uint64_t* item_full = bar + 12;  // [2]: the block's n-th row tile's index in its slot (ItemSlots)
   std::uint64_t* item_free = bar + 14;  // [2]
-  int* item_slot = reinterpret_cast<int*>(bar + 16);  // [2]
+  const ItemSlots items_of{reinterpret_cast<int*>(bar + 16), item_full, item_free};
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
   const int wg = warp >> 2;  // 0, 1: consumers; 2: loads
   // The grid is persistent: block c starts at row tile c of the work order and takes the next untaken one each
   // time it finishes one (*taken counts those handed out past the first gridDim.x, zeroed by the launcher), as
   // the GPU would issue blocks, heaviest first. The loading warpgroup takes it and hands it to the others through
-  // item_slot; the three roles walk the same row tiles, the stages' phases counted over all of them.
+  // items_of (ItemSlots); the three roles walk the same row tiles, the stages' phases counted over all of them.
 
   constexpr int kLoad = Tr::kLoadThreads, kHalf = Tr::kConsumerThreads / 2;
   if (tid == 0) {
@@ -728,19 +761,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
     };
     u32 it = 0, qs = 0;  // K/V tiles and Q tiles loaded so far
     for (u32 n = 0, x = blockIdx.x;; ++n) {  // the block's n-th row tile: x
-      if (n > 0) {  // take the next one and hand it over (also the one past the end, which ends the walk)
-        const u32 slot = n & 1u;
-        if (ltid == 0) {
-          const u32 next = gridDim.x + take_ticket(taken);
-          if (n >= 3) mbar_wait(item_free + slot, ((n - 3) >> 1) & 1u);  // row tile n - 2 read from the slot
-          item_slot[slot] = int(imin(next, items));
-          mbar_arrive(item_full + slot);
-        }
-        // The loading threads read it behind a barrier of their own, which also keeps thread 0 from writing the
-        // slot again (two row tiles on) before all of them have read it.
-        named_bar_sync(3, kLoad);
-        x = u32(item_slot[slot]);
-      }
+      // The next one (also the one past the end, which ends the walk), read behind named barrier 3.
+      if (n > 0) x = items_of.hand_over(n, ltid, taken, items, 3, kLoad);
       if (x >= u32(items)) break;
       const RowTile<kBM, kBN> rt(p, x);
       if (rt.n_tiles == 0) continue;
@@ -788,12 +810,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
   auto pass_turn = [&] { named_bar_arrive(2 - wg, Tr::kConsumerThreads); };
   u32 it = 0, qs = 0;  // K/V tiles and Q tiles consumed so far
   for (u32 n = 0, x = blockIdx.x;; ++n) {  // the block's n-th row tile: x
-    if (n > 0) {
-      const u32 slot = n & 1u;
-      mbar_wait(item_full + slot, ((n - 1) >> 1) & 1u);
-      x = u32(item_slot[slot]);
-      mbar_arrive(item_free + slot);
-    }
+    if (n > 0) x = items_of.read(n);
     if (x >= u32(items)) break;
     const RowTile<kBM, kBN> rt(p, x);
     const auto& [group, rows, row0, row_last, g, b, n_full, rm, n_tiles] = rt;
@@ -1352,9 +1369,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   std::uint64_t* ds_full = bar + 5;     // [2]
   std::uint64_t* ds_free = bar + 7;     // [2]
   std::uint64_t* kv_free = bar + 9;     // persistent grid only, as the three below
-  std::uint64_t* item_full = bar + 10;  // [2]: the block's n-th key block's index in item_slot[n % 2]
+  std::uint64_t* item_full = bar + 10;  // [2]: the block's n-th key block's index in its slot (ItemSlots)
   std::uint64_t* item_free = bar + 12;  // [2]
-  int* item_slot = reinterpret_cast<int*>(bar + 14);  // [2]
+  const ItemSlots items_of{reinterpret_cast<int*>(bar + 14), item_full, item_free};
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
   const int wg = warp >> 2;  // 0, 1: keys 64 wg..; 2: loads and dQ
@@ -1617,7 +1634,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // zeroed by the launcher), heaviest first, as the GPU would issue blocks. Key blocks are taken in the work
     // order and a block walks its own in that order, so the key block that a dQ counter waits for is always one
     // a block is walking or has walked. The first loading thread takes it and hands it to the others through
-    // item_slot; the roles walk the same key blocks.
+    // items_of (ItemSlots); the roles walk the same key blocks.
     if (tid == 0) {
       mbar_init(kv_full, Tr::kLoadThreads), mbar_init(kv_free, Tr::kConsumerThreads);
       for (int st = 0; st < 2; ++st) {
@@ -1627,33 +1644,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     }
     __syncthreads();  // the only block-wide barrier
-    // The block's n-th key block (n > 0), read from its slot by the computing and dQ warps.
-    auto next_item = [&](u32 n) {
-      const u32 slot = n & 1u;
-      mbar_wait(item_full + slot, ((n - 1) >> 1) & 1u);
-      const int x = item_slot[slot];
-      mbar_arrive(item_free + slot);
-      return u32(x);
-    };
     if (wg == 2) {
       setmaxnreg_dec<Tr::kLoadRegsPersistent>();
       const int ltid = tid - Tr::kConsumerThreads;
       if (ltid < Tr::kLoadThreads) {
         u32 sc = 0, kvs = 0;  // steps and K/V tiles loaded so far
         for (u32 n = 0, x = blockIdx.x;; ++n) {
-          if (n > 0) {  // take the next key block and hand it over (also the one past the end, which ends the walk)
-            const u32 slot = n & 1u;
-            if (ltid == 0) {
-              const u32 next = gridDim.x + take_ticket(taken);
-              if (n >= 3) mbar_wait(item_free + slot, ((n - 3) >> 1) & 1u);  // key block n - 2 read from the slot
-              item_slot[slot] = int(imin(next, items));
-              mbar_arrive(item_full + slot);
-            }
-            // The loading threads read it behind a barrier of their own, which also keeps thread 0 from writing
-            // the slot again (two key blocks on) before all of them have read it.
-            named_bar_sync(Tr::kBarLoad, Tr::kLoadThreads);
-            x = u32(item_slot[slot]);
-          }
+          // The next one (also the one past the end, which ends the walk).
+          if (n > 0) x = items_of.hand_over(n, ltid, taken, items, Tr::kBarLoad, Tr::kLoadThreads);
           if (x >= u32(items)) break;
           const Keys kt(p, x);
           if (kt.n_tiles == 0) continue;
@@ -1663,7 +1661,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         cp_async_wait<0>();
       } else {
         for (u32 n = 0, x = blockIdx.x;; ++n) {
-          if (n > 0) x = next_item(n);
+          if (n > 0) x = items_of.read(n);
           if (x >= u32(items)) break;
           const Keys kt(p, x);
           if (kt.n_tiles > 0) add_dq(kt, ltid);
@@ -1675,7 +1673,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     setmaxnreg_inc<Tr::kMmaRegs>();
     u32 sc = 0, kvs = 0;  // steps and K/V tiles consumed so far
     for (u32 n = 0, x = blockIdx.x;; ++n) {
-      if (n > 0) x = next_item(n);
+      if (n > 0) x = items_of.read(n);
       if (x >= u32(items)) break;
       const Keys kt(p, x);
       if (kt.n_tiles == 0) {
