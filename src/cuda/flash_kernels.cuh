@@ -1314,8 +1314,8 @@ struct BwdWsTraits {
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockN = 128, kBlockM = 64;
   static constexpr int kConsumerThreads = 256, kLoadThreads = 64, kThreads = 384;
   // 168 a thread at launch; per register file 24 x 32 + 2 x 240 x 32 = 16128 of 16384. On the persistent grid the
-  // loading warps carry the walk's state too: 32 x 32 + 2 x 240 x 32, the whole file (ptxas spills 480 / 780 B
-  // at 24, 340 / 572 at 32; 204 / 368 on a block per key block).
+  // loading warps carry the walk's state too: 32 x 32 + 2 x 240 x 32, the whole file (ptxas spills 488 / 792 B
+  // at 24, 340 / 576 at 32; 204 / 368 on a block per key block).
   static constexpr int kLoadRegs = 24, kLoadRegsPersistent = 32, kMmaRegs = 240;
   static constexpr int kKBytes = kBlockN * kDqk * 2, kVBytes = kBlockN * kDv * 2;
   static constexpr int kQBytes = kBlockM * kDqk * 2, kDoBytes = kBlockM * kDv * 2;
@@ -1327,10 +1327,11 @@ struct BwdWsTraits {
   static constexpr int kOffDst = kOffStage + 2 * kStageBytes;  // dS^T, buffers 0, 1
   static constexpr int kOffDq = kOffDst + 2 * kPtBytes;        // dQ^T slabs: warpgroups 0, 1 x buffers 0, 1
   // mbarriers: K/V full; stage full x2, stage free x2; dS^T buffer full x2 (both warpgroups' halves written),
-  // dS^T buffer free x2 (both warpgroups' dQ^T have read it); K/V free (the key block's last dQ^T done); key block
-  // full x2, key block free x2 (the persistent grid's hand-over); then two key block slots.
+  // dS^T buffer free x2 (both warpgroups' dQ^T have read it); then for the persistent grid K free (the key block's
+  // last dQ^T done), V free (its last dP^T done), key block full x2, key block free x2 (the hand-over); then two
+  // key block slots.
   static constexpr int kOffBar = kOffDq + 4 * kDqSlabBytes;
-  static constexpr int kSmemBytes = kOffBar + 14 * 8 + 8;
+  static constexpr int kSmemBytes = kOffBar + 15 * 8 + 8;
   // Named barriers: 1 warpgroup 1's turn at a step's S^T (warpgroup 0 has issued that step's dP^T), 10 warpgroup
   // 0's (warpgroup 1 has issued the previous step's dP^T), each over both computing warpgroups; 2 + 2 wg + buf a
   // dQ^T slab of warpgroup wg stored in buffer buf, 6 + 2 wg + buf that buffer read by its bulk operation (each
@@ -1368,10 +1369,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   std::uint64_t* stage_free = bar + 3;  // [2]
   std::uint64_t* ds_full = bar + 5;     // [2]
   std::uint64_t* ds_free = bar + 7;     // [2]
-  std::uint64_t* kv_free = bar + 9;     // persistent grid only, as the three below
-  std::uint64_t* item_full = bar + 10;  // [2]: the block's n-th key block's index in its slot (ItemSlots)
-  std::uint64_t* item_free = bar + 12;  // [2]
-  const ItemSlots items_of{reinterpret_cast<int*>(bar + 14), item_full, item_free};
+  std::uint64_t* k_free = bar + 9;      // persistent grid only, as the four below
+  std::uint64_t* v_free = bar + 10;
+  std::uint64_t* item_full = bar + 11;  // [2]: the block's n-th key block's index in its slot (ItemSlots)
+  std::uint64_t* item_free = bar + 13;  // [2]
+  const ItemSlots items_of{reinterpret_cast<int*>(bar + 15), item_full, item_free};
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
   const int wg = warp >> 2;  // 0, 1: keys 64 wg..; 2: loads and dQ
@@ -1380,20 +1382,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // One key block's work for each role; `sc` counts the block's steps before it (the stages' and dS^T buffers'
   // phases run on across key blocks), `kvs` its key blocks before it that loaded K and V.
   // The loading warps: K and V, then each step's Q, dO, lse and D a step ahead. After the block's first key
-  // block, the first stage loads before K and V, which wait until the previous key block's last dQ^T has read K.
+  // block, the first stage loads first, then V once the previous key block's last dP^T has read V, then K once
+  // its last dQ^T has read K (under which V loads).
   auto load_key_block = [&](const Keys& kt, u32 sc, u32 kvs, int ltid) {
     const i64 b = kt.b, g = kt.g, key0 = kt.key0, rows = kt.rows;
     const int n_tiles = kt.n_tiles;
     const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_batch_stride + g * p.k_head_stride;
     const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_batch_stride + g * p.v_head_stride;
-    auto load_kv = [&] {
+    auto load_k = [&] {
       load_rows_async<kBN, kDqk, Tr::kLoadThreads>(s_k, k + key0 * p.k_token_stride, p.k_token_stride,
                                                    p.kv_len - key0, ltid);
+    };
+    auto load_v = [&] {
       load_rows_async<kBN, kDv, Tr::kLoadThreads>(s_v, v + key0 * p.v_token_stride, p.v_token_stride,
                                                   p.kv_len - key0, ltid);
-      cp_async_mbar_arrive(kv_full);
     };
-    if (kvs == 0) load_kv();
+    if (kvs == 0) {
+      load_k();
+      load_v();
+      cp_async_mbar_arrive(kv_full);
+    }
     const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_batch_stride + g * p.q_head_stride;
     const bf16* dout = static_cast<const bf16*>(p.dout) + b * p.dout_batch_stride + g * p.dout_head_stride;
     const i64 lse0 = (b * p.q_heads + g) * p.q_len;  // this head's first lse and D
@@ -1417,8 +1425,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     };
     if (kvs > 0) {
       load_stage(0);
-      mbar_wait(kv_free, (kvs - 1) & 1u);
-      load_kv();
+      mbar_wait(v_free, (kvs - 1) & 1u);
+      load_v();
+      mbar_wait(k_free, (kvs - 1) & 1u);
+      load_k();
+      cp_async_mbar_arrive(kv_full);
     }
     for (int t = kvs > 0 ? 1 : 0; t < n_tiles; ++t) load_stage(t);
   };
@@ -1528,6 +1539,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         if (wg == 0) named_bar_arrive(Tr::kBarTurn1, Tr::kConsumerThreads);
         if (wg == 1 && t + 1 < n_tiles) named_bar_arrive(Tr::kBarTurn0, Tr::kConsumerThreads);
         warpgroup_wait<0>(ds);  // dV (issued first) and D - dP^T done
+        if (kPersistent && t == n_tiles - 1) mbar_arrive(v_free);  // the key block's last read of V
         u32 dsa[1][kBM / 16][4];
 #pragma unroll
         for (int nt = 0; nt < kBM / 8; ++nt) {
@@ -1586,8 +1598,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       store_slab(acc_dq[1], 1);
       warpgroup_wait<0>(acc_dq[0]);
       mbar_arrive(ds_free + (uu & 1u));  // this warpgroup's dQ^T has read dS^T buffer u % 2
-      // The key block's last read of K (V's came before it): the next one's K and V may load.
-      if (kPersistent && t == n_tiles) mbar_arrive(kv_free);
+      if (kPersistent && t == n_tiles) mbar_arrive(k_free);  // the key block's last read of K
       store_slab(acc_dq[0], 2);
     }
     store_dkdv<true>(p, b, g, key0 + wk0, 0, 0, acc_dk, acc_dv, gid, tig);
@@ -1636,7 +1647,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // a block is walking or has walked. The first loading thread takes it and hands it to the others through
     // items_of (ItemSlots); the roles walk the same key blocks.
     if (tid == 0) {
-      mbar_init(kv_full, Tr::kLoadThreads), mbar_init(kv_free, Tr::kConsumerThreads);
+      mbar_init(kv_full, Tr::kLoadThreads);
+      mbar_init(k_free, Tr::kConsumerThreads), mbar_init(v_free, Tr::kConsumerThreads);
       for (int st = 0; st < 2; ++st) {
         mbar_init(stage_full + st, Tr::kLoadThreads), mbar_init(stage_free + st, Tr::kConsumerThreads);
         mbar_init(ds_full + st, Tr::kConsumerThreads), mbar_init(ds_free + st, Tr::kConsumerThreads);

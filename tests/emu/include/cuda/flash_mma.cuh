@@ -1,5 +1,7 @@
 // Host emulation of src/cuda/flash_mma.cuh: one fiber per CUDA thread (a block's fibers take turns on one OS
-// thread, switching at barriers), warp collectives through per-warp barriers, cp.async deferred until wait_group (so a missing wait reads stale shared memory),
+// thread, switching at barriers), warp collectives through per-warp barriers, cp.async landing at once in even blocks
+// (so a copy into a buffer still in use overwrites it) and at the wait for it in odd ones (so a missing wait reads
+// stale shared memory),
 // strict alignment and bounds checks on every shared access of ldmatrix and cp.async.
 #pragma once
 
@@ -246,15 +248,25 @@ inline void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   }
 }
 
+// A cp.async lands at once in even blocks (the earliest the hardware may land it, so that a copy into a buffer
+// still being read, a missing wait for its release, overwrites it), and in odd blocks only at the wait for it
+// (its group's wait_group, its mbarrier's wait: the latest, so that a read without that wait sees the old
+// contents).
+inline void cp_async_issue(void* dst, const void* src, int bytes) {
+  if ((blockIdx.x & 1u) == 0)
+    std::memcpy(dst, src, std::size_t(bytes));
+  else
+    emu::tl_open->push_back({dst, src, bytes});
+}
 inline void cp_async16(void* dst, const void* src) {
   emu::check_smem(dst, 16, 16);
   EMU_CHECK(reinterpret_cast<std::uintptr_t>(src) % 16 == 0, "cp.async 16 from misaligned global %p", src);
-  emu::tl_open->push_back({dst, src, 16});
+  cp_async_issue(dst, src, 16);
 }
 inline void cp_async4(void* dst, const void* src) {
   emu::check_smem(dst, 4, 4);
   EMU_CHECK(reinterpret_cast<std::uintptr_t>(src) % 4 == 0, "cp.async 4 from misaligned global %p", src);
-  emu::tl_open->push_back({dst, src, 4});
+  cp_async_issue(dst, src, 4);
 }
 inline void cp_async_commit() {
   emu::tl_groups->push_back(std::move(*emu::tl_open));
@@ -270,7 +282,7 @@ inline void cp_async_wait() {
 inline void cp_async16_zero(void* dst, const void*) {
   emu::check_smem(dst, 16, 16);
   static const char kZero[16] = {};
-  emu::tl_open->push_back({dst, kZero, 16});
+  cp_async_issue(dst, kZero, 16);
 }
 inline void cp_async16_fill(void* dst, const void* src, bool valid) {
   if (valid)
@@ -284,7 +296,7 @@ inline void cp_async4_fill(void* dst, const void* src, bool valid) {
   } else {
     emu::check_smem(dst, 4, 4);
     static const char kZero[4] = {};
-    emu::tl_open->push_back({dst, kZero, 4});
+    cp_async_issue(dst, kZero, 4);
   }
 }
 // Bulk copies from shared memory: done at once (the waits are no-ops); the checks are the hardware's rules.
@@ -342,10 +354,10 @@ inline void mbar_arrive(std::uint64_t* bar) {
   if (--m.pending == 0) m.pending = m.count, ++m.phase;
   std::memcpy(bar, &m, 8);
 }
-// The copies this thread issued, then its arrival. In even blocks they land at once; in odd blocks only when some
-// thread waits on the barrier (as late as the hardware may land them), so that a read of a tile without the wait
-// sees the stage's old contents in one half of the blocks, and a copy into a stage still in use (a missing wait
-// for its release) overwrites it in the other.
+// The copies this thread issued, then its arrival. In even blocks they have landed (cp_async_issue); in odd blocks
+// they land only when some thread waits on the barrier (as late as the hardware may land them), so that a read of
+// a tile without the wait sees the stage's old contents in one half of the blocks, and a copy into a stage still
+// in use (a missing wait for its release) overwrites it in the other.
 inline void land(const std::vector<emu::Copy>& copies) {
   for (const auto& c : copies) std::memcpy(c.dst, c.src, std::size_t(c.bytes));
 }
