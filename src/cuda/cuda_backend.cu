@@ -393,6 +393,7 @@ class CudaBackend final : public Backend {
     ctx_.gemm = gemm_.get();
     ctx_.eager_scratch_cap = cuda_default_eager_scratch_cap();
     ctx_.flash_fused_dq = cuda_default_flash_fused_dq();
+    ctx_.flash_backward_blocks = cuda_default_flash_backward_blocks(ctx_.device);
   }
 
   std::vector<cudaEvent_t> events_;
@@ -613,6 +614,27 @@ bool cuda_default_flash_fused_dq() {
     return s == "fused";
   }();
   return fused;
+}
+
+int cuda_default_flash_backward_blocks(int device) {
+  // -1: one block per SM (resolved per device)
+  static const int blocks = [] {
+    const char* v = std::getenv("LAGA_CUDA_FLASH_BACKWARD_BLOCKS");
+    if (v == nullptr || *v == 0) return 0;
+    const std::string s(v);
+    if (s == "sm") return -1;
+    std::size_t used = 0;
+    long n = -1;
+    try {
+      n = s[0] >= '0' && s[0] <= '9' ? std::stol(s, &used) : -1;
+    } catch (const std::exception&) {
+      n = -1;
+    }
+    LAGA_REQUIRE(n >= 0 && n <= (1L << 30) && used == s.size(), "LAGA_CUDA_FLASH_BACKWARD_BLOCKS is '", s,
+                 "'; it must be 0 (a block per key block), a positive block count or 'sm' (one block per SM)");
+    return int(n);
+  }();
+  return blocks < 0 ? cuda_multiprocessor_count(device) : blocks;
 }
 
 void cuda_set_attention_provider(Backend& backend, AttentionProvider provider) {

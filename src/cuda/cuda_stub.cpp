@@ -43,6 +43,7 @@ int cuda_flash_row_splits(Backend&) { no_cuda("cuda_flash_row_splits"); }
 int cuda_flash_forward_blocks(Backend&) { no_cuda("cuda_flash_forward_blocks"); }
 void cuda_set_flash_forward_blocks(Backend&, int) { no_cuda("cuda_set_flash_forward_blocks"); }
 int cuda_flash_backward_blocks(Backend&) { no_cuda("cuda_flash_backward_blocks"); }
+int cuda_default_flash_backward_blocks(int) { no_cuda("cuda_default_flash_backward_blocks"); }
 void cuda_set_flash_backward_blocks(Backend&, int) { no_cuda("cuda_set_flash_backward_blocks"); }
 void cuda_set_flash_row_splits(Backend&, int) { no_cuda("cuda_set_flash_row_splits"); }
 bool cuda_flash_ws_forward(Backend&) { no_cuda("cuda_flash_ws_forward"); }

@@ -129,6 +129,7 @@ json attention_calls_report(Backend& be) {
   const AttentionProviderCounts c = cuda_attention_provider_counts(be);
   json j = {{"provider", attention_provider_name(cuda_attention_provider(be))},
             {"deterministic", cuda_attention_deterministic(be)},
+            {"backward_blocks", cuda_flash_backward_blocks(be)},
             {"laga_forward", c.laga_forward},   {"laga_backward", c.laga_backward},
             {"cudnn_forward", c.cudnn_forward}, {"cudnn_backward", c.cudnn_backward},
             {"fallbacks", c.fallbacks},         {"cudnn_graphs", c.cudnn_graphs}};
