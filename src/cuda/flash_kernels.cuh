@@ -598,6 +598,8 @@ struct FwdWsTraits {
   // 16384).
   static constexpr int kConsumerThreads = 256, kLoadThreads = 128, kThreads = kConsumerThreads + kLoadThreads;
   static constexpr int kLoadRegs = 56, kMmaRegs = 224;
+  static_assert(kLoadRegs + 2 * kMmaRegs <= 3 * (65536 / kThreads / 8 * 8),
+                "the computing warpgroups take only what the loading one gives back");
   static constexpr int kQBytes = kBlockM * kDqk * 2, kKBytes = kBlockN * kDqk * 2, kVBytes = kBlockN * kDv * 2;
   static constexpr int kOffK = kQBytes;                  // K stages 0, 1
   static constexpr int kOffV = kOffK + 2 * kKBytes;      // V stages 0, 1
@@ -1313,10 +1315,13 @@ template <int kDqk_, int kDv_>
 struct BwdWsTraits {
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockN = 128, kBlockM = 64;
   static constexpr int kConsumerThreads = 256, kLoadThreads = 64, kThreads = 384;
-  // 168 a thread at launch; per register file 24 x 32 + 2 x 240 x 32 = 16128 of 16384. On the persistent grid the
-  // loading warps carry the walk's state too: 32 x 32 + 2 x 240 x 32, the whole file (ptxas spills 488 / 792 B
-  // at 24, 340 / 576 at 32; 204 / 368 on a block per key block).
-  static constexpr int kLoadRegs = 24, kLoadRegsPersistent = 32, kMmaRegs = 240;
+  // 168 a thread at launch (65536 / 384, down to a multiple of 8); setmaxnreg moves registers within the block,
+  // 24 + 2 x 240 = 3 x 168 (per register file 24 x 32 + 2 x 240 x 32 = 16128 of 16384). On the persistent grid the
+  // loading warps carry the walk's state in those 24 too (ptxas spills 488 / 792 B, against 204 / 368 on a block
+  // per key block; the extra ones outside the computing loop).
+  static constexpr int kLoadRegs = 24, kMmaRegs = 240;
+  static_assert(kLoadRegs + 2 * kMmaRegs <= 3 * (65536 / kThreads / 8 * 8),
+                "the computing warpgroups take only what the loading one gives back");
   static constexpr int kKBytes = kBlockN * kDqk * 2, kVBytes = kBlockN * kDv * 2;
   static constexpr int kQBytes = kBlockM * kDqk * 2, kDoBytes = kBlockM * kDv * 2;
   static constexpr int kStageBytes = (kQBytes + kDoBytes + 2 * kBlockM * 4 + 1023) / 1024 * 1024;  // Q | dO | lse | D
@@ -1657,7 +1662,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     __syncthreads();  // the only block-wide barrier
     if (wg == 2) {
-      setmaxnreg_dec<Tr::kLoadRegsPersistent>();
+      setmaxnreg_dec<Tr::kLoadRegs>();
       const int ltid = tid - Tr::kConsumerThreads;
       if (ltid < Tr::kLoadThreads) {
         u32 sc = 0, kvs = 0;  // steps and K/V tiles loaded so far

@@ -118,6 +118,7 @@ struct Block {
   Warp* warps;
   NamedBarrier named[16];
   std::vector<PendingArrival> pending;
+  long reg_pool = 0;  // registers the block's threads gave back (setmaxnreg.dec) that no thread has taken (.inc)
 };
 inline thread_local Block* tl_block = nullptr;
 inline thread_local Warp* tl_warp = nullptr;
@@ -390,13 +391,27 @@ inline void mbar_wait(std::uint64_t* bar, u32 parity) {
     if (!landed) emu::yield();
   }
 }
+// setmaxnreg moves registers between a block's warpgroups through the block's pool: a thread starts with the
+// registers its launch gave it (65536 over the block's threads, down to a multiple of 8, at most 255 -> 248; what
+// ptxas gives a kernel whose __launch_bounds__ allow one block per SM), .dec gives the difference back and .inc
+// waits until the pool holds what it takes, so a split that takes more than the others gave back never finishes.
+inline long launch_regs() {
+  const long r = 65536 / long(blockDim.x) / 8 * 8;
+  return r < 248 ? r : 248;
+}
 template <int kRegs>
 inline void setmaxnreg_dec() {
   static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg takes a multiple of 8 in 24..256");
+  EMU_CHECK(kRegs <= launch_regs(), "setmaxnreg.dec to %d registers from %ld", kRegs, launch_regs());
+  emu::tl_block->reg_pool += launch_regs() - kRegs;
+  ++emu::tl_progress;
 }
 template <int kRegs>
 inline void setmaxnreg_inc() {
   static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg takes a multiple of 8 in 24..256");
+  EMU_CHECK(kRegs >= launch_regs(), "setmaxnreg.inc to %d registers from %ld", kRegs, launch_regs());
+  while (emu::tl_block->reg_pool < kRegs - launch_regs()) emu::yield();
+  emu::tl_block->reg_pool -= kRegs - launch_regs();
 }
 inline void named_bar_arrive(int id, int threads) {
   EMU_CHECK(id > 0 && id < 16 && threads % 32 == 0, "named barrier %d over %d threads", id, threads);
