@@ -1,8 +1,9 @@
 // Host emulation of src/cuda/flash_mma.cuh: one fiber per CUDA thread (a block's fibers take turns on one OS
-// thread, switching at barriers), warp collectives through per-warp barriers, cp.async landing at once in even blocks
-// (so a copy into a buffer still in use overwrites it) and at the wait for it in odd ones (so a missing wait reads
-// stale shared memory),
-// strict alignment and bounds checks on every shared access of ldmatrix and cp.async.
+// thread, switching at barriers), warp collectives through per-warp barriers, cp.async landing at once in even
+// blocks (so a copy into a buffer still in use overwrites it) and at the wait for it in odd ones (so a missing
+// wait reads stale shared memory), named barriers that fail a thread arriving twice in one generation, setmaxnreg
+// through the block's register pool, strict alignment and bounds checks on every shared access of ldmatrix and
+// cp.async.
 #pragma once
 
 #include <ucontext.h>
@@ -104,7 +105,9 @@ struct Warp {
 // A named barrier (bar.sync / bar.arrive id, count): the count is given at each use.
 struct NamedBarrier {
   int arrived = 0;
+  int threads = 0;  // the count of the generation under way (every use of it must give the same)
   unsigned long gen = 0;
+  std::vector<char> in;  // which threads have arrived in the generation under way
 };
 // Copies announced to an mbarrier by cp.async.mbarrier.arrive, not landed yet, and the barrier they arrive at.
 struct PendingArrival {
@@ -413,10 +416,16 @@ inline void setmaxnreg_inc() {
   while (emu::tl_block->reg_pool < kRegs - launch_regs()) emu::yield();
   emu::tl_block->reg_pool -= kRegs - launch_regs();
 }
+// A thread arriving twice before the barrier completes, or two counts in one generation, would miscount on the
+// GPU: both are failures here.
 inline void named_bar_arrive(int id, int threads) {
   EMU_CHECK(id > 0 && id < 16 && threads % 32 == 0, "named barrier %d over %d threads", id, threads);
   emu::NamedBarrier& b = emu::tl_block->named[id];
   ++emu::tl_progress;
+  if (b.arrived == 0) b.threads = threads, b.in.assign(blockDim.x, 0);
+  EMU_CHECK(b.threads == threads, "named barrier %d used over %d and %d threads at once", id, b.threads, threads);
+  EMU_CHECK(!b.in[threadIdx.x], "thread %u arrives twice at named barrier %d before it completes", threadIdx.x, id);
+  b.in[threadIdx.x] = 1;
   if (++b.arrived == threads) b.arrived = 0, ++b.gen;
 }
 inline void named_bar_sync(int id, int threads) {
