@@ -1,9 +1,9 @@
 // Host emulation of src/cuda/flash_mma.cuh: one fiber per CUDA thread (a block's fibers take turns on one OS
 // thread, switching at barriers), warp collectives through per-warp barriers, cp.async landing at once in even
 // blocks (so a copy into a buffer still in use overwrites it) and at the wait for it in odd ones (so a missing
-// wait reads stale shared memory), named barriers that fail a thread arriving twice in one generation, setmaxnreg
-// through the block's register pool, strict alignment and bounds checks on every shared access of ldmatrix and
-// cp.async.
+// wait reads stale shared memory), bulk operations from shared memory likewise (at once, or at their group's
+// wait), named barriers that fail a thread arriving twice in one generation, setmaxnreg through the block's
+// register pool, strict alignment and bounds checks on every shared access of ldmatrix and cp.async.
 #pragma once
 
 #include <ucontext.h>
@@ -63,12 +63,21 @@ struct Copy {
   const void* src;
   int bytes;
 };
+// A bulk copy or reduction from shared to global memory (cp.async.bulk / cp.reduce.async.bulk), fp32.
+struct Bulk {
+  float* dst;
+  const float* src;
+  unsigned bytes;
+  bool add;
+};
 struct Fiber {
   ucontext_t ctx;
   int thread = 0;
   bool done = false;
   std::deque<std::vector<Copy>> groups;  // committed cp.async groups, oldest first
   std::vector<Copy> open;                // cp.async not yet committed
+  std::deque<std::vector<Bulk>> bulk_groups;  // committed bulk groups not yet performed (odd blocks), oldest first
+  std::vector<Bulk> bulk_open;                // bulk operations not yet committed
 };
 inline thread_local ucontext_t tl_scheduler;
 inline thread_local Fiber* tl_fiber = nullptr;
@@ -303,20 +312,31 @@ inline void cp_async4_fill(void* dst, const void* src, bool valid) {
     cp_async_issue(dst, kZero, 4);
   }
 }
-// Bulk copies from shared memory: done at once (the waits are no-ops); the checks are the hardware's rules.
+// Bulk copies and reductions from shared memory: done at once in even blocks, and in odd ones only at the wait
+// for their group (bulk_wait_read / bulk_wait, as late as the hardware may read the source), so that reusing a
+// source buffer before its wait sends the new contents; a thread may not exit with any left. The checks are the
+// hardware's rules.
 inline void bulk_check(const float* dst, const float* src, u32 bytes) {
   emu::check_smem(src, int(bytes), 16);
   EMU_CHECK(bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(dst) % 16 == 0, "bulk copy of %u bytes to %p", bytes,
             static_cast<const void*>(dst));
 }
-inline void bulk_store(float* dst, const float* src, u32 bytes) {
-  bulk_check(dst, src, bytes);
-  std::memcpy(dst, src, bytes);
+inline void bulk_perform(const emu::Bulk& op) {
+  if (op.add)
+    for (u32 i = 0; i < op.bytes / 4; ++i) op.dst[i] += op.src[i];
+  else
+    std::memcpy(op.dst, op.src, op.bytes);
 }
-inline void bulk_reduce_add(float* dst, const float* src, u32 bytes) {
+inline void bulk_issue(float* dst, const float* src, u32 bytes, bool add) {
   bulk_check(dst, src, bytes);
-  for (u32 i = 0; i < bytes / 4; ++i) dst[i] += src[i];
+  const emu::Bulk op{dst, src, bytes, add};
+  if ((blockIdx.x & 1u) == 0)
+    bulk_perform(op);
+  else
+    emu::tl_fiber->bulk_open.push_back(op);
 }
+inline void bulk_store(float* dst, const float* src, u32 bytes) { bulk_issue(dst, src, bytes, false); }
+inline void bulk_reduce_add(float* dst, const float* src, u32 bytes) { bulk_issue(dst, src, bytes, true); }
 inline void st_shared_v4(float* p, float a, float b, float c, float d) {
   emu::check_smem(p, 16, 16);
   p[0] = a, p[1] = b, p[2] = c, p[3] = d;
@@ -325,11 +345,23 @@ inline void lds_f2(float& a, float& b, const float* p) {
   emu::check_smem(p, 8, 8);
   a = p[0], b = p[1];
 }
-inline void bulk_commit() {}
+inline void bulk_commit() {
+  emu::tl_fiber->bulk_groups.push_back(std::move(emu::tl_fiber->bulk_open));
+  emu::tl_fiber->bulk_open.clear();
+}
+// Performs the oldest groups until at most kPending are left (reads and writes at once).
 template <int kPending>
-inline void bulk_wait_read() {}
+inline void bulk_wait_read() {
+  auto& g = emu::tl_fiber->bulk_groups;
+  while (int(g.size()) > kPending) {
+    for (const auto& op : g.front()) bulk_perform(op);
+    g.pop_front();
+  }
+}
 template <int kPending>
-inline void bulk_wait() {}
+inline void bulk_wait() {
+  bulk_wait_read<kPending>();
+}
 inline void fence_proxy_async_global() {}
 // ---------------------------------------------------------------- mbarriers and named barriers
 // The mbarrier's state lives in its 8 bytes of shared memory: arrivals still due, the count, the phase.
@@ -465,6 +497,8 @@ namespace emu {
 inline thread_local const std::function<void()>* tl_body = nullptr;
 inline void fiber_main() {
   (*tl_body)();
+  EMU_CHECK(tl_fiber->bulk_groups.empty() && tl_fiber->bulk_open.empty(),
+            "thread %u exits before its bulk operations have read shared memory (no bulk wait)", threadIdx.x);
   tl_fiber->done = true;
   ++tl_progress;
   swapcontext(&tl_fiber->ctx, &tl_scheduler);  // never resumed
