@@ -1,8 +1,8 @@
 // Host emulation of src/cuda/flash_mma.cuh: one fiber per CUDA thread (a block's fibers take turns on one OS
 // thread, switching at barriers), warp collectives through per-warp barriers, cp.async landing at once in even
 // blocks (so a copy into a buffer still in use overwrites it) and at the wait for it in odd ones (so a missing
-// wait reads stale shared memory), bulk operations from shared memory likewise (at once, or at their group's
-// wait), named barriers that fail a thread arriving twice in one generation, setmaxnreg through the block's
+// wait reads stale shared memory), wgmma and bulk operations from shared memory likewise (at once, or at their
+// group's wait), named barriers that fail a thread arriving twice in one generation, setmaxnreg through the block's
 // register pool, strict alignment and bounds checks on every shared access of ldmatrix and cp.async.
 #pragma once
 
@@ -78,6 +78,8 @@ struct Fiber {
   std::vector<Copy> open;                // cp.async not yet committed
   std::deque<std::vector<Bulk>> bulk_groups;  // committed bulk groups not yet performed (odd blocks), oldest first
   std::vector<Bulk> bulk_open;                // bulk operations not yet committed
+  std::deque<std::vector<std::function<void()>>> wgmma_groups;  // committed wgmma groups not yet run (odd blocks)
+  std::vector<std::function<void()>> wgmma_open;                // wgmma not yet committed
 };
 inline thread_local ucontext_t tl_scheduler;
 inline thread_local Fiber* tl_fiber = nullptr;
@@ -499,6 +501,8 @@ inline void fiber_main() {
   (*tl_body)();
   EMU_CHECK(tl_fiber->bulk_groups.empty() && tl_fiber->bulk_open.empty(),
             "thread %u exits before its bulk operations have read shared memory (no bulk wait)", threadIdx.x);
+  EMU_CHECK(tl_fiber->wgmma_groups.empty() && tl_fiber->wgmma_open.empty(),
+            "thread %u exits with wgmma groups not waited for", threadIdx.x);
   tl_fiber->done = true;
   ++tl_progress;
   swapcontext(&tl_fiber->ctx, &tl_scheduler);  // never resumed
@@ -619,10 +623,30 @@ inline std::uint64_t wgmma_desc_sw128(u32 addr) {
   return std::uint64_t((addr & 0x3FFFF) >> 4) | (std::uint64_t(1) << 16) | (std::uint64_t(1024 >> 4) << 32) |
          (std::uint64_t(1) << 62);
 }
+// wgmma runs at once in even blocks, and in odd ones only at the wait for its group (as late as the hardware may
+// read its operands and write its accumulator), so that an accumulator read before the wait, or a shared operand
+// replaced before it, gives wrong results. A register operand (RS) is read at issue.
 inline void wgmma_fence() {}
-inline void wgmma_commit() {}
+template <class F>
+inline void wgmma_issue(F&& f) {
+  if ((blockIdx.x & 1u) == 0)
+    f();
+  else
+    emu::tl_fiber->wgmma_open.emplace_back(std::forward<F>(f));
+}
+inline void wgmma_commit() {
+  emu::tl_fiber->wgmma_groups.push_back(std::move(emu::tl_fiber->wgmma_open));
+  emu::tl_fiber->wgmma_open.clear();
+}
 template <int kPending>
-inline void wgmma_wait() {}
+inline void wgmma_wait() {
+  auto& g = emu::tl_fiber->wgmma_groups;
+  while (int(g.size()) > kPending) {
+    auto group = std::move(g.front());
+    g.pop_front();
+    for (auto& op : group) op();
+  }
+}
 inline void fence_proxy_async() {}
 inline float exp2_approx(float x) {  // ex2.approx.ftz.f32: subnormal results flushed to zero
   const float y = std::exp2(x);
@@ -654,10 +678,14 @@ inline void emu_wgmma_ss(float (&d)[N / 8][4], std::uint64_t desc_a, std::uint64
 template <int kScaleB = 1>
 inline void wgmma_m64n64k16(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int acc) {
   static_assert(kScaleB == 1 || kScaleB == -1, "wgmma's B scale is 1 or -1");
-  emu_wgmma_ss<64>(d, a, b, acc, kScaleB);
+  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss<64>(d, a, b, acc, kScaleB); });
 }
-inline void wgmma_m64n32k16(float (&d)[4][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss<32>(d, a, b, acc); }
-inline void wgmma_m64n128k16(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss<128>(d, a, b, acc); }
+inline void wgmma_m64n32k16(float (&d)[4][4], std::uint64_t a, std::uint64_t b, int acc) {
+  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss<32>(d, a, b, acc); });
+}
+inline void wgmma_m64n128k16(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int acc) {
+  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss<128>(d, a, b, acc); });
+}
 }  // namespace laga::cuda::flash
 
 namespace laga::cuda::flash {
@@ -698,9 +726,24 @@ inline void emu_wgmma_rs_tb(float (&d)[N / 8][4], const u32 (&a)[4], std::uint64
       d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
     }
 }
-inline void wgmma_m64n128k16_rs_tb(float (&d)[16][4], const u32 (&a)[4], std::uint64_t b, int acc) { emu_wgmma_rs_tb<128>(d, a, b, acc); }
-inline void wgmma_m64n192k16_rs_tb(float (&d)[24][4], const u32 (&a)[4], std::uint64_t b, int acc) { emu_wgmma_rs_tb<192>(d, a, b, acc); }
-inline void wgmma_m64n256k16_rs_tb(float (&d)[32][4], const u32 (&a)[4], std::uint64_t b, int acc) { emu_wgmma_rs_tb<256>(d, a, b, acc); }
+inline void wgmma_m64n128k16_rs_tb(float (&d)[16][4], const u32 (&a)[4], std::uint64_t b, int acc) {
+  wgmma_issue([&d, a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], b, acc] {
+    const u32 a[4] = {a0, a1, a2, a3};
+    emu_wgmma_rs_tb<128>(d, a, b, acc);
+  });
+}
+inline void wgmma_m64n192k16_rs_tb(float (&d)[24][4], const u32 (&a)[4], std::uint64_t b, int acc) {
+  wgmma_issue([&d, a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], b, acc] {
+    const u32 a[4] = {a0, a1, a2, a3};
+    emu_wgmma_rs_tb<192>(d, a, b, acc);
+  });
+}
+inline void wgmma_m64n256k16_rs_tb(float (&d)[32][4], const u32 (&a)[4], std::uint64_t b, int acc) {
+  wgmma_issue([&d, a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], b, acc] {
+    const u32 a[4] = {a0, a1, a2, a3};
+    emu_wgmma_rs_tb<256>(d, a, b, acc);
+  });
+}
 }  // namespace laga::cuda::flash
 
 namespace laga::cuda::flash {
@@ -715,11 +758,14 @@ inline void emu_wgmma_ss_tb(float (&d)[N / 8][4], std::uint64_t desc_a, std::uin
       d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
     }
 }
-inline void wgmma_m64n128k16_ss_tb(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<128>(d, a, b, acc); }
+inline void wgmma_m64n128k16_ss_tb(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int acc) {
+  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tb<128>(d, a, b, acc); });
+}
 // Both operands MN-major: A element (row m, k) is at (k, m) of its tile.
-inline void wgmma_m64n32k16_ss_tt(float (&d)[4][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate) {
+template <int N>
+inline void emu_wgmma_ss_tt(float (&d)[N / 8][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate) {
   const int t = int(threadIdx.x) % 128, w = t / 32, lane = t % 32;
-  for (int n = 0; n < 4; ++n)
+  for (int n = 0; n < N / 8; ++n)
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * w + lane / 4 + 8 * (e >> 1), col = 8 * n + 2 * (lane % 4) + (e & 1);
       double acc = 0;
@@ -727,21 +773,25 @@ inline void wgmma_m64n32k16_ss_tt(float (&d)[4][4], std::uint64_t desc_a, std::u
       d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
     }
 }
-inline void wgmma_m64n192k16_ss_tb(float (&d)[24][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<192>(d, a, b, acc); }
-inline void wgmma_m64n32k16_ss_tb(float (&d)[4][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<32>(d, a, b, acc); }
-inline void wgmma_m64n64k16_ss_tb(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<64>(d, a, b, acc); }
+inline void wgmma_m64n32k16_ss_tt(float (&d)[4][4], std::uint64_t a, std::uint64_t b, int acc) {
+  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tt<32>(d, a, b, acc); });
+}
+inline void wgmma_m64n192k16_ss_tb(float (&d)[24][4], std::uint64_t a, std::uint64_t b, int acc) {
+  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tb<192>(d, a, b, acc); });
+}
+inline void wgmma_m64n32k16_ss_tb(float (&d)[4][4], std::uint64_t a, std::uint64_t b, int acc) {
+  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tb<32>(d, a, b, acc); });
+}
+inline void wgmma_m64n64k16_ss_tb(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int acc) {
+  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tb<64>(d, a, b, acc); });
+}
 // Both operands MN-major at n64.
-inline void wgmma_m64n64k16_ss_tt(float (&d)[8][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate) {
-  const int t = int(threadIdx.x) % 128, w = t / 32, lane = t % 32;
-  for (int n = 0; n < 8; ++n)
-    for (int e = 0; e < 4; ++e) {
-      const int row = 16 * w + lane / 4 + 8 * (e >> 1), col = 8 * n + 2 * (lane % 4) + (e & 1);
-      double acc = 0;
-      for (int k = 0; k < 16; ++k) acc += double(wgmma_elem_mn(desc_a, k, row)) * double(wgmma_elem_mn(desc_b, k, col));
-      d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
-    }
+inline void wgmma_m64n64k16_ss_tt(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int acc) {
+  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tt<64>(d, a, b, acc); });
 }
-inline void wgmma_m64n256k16_ss_tb(float (&d)[32][4], std::uint64_t a, std::uint64_t b, int acc) { emu_wgmma_ss_tb<256>(d, a, b, acc); }
+inline void wgmma_m64n256k16_ss_tb(float (&d)[32][4], std::uint64_t a, std::uint64_t b, int acc) {
+  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tb<256>(d, a, b, acc); });
+}
 }  // namespace laga::cuda::flash
 namespace laga::cuda::flash {
 inline float lo_bf16(u32 v) { return lo_f(v); }
