@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -246,19 +247,25 @@ std::string joined(const std::vector<T>& values) {
 }
 
 // The table `--attention-provider auto` chooses from, as the repo keeps it.
-void write_document(const BenchAttentionOptions& o, const json& points) {
+// backward_blocks: the warp-specialised backward's grid laga's times were measured on (0: a block per key block),
+// as LAGA_CUDA_FLASH_BACKWARD_BLOCKS set it; the command names the variable where it was set.
+void write_document(const BenchAttentionOptions& o, const json& points, int backward_blocks) {
+  const char* grid_env = std::getenv("LAGA_CUDA_FLASH_BACKWARD_BLOCKS");
+  const std::string env_prefix =
+      grid_env && *grid_env ? "LAGA_CUDA_FLASH_BACKWARD_BLOCKS=" + std::string(grid_env) + " " : "";
   json doc = {{"about", "Median forward and backward milliseconds of each attention provider per shape (bf16, causal, "
                         "batch 1, FLOPs 2 (d_qk + d_v) forward and 2 (3 d_qk + 2 d_v) backward per unmasked (query, "
                         "key, head)): the table `--attention-provider auto` chooses from, each pass by the nearest "
                         "point's faster provider for it (auto_fwd, auto_bwd; *_nondeterministic_*: the non-deterministic "
                         "backwards, cuDNN's and laga's, which `auto` compares under --nondeterministic, "
                         "auto_bwd_nondeterministic). Regenerate on the GPU with the command below."},
-              {"command", "laga bench-attention --model " + o.model + " --seq " + joined(o.seq) + " --sp " +
+              {"command", env_prefix + "laga bench-attention --model " + o.model + " --seq " + joined(o.seq) + " --sp " +
                               joined(o.sp) + " --layout " + joined(o.layout) + " --repeat " +
                               std::to_string(o.repeat) + " --warmup " + std::to_string(o.warmup) + " --out FILE"},
               {"machine", {{"device_name", cuda_device_name(o.gpu)}, {"cudnn", cudnn_report()}}},
               {"commit", LAGA_BUILD_COMMIT},
               {"dirty", LAGA_BUILD_DIRTY < 0 ? json(nullptr) : json(LAGA_BUILD_DIRTY == 1)},
+              {"laga_backward_blocks", backward_blocks},
               {"points", points}};
   std::ofstream f(o.out);
   LAGA_REQUIRE(f.good(), "out = '", o.out, "': cannot open for writing");
@@ -288,7 +295,7 @@ int run_bench_attention(const BenchAttentionOptions& o) {
                "TFLOP/s cudnn f/b/nondet b", "auto f/b", "auto nondet b"});
   for (const Shape& s : shapes) points.push_back(time_shape(*be, cudnn, s, d_qk, d_v, rng, o, table));
   table.print();
-  if (!o.out.empty()) write_document(o, points);
+  if (!o.out.empty()) write_document(o, points, cuda_flash_backward_blocks(*be));
   return kExitOk;
 }
 
