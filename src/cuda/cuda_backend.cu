@@ -393,6 +393,7 @@ class CudaBackend final : public Backend {
     ctx_.gemm = gemm_.get();
     ctx_.eager_scratch_cap = cuda_default_eager_scratch_cap();
     ctx_.flash_fused_dq = cuda_default_flash_fused_dq();
+    ctx_.multiprocessors = cuda_multiprocessor_count(ctx_.device);
     ctx_.flash_backward_blocks = cuda_default_flash_backward_blocks(ctx_.device);
   }
 
@@ -542,17 +543,22 @@ CudaMemInfo cuda_mem_info(int device) {
   return info;
 }
 
-std::string cuda_device_name(int device) {
+namespace {
+void require_device(int device) {
   const int count = cuda_device_count();
   LAGA_REQUIRE(device >= 0 && device < count, "cuda device ", device, " does not exist (", count, " device(s))");
+}
+}  // namespace
+
+std::string cuda_device_name(int device) {
+  require_device(device);
   cudaDeviceProp prop{};
   LAGA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   return prop.name;
 }
 
 int cuda_multiprocessor_count(int device) {
-  const int count = cuda_device_count();
-  LAGA_REQUIRE(device >= 0 && device < count, "cuda device ", device, " does not exist (", count, " device(s))");
+  require_device(device);
   int sms = 0;
   LAGA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return sms;

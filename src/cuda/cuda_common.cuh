@@ -194,6 +194,7 @@ struct Context {
   // under this many bytes (at least one query row). Set from cuda_default_eager_scratch_cap().
   std::size_t eager_scratch_cap = std::size_t(1) << 30;
   int max_smem_per_block = 0;  // opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+  int multiprocessors = 0;     // the device's SMs (cuda_multiprocessor_count)
   // Tensor-core 192/128 backward: dQ added up inside the dK/dV kernel (else the separate dQ kernel).
   bool flash_fused_dq = true;
   int flash_row_splits = 0;  // 576/512 dK/dV row splits: 0 chooses (flash::dkdv_row_splits), else this many

@@ -35,11 +35,7 @@ class StreamLauncher {
   }
   void* scratch(flash::LaunchScratch s, std::size_t bytes) { return ctx_.scratch.get(slot_of(s), bytes, ctx_.stream); }
   void zero(void* ptr, std::size_t bytes) { LAGA_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, ctx_.stream)); }
-  int multiprocessors() const {
-    int sms = 0;
-    LAGA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx_.device));
-    return sms;
-  }
+  int multiprocessors() const { return ctx_.multiprocessors; }
   bool fused_dq() const { return ctx_.flash_fused_dq; }
   int row_splits() const { return ctx_.flash_row_splits; }
   bool warp_specialized_forward() const { return ctx_.flash_ws_forward; }
