@@ -126,6 +126,14 @@ inline int vkq_splits(const AttentionFwdParams& p, int block_m, int block_n, int
   return splits;
 }
 
+// A persistent grid's ticket counter (ItemSlots), zeroed before its launch.
+template <class L>
+unsigned* zeroed_tickets(L& launcher) {
+  auto* taken = static_cast<unsigned*>(launcher.scratch(LaunchScratch::taken, sizeof(unsigned)));
+  launcher.zero(taken, sizeof(unsigned));
+  return taken;
+}
+
 template <class K, bool kAligned, class L>
 void forward_impl(L& launcher, const AttentionFwdParams& p) {
   const i64 rows = p.q_len * (p.q_heads / p.kv_heads);
@@ -140,11 +148,9 @@ void forward_impl(L& launcher, const AttentionFwdParams& p) {
         const i64 items = flash_grid(ceil_div(rows, Tr::kBlockM), p);
         if (items == 0) return;
         const int want = launcher.forward_blocks();
-        auto* taken = static_cast<unsigned*>(launcher.scratch(LaunchScratch::taken, sizeof(unsigned)));
-        launcher.zero(taken, sizeof(unsigned));
         launch_nonempty(launcher, flash_fwd_ws_kernel<Tr, kAligned>, "flash_fwd_ws_kernel",
             std::min<i64>(items, want > 0 ? want : launcher.multiprocessors()), Tr::kThreads,
-            std::size_t(Tr::kSmemBytes), p, int(items), taken);
+            std::size_t(Tr::kSmemBytes), p, int(items), zeroed_tickets(launcher));
         return;
       }
     }
@@ -252,11 +258,9 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
         const i64 items = flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p);  // key blocks
         const int want = launcher.backward_blocks();
         if (want > 0) {  // a persistent grid of at most `want` blocks
-          auto* taken = static_cast<unsigned*>(launcher.scratch(LaunchScratch::taken, sizeof(unsigned)));
-          launcher.zero(taken, sizeof(unsigned));
           launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, true>, "flash_bwd_ws_kernel",
               std::min<i64>(items, want), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count,
-              launcher.ordered_dq(), int(items), taken);
+              launcher.ordered_dq(), int(items), zeroed_tickets(launcher));
         } else {  // a block per key block
           launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, false>, "flash_bwd_ws_kernel", items, Tr::kThreads,
               std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count, launcher.ordered_dq(), int(items),
