@@ -118,6 +118,14 @@ void cuda_set_flash_ws_forward(Backend& backend, bool warp_specialized);
 int cuda_flash_forward_blocks(Backend& backend);
 void cuda_set_flash_forward_blocks(Backend& backend, int blocks);
 
+// The order in which the warp-specialised 192/128 forward's blocks take row tiles: the (kv head, batch entry)
+// pairs in groups of n, each group's row tiles longest first (the tile slowest, the head fastest) before the
+// next group's, so the blocks at work at a time read the K and V of about n heads from L2. 0 (the default) 16;
+// n > 0 for timing another order (1: one head's row tiles after another's). Every order gives the same bits; a
+// negative n throws InvalidArgument.
+int cuda_flash_forward_head_group(Backend& backend);
+void cuda_set_flash_forward_head_group(Backend& backend, int heads);
+
 // Which kernel runs the 192/128 tensor-core backward with dQ fused, for MHA on 16-byte aligned views: `true` (the
 // default) the warp-specialised one (a loading warpgroup whose loads run a step ahead, dQ added by bulk reductions
 // from shared memory), `false` flash_bwd_dkdv_regs_kernel. The same dK and dV bits either way, dQ within float

@@ -42,6 +42,8 @@ void cuda_set_flash_fused_dq(Backend&, bool) { no_cuda("cuda_set_flash_fused_dq"
 int cuda_flash_row_splits(Backend&) { no_cuda("cuda_flash_row_splits"); }
 int cuda_flash_forward_blocks(Backend&) { no_cuda("cuda_flash_forward_blocks"); }
 void cuda_set_flash_forward_blocks(Backend&, int) { no_cuda("cuda_set_flash_forward_blocks"); }
+int cuda_flash_forward_head_group(Backend&) { no_cuda("cuda_flash_forward_head_group"); }
+void cuda_set_flash_forward_head_group(Backend&, int) { no_cuda("cuda_set_flash_forward_head_group"); }
 int cuda_flash_backward_blocks(Backend&) { no_cuda("cuda_flash_backward_blocks"); }
 int cuda_default_flash_backward_blocks(int) { no_cuda("cuda_default_flash_backward_blocks"); }
 void cuda_set_flash_backward_blocks(Backend&, int) { no_cuda("cuda_set_flash_backward_blocks"); }

@@ -57,17 +57,18 @@ __host__ __device__ constexpr i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / 
 // short tiles. (With the tile fastest, every head's short tiles ran before the next head's long ones: at
 // S = 8k, h 16 the last wave held long tiles alone.) Groups run one after the other, so the blocks resident
 // at a time share the K/V (or Q/dO) of at most kHeadGroup heads in L2: with every head in one group, 128
-// heads x 32k keys of K/V streamed from HBM and the h128 S32k forward lost 16%.
+// heads x 32k keys of K/V streamed from HBM and the h128 S32k forward lost 16%. The warp-specialised forward
+// takes its group size at run time (head_group; its row tiles have no order to keep between blocks).
 constexpr i64 kHeadGroup = 16;
 __host__ __device__ constexpr i64 grid_blocks(i64 tiles, i64 kv_heads, i64 batch) { return tiles * kv_heads * batch; }
 struct TileWork {
   i64 tile, g, b;  // tile in work order (0: the most work), kv head, batch entry
 };
-__device__ __forceinline__ TileWork tile_work(i64 x, i64 tiles, i64 kv_heads, i64 batch) {
+__device__ __forceinline__ TileWork tile_work(i64 x, i64 tiles, i64 kv_heads, i64 batch, i64 head_group = kHeadGroup) {
   const i64 hb = kv_heads * batch;
-  const i64 group = x / (tiles * kHeadGroup);  // every group but the last is full
-  const i64 first = group * kHeadGroup, size = imin(kHeadGroup, hb - first);
-  const i64 within = x - group * tiles * kHeadGroup;
+  const i64 group = x / (tiles * head_group);  // every group but the last is full
+  const i64 first = group * head_group, size = imin(head_group, hb - first);
+  const i64 within = x - group * tiles * head_group;
   const i64 pair = first + within % size;  // (kv head, batch entry), kv head fastest
   return {within / size, pair % kv_heads, pair / kv_heads};
 }
@@ -91,12 +92,12 @@ struct RowTile {
   i64 group, rows, row0, row_last, g, b, n_full;
   RowMap rm;
   int n_tiles;
-  // Item x of the work order (a block per item: blockIdx.x).
+  // Item x of the work order (a block per item: blockIdx.x), in groups of head_group (kv head, batch) pairs.
   __device__ __forceinline__ explicit RowTile(const AttentionFwdParams& p) : RowTile(p, i64(blockIdx.x)) {}
-  __device__ __forceinline__ RowTile(const AttentionFwdParams& p, i64 x)
+  __device__ __forceinline__ RowTile(const AttentionFwdParams& p, i64 x, i64 head_group = kHeadGroup)
       : group(p.q_heads / p.kv_heads), rows(p.q_len * group), rm{u32(group)} {
     const i64 tiles = ceil_div(rows, kBM);
-    const TileWork w = tile_work(x, tiles, p.kv_heads, p.batch);
+    const TileWork w = tile_work(x, tiles, p.kv_heads, p.batch, head_group);
     row0 = (tiles - 1 - w.tile) * kBM, g = w.g, b = w.b;
     row_last = imin(row0 + kBM, rows) - 1;
     n_full = visible_keys(rm.query(row0), p.q_offset, p.kv_len);
@@ -714,7 +715,7 @@ struct ItemSlots {
 
 template <class Tr, bool kAligned>
 __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const AttentionFwdParams p, const int items,
-                                                                          unsigned* taken) {
+                                                                          unsigned* taken, const int head_group) {
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv;
   char* smem = dynamic_smem();
   bf16* s_q = reinterpret_cast<bf16*>(smem);
@@ -737,6 +738,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
   // time it finishes one (*taken counts those handed out past the first gridDim.x, zeroed by the launcher), as
   // the GPU would issue blocks, heaviest first. The loading warpgroup takes it and hands it to the others through
   // items_of (ItemSlots); the three roles walk the same row tiles, the stages' phases counted over all of them.
+  // The work order walks head_group (kv head, batch) pairs at a time (tile_work); any order gives the same bits.
 
   constexpr int kLoad = Tr::kLoadThreads, kHalf = Tr::kConsumerThreads / 2;
   if (tid == 0) {
@@ -766,7 +768,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
       // The next one (also the one past the end, which ends the walk), read behind named barrier 3.
       if (n > 0) x = items_of.hand_over(n, ltid, taken, items, 3, kLoad);
       if (x >= u32(items)) break;
-      const RowTile<kBM, kBN> rt(p, x);
+      const RowTile<kBM, kBN> rt(p, x, head_group);
       if (rt.n_tiles == 0) continue;
       const bf16* q = static_cast<const bf16*>(p.q) + rt.b * p.q_batch_stride;
       const bf16* k = static_cast<const bf16*>(p.k) + rt.b * p.k_batch_stride + rt.g * p.k_head_stride;
@@ -814,7 +816,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_ws_kernel(const Att
   for (u32 n = 0, x = blockIdx.x;; ++n) {  // the block's n-th row tile: x
     if (n > 0) x = items_of.read(n);
     if (x >= u32(items)) break;
-    const RowTile<kBM, kBN> rt(p, x);
+    const RowTile<kBM, kBN> rt(p, x, head_group);
     const auto& [group, rows, row0, row_last, g, b, n_full, rm, n_tiles] = rt;
     const i64 frag_row0 = row0 + 64 * wg + 16 * w4 + gid;
     float acc_o[1][kDv / 8][4];

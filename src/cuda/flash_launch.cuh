@@ -16,6 +16,8 @@
 //   bool warp_specialized_forward()                         192/128: flash_fwd_ws_kernel, else flash_fwd_kernel
 //   int forward_blocks()                                    flash_fwd_ws_kernel's persistent grid: 0 one block per
 //                                                           SM, n > 0 at most n (never more than its row tiles)
+//   int forward_head_group()                                flash_fwd_ws_kernel's work order: the row tiles of n
+//                                                           (kv head, batch) pairs at a time, 0 kHeadGroup
 //   bool warp_specialized_backward()                        192/128 with fused dQ, MHA, aligned views:
 //                                                           flash_bwd_ws_kernel, else flash_bwd_dkdv_regs_kernel
 //   int backward_blocks()                                   flash_bwd_ws_kernel's grid: 0 one block per key block,
@@ -147,10 +149,11 @@ void forward_impl(L& launcher, const AttentionFwdParams& p) {
         using Tr = typename K::FwdWs;
         const i64 items = flash_grid(ceil_div(rows, Tr::kBlockM), p);
         if (items == 0) return;
-        const int want = launcher.forward_blocks();
+        const int want = launcher.forward_blocks(), head_group = launcher.forward_head_group();
         launch_nonempty(launcher, flash_fwd_ws_kernel<Tr, kAligned>, "flash_fwd_ws_kernel",
             std::min<i64>(items, want > 0 ? want : launcher.multiprocessors()), Tr::kThreads,
-            std::size_t(Tr::kSmemBytes), p, int(items), zeroed_tickets(launcher));
+            std::size_t(Tr::kSmemBytes), p, int(items), zeroed_tickets(launcher),
+            head_group > 0 ? head_group : int(kHeadGroup));
         return;
       }
     }

@@ -40,6 +40,7 @@ class StreamLauncher {
   int row_splits() const { return ctx_.flash_row_splits; }
   bool warp_specialized_forward() const { return ctx_.flash_ws_forward; }
   int forward_blocks() const { return ctx_.flash_forward_blocks; }
+  int forward_head_group() const { return ctx_.flash_forward_head_group; }
   bool warp_specialized_backward() const { return ctx_.flash_ws_backward; }
   int backward_blocks() const { return ctx_.flash_backward_blocks; }
   bool rows_resident_vk() const { return ctx_.flash_vk_rows; }

@@ -114,9 +114,11 @@ class EmuLauncher {
   bool rows_resident_vk() const { return vk_rows_; }
   bool ordered_dq() const { return !any_order_dq; }
   int forward_blocks() const { return forward_blocks_; }
+  int forward_head_group() const { return forward_head_group_; }
   int backward_blocks() const { return backward_blocks_; }
   bool any_order_dq = false;  // flash_bwd_ws_kernel's dQ added in any order
   int forward_blocks_ = 0;    // flash_fwd_ws_kernel's grid (as cuda_set_flash_forward_blocks)
+  int forward_head_group_ = 0;  // its work order (as cuda_set_flash_forward_head_group)
   int backward_blocks_ = 0;   // flash_bwd_ws_kernel's grid (as cuda_set_flash_backward_blocks)
   int resident = 1;           // blocks running together (emu::resident_blocks): a persistent grid's size
   std::vector<std::pair<std::string, i64>> launched;  // kernel names and blocks, in launch order
@@ -135,9 +137,11 @@ class EmuLauncher {
 constexpr int kMultiprocessors = 132;
 
 // A persistent grid of n blocks (forward_blocks, backward_blocks n > 0) runs its n blocks together, as on n SMs.
-std::vector<std::pair<std::string, i64>> run_fwd(const AttentionFwdParams& p, bool ws_forward, int forward_blocks = 0) {
+std::vector<std::pair<std::string, i64>> run_fwd(const AttentionFwdParams& p, bool ws_forward, int forward_blocks = 0,
+                                                 int head_group = 0) {
   EmuLauncher launcher(kMultiprocessors, true, 0, ws_forward);
   launcher.forward_blocks_ = forward_blocks;
+  launcher.forward_head_group_ = head_group;
   launcher.resident = std::max(forward_blocks, 1);
   forward(launcher, p);
   return launcher.launched;
@@ -195,13 +199,13 @@ bool run_case(const Case& c) {
     std::fill(o.begin(), o.end(), float_to_bf16(kNan)), std::fill(lse.begin(), lse.end(), kNan);
   }
   // The warp-specialised forward's persistent grid with fewer blocks than row tiles (each block walking several,
-  // the stages' phases and the turns running on across them) first: every count the same bits as a block per
-  // row tile, which comes last.
+  // the stages' phases and the turns running on across them), in the default work order and in groups of one
+  // and of two heads, first: every count and order the same bits as a block per row tile, which comes last.
   std::vector<std::vector<bf16>> o_blocks;
   std::vector<std::vector<float>> lse_blocks;
   if (tc.fwd_ws)
-    for (const int blocks : {1, 2, 3}) {
-      const auto launched_n = run_fwd(p, true, blocks);
+    for (const auto& [blocks, head_group] : std::vector<std::pair<int, int>>{{1, 0}, {2, 0}, {3, 0}, {2, 1}, {3, 2}}) {
+      const auto launched_n = run_fwd(p, true, blocks, head_group);
       const i64 row_tiles = ceil_div(c.q_len * group, i64(FwdWsTraits<192, 128>::kBlockM)) * c.kv_heads * c.batch;
       wrong_fwd += launched_n.size() != 1 || launched_n[0].second != std::min<i64>(blocks, row_tiles);
       o_blocks.push_back(o), lse_blocks.push_back(lse);
@@ -462,6 +466,8 @@ int main(int argc, char** argv) {
       {"mha_192_128_keys_past_rows", 1, 64, 500, 2, 2, 192, 128, 0, false, false, 1},
       // 17 kv heads x batch 2 = 34 (head, batch) pairs: three groups of the grid order, the last partial.
       {"mha_192_128_head_groups", 2, 24, 24, 17, 17, 192, 128, 0, false, false, 1},
+      // 3 heads x 2 row tiles: the forward's work orders in groups of 1 and 2 heads walk them otherwise.
+      {"mha_192_128_head_groups_row_tiles", 1, 160, 160, 3, 3, 192, 128, 0, false, false, 1},
       {"mqa_576_512_absorbed_wide", 1, 70, 70, 4, 1, 576, 512, 0, true, true, 1},
       {"mqa_576_512_absorbed_offset", 2, 40, 100, 3, 1, 576, 512, 60, false, true, 1},
       {"mqa_576_512_separate_v", 1, 50, 50, 2, 1, 576, 512, 0, false, false, 1},

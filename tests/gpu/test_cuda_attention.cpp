@@ -539,8 +539,9 @@ TEST_P(CudaAttentionWsForward, BothKernelsMatchFloat64AndRepeatBitwise) {
               masked_rel_diff(o_of[1], o_of[0], pr.ov.mask()));
 }
 // Its persistent grid (cuda_set_flash_forward_blocks): on 1, 2, 3 and 7 blocks every block walks several row
-// tiles (the loads' phases and the turns running on across them), on a block per row tile none does; every count
-// writes the default's bits, which match float64.
+// tiles (the loads' phases and the turns running on across them), on a block per row tile none does; every count,
+// and every work order (cuda_set_flash_forward_head_group: 1, 2 and 5 heads at a time, on the default grid and on
+// 3 blocks), writes the default's bits, which match float64.
 TEST_P(CudaAttentionWsForward, AnyBlockCountGivesTheSameBits) {
   LAGA_REQUIRE_GPU();
   Backends be;
@@ -558,8 +559,21 @@ TEST_P(CudaAttentionWsForward, AnyBlockCountGivesTheSameBits) {
     EXPECT_EQ(raw_bytes(*be.gpu, pr.o.dev), o_bytes) << "o differs from the default grid's";
     EXPECT_EQ(raw_bytes(*be.gpu, pr.lse.dev), lse_bytes) << "lse differs from the default grid's";
   }
+  ASSERT_EQ(cuda_flash_forward_head_group(*be.gpu), 0);
+  for (const int blocks : {0, 3})
+    for (const int heads : {1, 2, 5}) {
+      SCOPED_TRACE("forward blocks " + std::to_string(blocks) + ", heads at a time " + std::to_string(heads));
+      cuda_set_flash_forward_blocks(*be.gpu, blocks);
+      cuda_set_flash_forward_head_group(*be.gpu, heads);
+      pr.o.poison(*be.gpu), pr.lse.poison(*be.gpu);
+      be.gpu->attention_forward(pr.params(true));
+      EXPECT_EQ(raw_bytes(*be.gpu, pr.o.dev), o_bytes) << "o differs from the default order's";
+      EXPECT_EQ(raw_bytes(*be.gpu, pr.lse.dev), lse_bytes) << "lse differs from the default order's";
+    }
   EXPECT_THROW(cuda_set_flash_forward_blocks(*be.gpu, -1), InvalidArgument);
+  EXPECT_THROW(cuda_set_flash_forward_head_group(*be.gpu, -1), InvalidArgument);
   cuda_set_flash_forward_blocks(*be.gpu, 0);
+  cuda_set_flash_forward_head_group(*be.gpu, 0);
 }
 INSTANTIATE_TEST_SUITE_P(Ops, CudaAttentionWsForward, ::testing::ValuesIn(cases_192_128()),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });

@@ -214,6 +214,16 @@ TEST(CudaPerf, DISABLED_AttentionBf16) {
       time_attention(*be, s, kernel, 3, rng);
 }
 
+// LAGA_PERF_REPS: the timed repeats of the long-sequence tests (default 3).
+int perf_reps() {
+  const char* env = std::getenv("LAGA_PERF_REPS");
+  char* end = nullptr;
+  const long reps = env ? std::strtol(env, &end, 10) : 3;
+  LAGA_REQUIRE(!env || (*env != '\0' && *end == '\0' && reps >= 1 && reps <= 1000), "LAGA_PERF_REPS = '",
+               env ? env : "", "': the timed repeats must be a whole number from 1 to 1000");
+  return int(reps);
+}
+
 // The target shapes: S = 8k..32k, h = 16..128; MQA as absorbed MLA runs it (V inside K). Eager only where its
 // [h, S, S] probabilities fit (h 16, S 8k). One test per head-dim pair, so that a run can time one of them;
 // MQA means one kv head with V inside K (absorbed MLA). LAGA_PERF_REPS sets the timed repeats (default 3): many
@@ -221,19 +231,58 @@ TEST(CudaPerf, DISABLED_AttentionBf16) {
 void time_long_sequences(i64 dqk, i64 dv, bool mqa, const char* prefix) {
   auto be = make_cuda_backend(0);
   auto rng = rng_for_test();
-  const char* env = std::getenv("LAGA_PERF_REPS");
-  char* end = nullptr;
-  const long reps = env ? std::strtol(env, &end, 10) : 3;
-  LAGA_REQUIRE(!env || (*env != '\0' && *end == '\0' && reps >= 1 && reps <= 1000), "LAGA_PERF_REPS = '",
-               env ? env : "", "': the timed repeats must be a whole number from 1 to 1000");
+  const int reps = perf_reps();
   for (const i64 seq : {8192, 32768})
     for (const i64 heads : {16, 128}) {
       char name[64];
       std::snprintf(name, sizeof(name), "%s_h%lld_s%lldk", prefix, (long long)heads, (long long)(seq / 1024));
       const AttnShape s{name, seq, heads, mqa ? 1 : heads, dqk, dv, /*v_in_k=*/mqa};
-      time_attention(*be, s, AttentionKernel::Fused, int(reps), rng);
+      time_attention(*be, s, AttentionKernel::Fused, reps, rng);
       if (heads == 16 && seq == 8192) time_attention(*be, s, AttentionKernel::Eager, 3, rng);
     }
+}
+
+// The warp-specialised 192/128 forward's work order (cuda_set_flash_forward_head_group): the row tiles of n heads
+// at a time, for n = 16 (the default), 1, 2, 4, 8, 32 and 16 again, alternating in one process, at the perf
+// shapes and at the all_gather rank's (DeepSeek-V3, P = 8: 128 heads, the last S/8 queries over S keys, S = 16k,
+// 32k), where every row tile walks about the same number of key tiles. `_fwd_heads<n>`.
+TEST(CudaPerf, DISABLED_AttentionMha192ForwardHeadGroups) {
+  LAGA_REQUIRE_GPU();
+  auto be = make_cuda_backend(0);
+  auto rng = rng_for_test();
+  const DType dt = DType::BF16;
+  struct Fwd {
+    const char* name;
+    i64 heads, q_len, kv_len;
+  };
+  for (const Fwd& s : {Fwd{"mha_192_128_h16_s8k", 16, 8192, 8192}, Fwd{"mha_192_128_h128_s8k", 128, 8192, 8192},
+                       Fwd{"mha_192_128_h16_s32k", 16, 32768, 32768}, Fwd{"mha_192_128_h128_s32k", 128, 32768, 32768},
+                       Fwd{"mha_192_128_h128_q2k_kv16k", 128, 2048, 16384},
+                       Fwd{"mha_192_128_h128_q4k_kv32k", 128, 4096, 32768}}) {
+    Tensor q = tiled_random(*be, dt, s.q_len, s.heads * 192, rng), k = tiled_random(*be, dt, s.kv_len, s.heads * 192, rng);
+    Tensor v = tiled_random(*be, dt, s.kv_len, s.heads * 128, rng);
+    Tensor o(be->allocator(), dt, {s.q_len, s.heads * 128}, "o", MemoryKind::External);
+    Tensor lse(be->allocator(), DType::F32, {s.heads, s.q_len}, "lse", MemoryKind::External);
+    AttentionFwdParams p;
+    p.dtype = dt, p.kernel = AttentionKernel::Fused, p.batch = 1, p.q_len = s.q_len, p.kv_len = s.kv_len;
+    p.q_heads = p.kv_heads = s.heads, p.d_qk = 192, p.d_v = 128, p.q_offset = s.kv_len - s.q_len;
+    p.scale = 1.0 / std::sqrt(192.0);
+    p.q = q.data(), p.q_token_stride = p.q_batch_stride = s.heads * 192, p.q_head_stride = 192;
+    p.k = k.data(), p.k_token_stride = p.k_batch_stride = s.heads * 192, p.k_head_stride = 192;
+    p.v = v.data(), p.v_token_stride = p.v_batch_stride = s.heads * 128, p.v_head_stride = 128;
+    p.o = o.data(), p.o_token_stride = p.o_batch_stride = s.heads * 128, p.o_head_stride = 128;
+    p.lse = lse.data();
+    // Query i sees q_offset + i + 1 keys.
+    const double pairs = double(s.heads) * (double(s.q_len) * double(p.q_offset) + double(s.q_len) * double(s.q_len + 1) / 2);
+    for (const int heads : {16, 1, 2, 4, 8, 32, 16}) {
+      cuda_set_flash_forward_head_group(*be, heads);
+      const double ms = median_ms(*be, [&] { be->attention_forward(p); }, perf_reps());
+      char name[96];
+      std::snprintf(name, sizeof(name), "%s_fused_fwd_heads%d", s.name, heads);
+      print(name, ms, 2.0 * (192 + 128) * pairs);
+    }
+    cuda_set_flash_forward_head_group(*be, 0);
+  }
 }
 
 TEST(CudaPerf, DISABLED_AttentionMha192LongSequences) {
