@@ -39,7 +39,8 @@ usage: bash scripts/gpu.sh <subcommand> [arguments]    (dist: the carried build,
   cudnn [dist] [parts] [seqs] [rounds]     the cuDNN provider and the PyTorch peer (parts tbapc, and s): tests, block check, attention table, bench, peer (in rounds), attention under sustained load
   block-profile [dist] [parts] [seqs]      where a rank's block spends its time, op by op (parts tbao), clocks and power sampled
   bench-attention [dist] [filter]          attention correctness, the perf test's timings, PyTorch SDPA at 192/128 beside them
-  profile [dist] [sections...]             Nsight Compute on the tensor-core attention backward at 192/128 (fused dQ, then separate)
+  profile [dist] [fwd|bwd] [sections...]   Nsight Compute on the warp-specialised 192/128 attention forward or backward (h 16, S 8k)
+  traffic [dist] [seqs]                    HBM and L2 bytes of laga's and cuDNN's forward at the all_gather and a2a ranks (ncu); the forward's head groups timed
   torch [dist] [gpu_torch.py options]      laga's PyTorch module against laga run and plain PyTorch (scripts/gpu_torch.py)
 EOF
 }
@@ -960,25 +961,62 @@ cmd_bench_attention() {
 }
 
 cmd_profile() {
-  # Nsight Compute on the tensor-core attention backward at 192/128, h 16, S 8k (the first backward of the perf
-  # test's long-sequence run): the fused-dQ dK/dV kernel, then the separate dK/dV and dQ kernels. Clocks are left
-  # alone (--clock-control none). Needs a machine where ncu reads the counters. Reports to stdout and profile-*.txt.
+  # Nsight Compute on the tensor-core 192/128 attention at h 16, S 8k (the first forward and backward of the perf
+  # test's long-sequence run): `fwd` flash_fwd_ws_kernel, `bwd` flash_bwd_ws_kernel (the default), the sections
+  # named after it (default: speed of light, compute and memory workload, warp state, scheduler, launch). Clocks
+  # are left alone (--clock-control none). Needs a machine where ncu reads the counters. Reports to stdout and
+  # profile-<pass>.txt.
   gpu_start "${1:-}" profile
   need_bin laga_gpu_tests
   shift || true
-  local sections=("$@") args=() s ncu filter='CudaPerf.DISABLED_AttentionMha192LongSequences'
+  local pass=${1:-bwd} kernel
+  shift || true
+  case $pass in
+    fwd) kernel=flash_fwd_ws_kernel ;;
+    bwd) kernel=flash_bwd_ws_kernel ;;
+    *) die "pass '$pass': it must be fwd or bwd" 2 ;;
+  esac
+  local sections=("$@") args=() s ncu
   (( ${#sections[@]} )) || sections=(SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis WarpStateStats SchedulerStats LaunchStats)
   for s in "${sections[@]}"; do args+=(--section "$s"); done
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  [ -n "$ncu" ] || die "no ncu on this machine"
-  ncu_run() {  # name, kernel regex, launches, LAGA_CUDA_FLASH_DQ
-    LAGA_CUDA_FLASH_DQ=$4 timeout 240 "$ncu" --clock-control none -k "regex:$2" -c "$3" "${args[@]}" \
-      "$dist/laga_gpu_tests" --gtest_also_run_disabled_tests --gtest_filter="$filter" >"$final/profile-$1.txt" 2>&1
-    echo "== $1 (exit $?)"
-    grep -vE '^\s*$|^==PROF==|GPUPERF|^\[|^Note' "$final/profile-$1.txt" | grep -vE 'Running|gtest' | head -150
-  }
-  ncu_run fused 'flash_bwd_dkdv_regs_kernel' 1 fused
-  ncu_run separate 'flash_bwd_dkdv_regs_kernel|flash_bwd_dq_kernel' 2 separate
+  ncu=$(ncu_path) || die "no ncu on this machine"
+  timeout 240 "$ncu" --clock-control none -k "regex:$kernel" -c 1 "${args[@]}" "$dist/laga_gpu_tests"     --gtest_also_run_disabled_tests --gtest_filter='CudaPerf.DISABLED_AttentionMha192LongSequences'     >"$final/profile-$pass.txt" 2>&1
+  echo "== $kernel (exit $?)"
+  grep -vE '^\s*$|^==PROF==|GPUPERF|^\[|^Note' "$final/profile-$pass.txt" | grep -vE 'Running|gtest' | head -150
+}
+
+ncu_path() { command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1; }
+
+cmd_traffic() {
+  # The 192/128 forward's device-memory and L2 traffic where its work order matters (src/cuda/NOTES.md, version
+  # 37): Nsight Compute's HBM bytes, L2 bytes and L2 hit rate of laga's forward and cuDNN's in one
+  # bench-attention process (its first laga forward, then cuDNN's), at DeepSeek-V3's all_gather rank (P = 8, S =
+  # <seqs>, default 16k and 32k) and a2a rank at the largest S -> traffic-<layout>-<S>.csv; then the perf test
+  # timing the forward's head groups (DISABLED_AttentionMha192ForwardHeadGroups) -> head-groups.txt.
+  gpu_start "${1:-}" traffic
+  need_bin laga
+  need_bin laga_gpu_tests
+  shift || true
+  local seqs=${1:-16384,32768} ncu S layout csv
+  ncu=$(ncu_path) || die "no ncu on this machine"
+  local metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,lts__t_sector_hit_rate.pct
+  local shapes=() last=${seqs##*,}
+  for S in ${seqs//,/ }; do shapes+=("all_gather $S"); done
+  shapes+=("a2a $last")
+  for shape in "${shapes[@]}"; do
+    read -r layout S <<<"$shape"
+    csv=$final/traffic-$layout-$S.csv
+    timeout 200 "$ncu" --clock-control none -k 'regex:flash_fwd_ws_kernel|fprop|sdpa' -c 2 --metrics "$metrics" --csv \
+      "$dist/laga" bench-attention --model deepseek-v3 --seq "$S" --sp 8 --layout "$layout" --repeat 1 --warmup 0 \
+      >"$csv" 2>"$final/traffic-$layout-$S.err"
+    echo "== $layout S = $S (exit $?): kernel | metric | value"
+    grep -E '^"[0-9]' "$csv" | awk -F'","' '{k = $5; sub(/\(.*/, "", k); print substr(k, 1, 60) " | " $(NF-2) " | " $NF}' | tr -d '"'
+  done
+  echo "== head groups: the perf test"
+  timeout 240 "$dist/laga_gpu_tests" --gtest_also_run_disabled_tests \
+    --gtest_filter='CudaPerf.DISABLED_AttentionMha192ForwardHeadGroups' >"$final/head-groups.txt" 2>&1
+  echo "== head groups (exit $?)"
+  grep GPUPERF "$final/head-groups.txt" | awk '{print $2, $(NF-1)}'
 }
 
 cmd_torch() {
@@ -1007,7 +1045,7 @@ shift || true
 case $SUB in
   help | -h | --help) usage ;;
   pack | env | check-summary | check | sanitize | run-check | smoke | short | all | multi | overlap | cudnn | \
-  block-profile | bench-attention | profile | torch)
+  block-profile | bench-attention | profile | traffic | torch)
     "cmd_${SUB//-/_}" "$@" ;;
   *) echo "gpu.sh: unknown subcommand '$SUB' (bash scripts/gpu.sh help lists them)" >&2; exit 2 ;;
 esac
