@@ -34,7 +34,7 @@ mkdir -p "$TMP/bin"
 printf '#!/bin/sh\necho "NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver."\nexit 9\n' \
   >"$TMP/bin/nvidia-smi"
 chmod +x "$TMP/bin/nvidia-smi"
-for sub in check sanitize run-check smoke short all multi overlap cudnn block-profile bench-attention profile torch; do
+for sub in check sanitize run-check smoke short all multi overlap cudnn block-profile bench-attention profile traffic torch; do
   PATH="$TMP/bin:$PATH" bash "$GPU_SH" "$sub" "$TMP/no-dist" >"$TMP/nogpu.txt" 2>&1
   rc=$?
   [ "$rc" -eq 1 ] || fail "$sub without a GPU exited $rc, expected 1"
