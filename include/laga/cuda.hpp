@@ -146,6 +146,15 @@ int cuda_default_flash_backward_blocks(int device);
 int cuda_flash_backward_blocks(Backend& backend);
 void cuda_set_flash_backward_blocks(Backend& backend, int blocks);
 
+// The order in which the warp-specialised 192/128 backward takes key blocks, as the forward's head group: the
+// (kv head, batch entry) pairs in groups of n, each group's key blocks first to last (the key block slowest, the
+// head fastest) before the next group's. Fewer heads at a time share each head's Q and dO in L2 among more
+// blocks; more heads put fewer of a head's key blocks at work together, so fewer wait for the one before them to
+// add its dQ (the deterministic mode). 0 (the default) 16; n > 0 for timing another order. Every order gives the
+// same bits; a negative n throws InvalidArgument.
+int cuda_flash_backward_head_group(Backend& backend);
+void cuda_set_flash_backward_head_group(Backend& backend, int heads);
+
 // Which kernel runs the 576/512 tensor-core backward that sums dK + [dV, 0] (absorbed MLA, V inside K): `true`
 // (the default) flash_bwd_vkq_kernel (a block per row tile, dQ in registers, dK + dV added up in fp32 key tiles;
 // it loads K once a step where the other loads Q and dO; 1.3-1.6x the other on an H200), `false`

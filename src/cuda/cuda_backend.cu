@@ -716,6 +716,16 @@ void cuda_set_flash_backward_blocks(Backend& backend, int blocks) {
   as_cuda(backend, "cuda_set_flash_backward_blocks").context().flash_backward_blocks = blocks;
 }
 
+int cuda_flash_backward_head_group(Backend& backend) {
+  return as_cuda(backend, "cuda_flash_backward_head_group").context().flash_backward_head_group;
+}
+
+void cuda_set_flash_backward_head_group(Backend& backend, int heads) {
+  LAGA_REQUIRE(heads >= 0, "cuda_set_flash_backward_head_group: heads is ", heads,
+               "; it must be 0 (the default order) or a positive count of heads");
+  as_cuda(backend, "cuda_set_flash_backward_head_group").context().flash_backward_head_group = heads;
+}
+
 bool cuda_flash_ws_backward(Backend& backend) {
   return as_cuda(backend, "cuda_flash_ws_backward").context().flash_ws_backward;
 }

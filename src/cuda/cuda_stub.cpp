@@ -47,6 +47,8 @@ void cuda_set_flash_forward_head_group(Backend&, int) { no_cuda("cuda_set_flash_
 int cuda_flash_backward_blocks(Backend&) { no_cuda("cuda_flash_backward_blocks"); }
 int cuda_default_flash_backward_blocks(int) { no_cuda("cuda_default_flash_backward_blocks"); }
 void cuda_set_flash_backward_blocks(Backend&, int) { no_cuda("cuda_set_flash_backward_blocks"); }
+int cuda_flash_backward_head_group(Backend&) { no_cuda("cuda_flash_backward_head_group"); }
+void cuda_set_flash_backward_head_group(Backend&, int) { no_cuda("cuda_set_flash_backward_head_group"); }
 void cuda_set_flash_row_splits(Backend&, int) { no_cuda("cuda_set_flash_row_splits"); }
 bool cuda_flash_ws_forward(Backend&) { no_cuda("cuda_flash_ws_forward"); }
 void cuda_set_flash_ws_forward(Backend&, bool) { no_cuda("cuda_set_flash_ws_forward"); }

@@ -120,14 +120,15 @@ struct KeyTile {
   i64 block, key0, g, b, group, rows, row_tiles, tile_base;  // tile_base: this (batch, kv head)'s first dQ tile
   RowMap rm;
   int n_tiles;
-  // The block's key block (blockIdx.x), or item x of the work order (a persistent grid's blocks walk several).
+  // The block's key block (blockIdx.x), or item x of the work order (a persistent grid's blocks walk several) in
+  // groups of head_group (kv head, batch) pairs.
   __device__ __forceinline__ explicit KeyTile(const AttentionFwdParams& p)
       : group(p.q_heads / p.kv_heads), rows(p.q_len * group), row_tiles(ceil_div(rows, kBM)), rm{u32(group)} {
     init(p, tile_work(ceil_div(p.kv_len, kBN), p.kv_heads, p.batch));
   }
-  __device__ __forceinline__ KeyTile(const AttentionFwdParams& p, i64 x)
+  __device__ __forceinline__ KeyTile(const AttentionFwdParams& p, i64 x, i64 head_group = kHeadGroup)
       : group(p.q_heads / p.kv_heads), rows(p.q_len * group), row_tiles(ceil_div(rows, kBM)), rm{u32(group)} {
-    init(p, tile_work(x, ceil_div(p.kv_len, kBN), p.kv_heads, p.batch));
+    init(p, tile_work(x, ceil_div(p.kv_len, kBN), p.kv_heads, p.batch, head_group));
   }
   __device__ __forceinline__ i64 step_row0(int t) const { return (row_tiles - 1 - t) * kBM; }
 
@@ -1312,7 +1313,9 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const Attenti
 // step, from one of two dS^T buffers announced and handed back by mbarriers: the computing warpgroups never
 // wait for each other's work of the same step. They run half a step apart, taking turns at issuing S^T, so that
 // one's elementwise work (P^T, dS^T) falls under the other's GEMMs. Rows are queries of one head (MHA) and the
-// views 16-byte aligned; other problems take flash_bwd_dkdv_regs_kernel.
+// views 16-byte aligned; other problems take flash_bwd_dkdv_regs_kernel. The work order takes head_group (kv
+// head, batch) pairs at a time (tile_work): any group size keeps each head's key blocks in increasing order, the
+// order the dQ counters wait in, and gives the same bits.
 template <int kDqk_, int kDv_>
 struct BwdWsTraits {
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockN = 128, kBlockM = 64;
@@ -1356,7 +1359,7 @@ struct BwdWsTraits {
 template <class Tr, bool kPersistent>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_ws_kernel(const AttentionBwdParams p, const float* delta, float* dq_accum, unsigned* dq_count,
-                        bool ordered, const int items, unsigned* taken) {
+                        bool ordered, const int items, unsigned* taken, const int head_group) {
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv;
   using Keys = KeyTile<kBN, kBM>;
   char* smem = dynamic_smem();
@@ -1619,7 +1622,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
 
   if constexpr (!kPersistent) {  // a block per key block
-    const Keys kt(p);
+    const Keys kt(p, i64(blockIdx.x), head_group);
     if (tid == 0) {
       mbar_init(kv_full, Tr::kLoadThreads);
       for (int st = 0; st < 2; ++st) {
@@ -1672,7 +1675,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           // The next one (also the one past the end, which ends the walk).
           if (n > 0) x = items_of.hand_over(n, ltid, taken, items, Tr::kBarLoad, Tr::kLoadThreads);
           if (x >= u32(items)) break;
-          const Keys kt(p, x);
+          const Keys kt(p, x, head_group);
           if (kt.n_tiles == 0) continue;
           load_key_block(kt, sc, kvs, ltid);
           sc += u32(kt.n_tiles), ++kvs;
@@ -1682,7 +1685,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         for (u32 n = 0, x = blockIdx.x;; ++n) {
           if (n > 0) x = items_of.read(n);
           if (x >= u32(items)) break;
-          const Keys kt(p, x);
+          const Keys kt(p, x, head_group);
           if (kt.n_tiles > 0) add_dq(kt, ltid);
         }
         if (lane == 0) bulk_wait<0>();  // every add done before the block ends
@@ -1694,7 +1697,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (u32 n = 0, x = blockIdx.x;; ++n) {
       if (n > 0) x = items_of.read(n);
       if (x >= u32(items)) break;
-      const Keys kt(p, x);
+      const Keys kt(p, x, head_group);
       if (kt.n_tiles == 0) {
         zero_key_block(kt);
         continue;

@@ -23,6 +23,8 @@
 //   int backward_blocks()                                   flash_bwd_ws_kernel's grid: 0 one block per key block,
 //                                                           n > 0 persistent, at most n (never more than its key
 //                                                           blocks)
+//   int backward_head_group()                               flash_bwd_ws_kernel's work order: the key blocks of n
+//                                                           (kv head, batch) pairs at a time, 0 kHeadGroup
 //   bool rows_resident_vk()                                 576/512 with V inside K and dv_in_dk (fused dQ):
 //                                                           flash_bwd_vkq_kernel, else flash_bwd_vk_kernel
 //   bool ordered_dq()                                       flash_bwd_ws_kernel's dQ and flash_bwd_vkq_kernel's
@@ -149,11 +151,11 @@ void forward_impl(L& launcher, const AttentionFwdParams& p) {
         using Tr = typename K::FwdWs;
         const i64 items = flash_grid(ceil_div(rows, Tr::kBlockM), p);
         if (items == 0) return;
-        const int want = launcher.forward_blocks(), head_group = launcher.forward_head_group();
+        const int want = launcher.forward_blocks(), group_asked = launcher.forward_head_group();
         launch_nonempty(launcher, flash_fwd_ws_kernel<Tr, kAligned>, "flash_fwd_ws_kernel",
             std::min<i64>(items, want > 0 ? want : launcher.multiprocessors()), Tr::kThreads,
             std::size_t(Tr::kSmemBytes), p, int(items), zeroed_tickets(launcher),
-            head_group > 0 ? head_group : int(kHeadGroup));
+            group_asked > 0 ? group_asked : int(kHeadGroup));
         return;
       }
     }
@@ -259,15 +261,16 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
         using Tr = typename K::DkdvWs;
         const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
         const i64 items = flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p);  // key blocks
-        const int want = launcher.backward_blocks();
+        const int want = launcher.backward_blocks(), group_asked = launcher.backward_head_group();
+        const int head_group = group_asked > 0 ? group_asked : int(kHeadGroup);
         if (want > 0) {  // a persistent grid of at most `want` blocks
           launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, true>, "flash_bwd_ws_kernel",
               std::min<i64>(items, want), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count,
-              launcher.ordered_dq(), int(items), zeroed_tickets(launcher));
+              launcher.ordered_dq(), int(items), zeroed_tickets(launcher), head_group);
         } else {  // a block per key block
           launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, false>, "flash_bwd_ws_kernel", items, Tr::kThreads,
               std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count, launcher.ordered_dq(), int(items),
-              static_cast<unsigned*>(nullptr));
+              static_cast<unsigned*>(nullptr), head_group);
         }
         dq_from_tiles<Tr::kDqk, kAligned, DqLayout::ws>(launcher, p, dq);
         return;

@@ -43,6 +43,7 @@ class StreamLauncher {
   int forward_head_group() const { return ctx_.flash_forward_head_group; }
   bool warp_specialized_backward() const { return ctx_.flash_ws_backward; }
   int backward_blocks() const { return ctx_.flash_backward_blocks; }
+  int backward_head_group() const { return ctx_.flash_backward_head_group; }
   bool rows_resident_vk() const { return ctx_.flash_vk_rows; }
   bool ordered_dq() const { return ctx_.flash_ordered_dq; }
 

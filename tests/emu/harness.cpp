@@ -116,10 +116,12 @@ class EmuLauncher {
   int forward_blocks() const { return forward_blocks_; }
   int forward_head_group() const { return forward_head_group_; }
   int backward_blocks() const { return backward_blocks_; }
+  int backward_head_group() const { return backward_head_group_; }
   bool any_order_dq = false;  // flash_bwd_ws_kernel's dQ added in any order
   int forward_blocks_ = 0;    // flash_fwd_ws_kernel's grid (as cuda_set_flash_forward_blocks)
   int forward_head_group_ = 0;  // its work order (as cuda_set_flash_forward_head_group)
   int backward_blocks_ = 0;   // flash_bwd_ws_kernel's grid (as cuda_set_flash_backward_blocks)
+  int backward_head_group_ = 0;  // its work order (as cuda_set_flash_backward_head_group)
   int resident = 1;           // blocks running together (emu::resident_blocks): a persistent grid's size
   std::vector<std::pair<std::string, i64>> launched;  // kernel names and blocks, in launch order
 
@@ -148,14 +150,26 @@ std::vector<std::pair<std::string, i64>> run_fwd(const AttentionFwdParams& p, bo
 }
 std::vector<std::pair<std::string, i64>> run_bwd(const AttentionBwdParams& p, bool fused_dq, int row_splits,
                                                  bool ws_backward = true, bool vk_rows = false, bool any_order = false,
-                                                 int backward_blocks = 0) {
+                                                 int backward_blocks = 0, int head_group = 0) {
   EmuLauncher launcher(kMultiprocessors, fused_dq, row_splits, true, ws_backward, vk_rows);
   launcher.any_order_dq = any_order;
   launcher.backward_blocks_ = backward_blocks;
+  launcher.backward_head_group_ = head_group;
   launcher.resident = std::max(backward_blocks, 1);
   backward(launcher, p);
   return launcher.launched;
 }
+
+// The warp-specialised backward's grids checked against its default (a block per key block, 16 heads at a time):
+// persistent on `blocks` blocks running together (0: a block per key block), dQ in any order or not, the work
+// order's heads at a time (0: the default). The any-order run is the last.
+struct BwdGrid {
+  int blocks;
+  bool any;
+  int head_group;
+};
+const std::vector<BwdGrid> kBwdGrids = {{1, false, 0}, {2, false, 0}, {3, false, 0}, {0, false, 1}, {3, false, 2},
+                                        {2, true, 0}};
 
 bool run_case(const Case& c) {
   const i64 group = c.q_heads / c.kv_heads;
@@ -255,16 +269,17 @@ bool run_case(const Case& c) {
   }
   // The warp-specialised backward's persistent grid on 1, 2 and 3 blocks running together (each walking several
   // key blocks, the stages' and buffers' phases running on across them, the dQ counters waited for across
-  // blocks): in the fixed order every count must give the default's bits; in any order (2 blocks) dK and dV
-  // the same bits and dQ within its rounding.
+  // blocks) and the work order in groups of 1 and 2 heads (kBwdGrids): in the fixed order every grid must give the
+  // default's bits; in any order (2 blocks) dK and dV the same bits and dQ within its rounding.
   std::vector<std::vector<bf16>> dq_blocks, dk_blocks, dv_blocks;
   long bwd_blocks_wrong = 0;
   const i64 key_blocks = ceil_div(c.kv_len, i64(BwdWsTraits<192, 128>::kBlockN)) * c.kv_heads * c.batch;
   if (ws_bwd)
-    for (const auto& [blocks, any] : std::vector<std::pair<int, bool>>{{1, false}, {2, false}, {3, false}, {2, true}}) {
-      const auto launched_n = run_bwd(p, true, fixed, true, c.vk_rows, any, blocks);
+    for (const auto& [blocks, any, head_group] : kBwdGrids) {
+      const auto launched_n = run_bwd(p, true, fixed, true, c.vk_rows, any, blocks, head_group);
       for (const auto& kv : launched_n)
-        if (kv.first == "flash_bwd_ws_kernel") bwd_blocks_wrong += kv.second != std::min<i64>(blocks, key_blocks);
+        if (kv.first == "flash_bwd_ws_kernel")
+          bwd_blocks_wrong += kv.second != (blocks > 0 ? std::min<i64>(blocks, key_blocks) : key_blocks);
       dq_blocks.push_back(dq), dk_blocks.push_back(dk), dv_blocks.push_back(dv);
       poison();
     }
@@ -315,7 +330,7 @@ bool run_case(const Case& c) {
   long bwd_blocks_bits_differ = 0;
   Err edq_any_blocks;
   for (std::size_t i = 0; i < dq_blocks.size(); ++i) {
-    const bool any = i + 1 == dq_blocks.size();
+    const bool any = kBwdGrids[i].any;
     bwd_blocks_bits_differ += bits_differ(dk_blocks[i], dk) + bits_differ(dv_blocks[i], dv);
     if (!any) {
       bwd_blocks_bits_differ += bits_differ(dq_blocks[i], dq);
@@ -429,13 +444,15 @@ bool run_case(const Case& c) {
                 else_old.den ? else_old.rel() : 0.0);
   if (wrong_fwd) std::printf("%-34s the forward did not launch %s alone (or not on the blocks asked)\n", "", fwd_kernel);
   if (tc.fwd_ws)
-    std::printf("%-34s warp-specialised forward on 1, 2, 3 blocks: %ld of o and lse differ from a block per row tile\n",
+    std::printf("%-34s warp-specialised forward on 1, 2, 3 blocks, 1 and 2 heads at a time: %ld of o and lse differ "
+                "from a block per row tile\n",
                 "", fwd_blocks_bits_differ);
   if (any_order)
     std::printf("%-34s added in any order: %ld elements whose bits differ from the ordered run\n", "",
                 any_order_bits_differ);
   if (ws_bwd)
-    std::printf("%-34s warp-specialised backward on 1, 2, 3 blocks%s: %ld of dq, dk, dv differ from the default; "
+    std::printf("%-34s warp-specialised backward on 1, 2, 3 blocks, 1 and 2 heads at a time%s: %ld of dq, dk, dv "
+                "differ from the default; "
                 "in any order on 2: dq %.2e from the ordered run\n",
                 "", bwd_blocks_wrong ? " (NOT the blocks asked)" : "", bwd_blocks_bits_differ, edq_any_blocks.rel());
   if (c.dv_in_dk && c.vk_rows)

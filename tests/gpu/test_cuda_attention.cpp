@@ -642,8 +642,10 @@ TEST_P(CudaAttentionWsBackward, AnyOrderDqMatchesFloat64WithTheSameDkDv) {
 }
 // Its persistent grid (cuda_set_flash_backward_blocks): on 1, 2, 3 and 7 blocks every block walks several key
 // blocks (the stages' and dS^T buffers' phases running on across them, dQ's counters waited for across blocks), on
-// a block per key block none does; in the fixed order every count writes the default's bits, which match float64;
-// in any order on 3 blocks dK and dV are those bits and dQ matches float64.
+// a block per key block none does; in the fixed order every count, and every work order
+// (cuda_set_flash_backward_head_group: 1, 2 and 5 heads at a time, on the default grid and on 3 blocks), writes
+// the default's bits, which match float64; in any order on 3 blocks dK and dV are those bits and dQ matches
+// float64.
 TEST_P(CudaAttentionWsBackward, AnyBlockCountGivesTheSameBits) {
   LAGA_REQUIRE_GPU();
   Backends be;
@@ -667,6 +669,19 @@ TEST_P(CudaAttentionWsBackward, AnyBlockCountGivesTheSameBits) {
     EXPECT_EQ(raw(pr.dk), dk) << "dk differs from the default grid's";
     EXPECT_EQ(raw(pr.dv), dv) << "dv differs from the default grid's";
   }
+  ASSERT_EQ(cuda_flash_backward_head_group(*be.gpu), 0);
+  for (const int blocks : {0, 3})
+    for (const int heads : {1, 2, 5}) {
+      SCOPED_TRACE("backward blocks " + std::to_string(blocks) + ", heads at a time " + std::to_string(heads));
+      cuda_set_flash_backward_blocks(*be.gpu, blocks);
+      cuda_set_flash_backward_head_group(*be.gpu, heads);
+      run();
+      EXPECT_EQ(raw(pr.dq), dq) << "dq differs from the default order's";
+      EXPECT_EQ(raw(pr.dk), dk) << "dk differs from the default order's";
+      EXPECT_EQ(raw(pr.dv), dv) << "dv differs from the default order's";
+    }
+  EXPECT_THROW(cuda_set_flash_backward_head_group(*be.gpu, -1), InvalidArgument);
+  cuda_set_flash_backward_head_group(*be.gpu, 0);
   cuda_set_flash_backward_blocks(*be.gpu, 3);
   cuda_set_attention_deterministic(*be.gpu, false);
   run();

@@ -242,47 +242,88 @@ void time_long_sequences(i64 dqk, i64 dv, bool mqa, const char* prefix) {
     }
 }
 
-// The warp-specialised 192/128 forward's work order (cuda_set_flash_forward_head_group): the row tiles of n heads
-// at a time, for n = 16 (the default), 1, 2, 4, 8, 32 and 16 again, alternating in one process, at the perf
-// shapes and at the all_gather rank's (DeepSeek-V3, P = 8: 128 heads, the last S/8 queries over S keys, S = 16k,
-// 32k), where every row tile walks about the same number of key tiles. `_fwd_heads<n>`.
-TEST(CudaPerf, DISABLED_AttentionMha192ForwardHeadGroups) {
-  LAGA_REQUIRE_GPU();
+// The warp-specialised 192/128 kernels' work orders (cuda_set_flash_forward_head_group,
+// cuda_set_flash_backward_head_group) timed at the perf shapes and at the all_gather rank's (DeepSeek-V3, P = 8:
+// 128 heads, the last S/8 queries over S keys, S = 16k, 32k), where every row tile walks about the same number
+// of key tiles: MHA 192/128, batch 1, random rows as time_attention's.
+struct HeadGroupShape {
+  const char* name;
+  i64 heads, q_len, kv_len;
+};
+constexpr HeadGroupShape kHeadGroupShapes[] = {
+    {"mha_192_128_h16_s8k", 16, 8192, 8192},           {"mha_192_128_h128_s8k", 128, 8192, 8192},
+    {"mha_192_128_h16_s32k", 16, 32768, 32768},        {"mha_192_128_h128_s32k", 128, 32768, 32768},
+    {"mha_192_128_h128_q2k_kv16k", 128, 2048, 16384}, {"mha_192_128_h128_q4k_kv32k", 128, 4096, 32768}};
+
+// f(backend, params, forward FLOPs, backward FLOPs, shape name) on each shape's problem (o and lse written once).
+void for_head_group_shapes(const std::function<void(Backend&, const AttentionBwdParams&, double, double,
+                                                    const char*)>& f) {
   auto be = make_cuda_backend(0);
   auto rng = rng_for_test();
   const DType dt = DType::BF16;
-  struct Fwd {
-    const char* name;
-    i64 heads, q_len, kv_len;
-  };
-  for (const Fwd& s : {Fwd{"mha_192_128_h16_s8k", 16, 8192, 8192}, Fwd{"mha_192_128_h128_s8k", 128, 8192, 8192},
-                       Fwd{"mha_192_128_h16_s32k", 16, 32768, 32768}, Fwd{"mha_192_128_h128_s32k", 128, 32768, 32768},
-                       Fwd{"mha_192_128_h128_q2k_kv16k", 128, 2048, 16384},
-                       Fwd{"mha_192_128_h128_q4k_kv32k", 128, 4096, 32768}}) {
-    Tensor q = tiled_random(*be, dt, s.q_len, s.heads * 192, rng), k = tiled_random(*be, dt, s.kv_len, s.heads * 192, rng);
-    Tensor v = tiled_random(*be, dt, s.kv_len, s.heads * 128, rng);
-    Tensor o(be->allocator(), dt, {s.q_len, s.heads * 128}, "o", MemoryKind::External);
+  for (const HeadGroupShape& s : kHeadGroupShapes) {
+    const i64 wq = s.heads * 192, wv = s.heads * 128;
+    Tensor q = tiled_random(*be, dt, s.q_len, wq, rng), k = tiled_random(*be, dt, s.kv_len, wq, rng);
+    Tensor v = tiled_random(*be, dt, s.kv_len, wv, rng), dout = tiled_random(*be, dt, s.q_len, wv, rng);
+    Tensor o(be->allocator(), dt, {s.q_len, wv}, "o", MemoryKind::External);
+    Tensor dq(be->allocator(), dt, {s.q_len, wq}, "dq", MemoryKind::External);
+    Tensor dk(be->allocator(), dt, {s.kv_len, wq}, "dk", MemoryKind::External);
+    Tensor dv(be->allocator(), dt, {s.kv_len, wv}, "dv", MemoryKind::External);
     Tensor lse(be->allocator(), DType::F32, {s.heads, s.q_len}, "lse", MemoryKind::External);
-    AttentionFwdParams p;
+    AttentionBwdParams p;
     p.dtype = dt, p.kernel = AttentionKernel::Fused, p.batch = 1, p.q_len = s.q_len, p.kv_len = s.kv_len;
     p.q_heads = p.kv_heads = s.heads, p.d_qk = 192, p.d_v = 128, p.q_offset = s.kv_len - s.q_len;
     p.scale = 1.0 / std::sqrt(192.0);
-    p.q = q.data(), p.q_token_stride = p.q_batch_stride = s.heads * 192, p.q_head_stride = 192;
-    p.k = k.data(), p.k_token_stride = p.k_batch_stride = s.heads * 192, p.k_head_stride = 192;
-    p.v = v.data(), p.v_token_stride = p.v_batch_stride = s.heads * 128, p.v_head_stride = 128;
-    p.o = o.data(), p.o_token_stride = p.o_batch_stride = s.heads * 128, p.o_head_stride = 128;
+    p.q = q.data(), p.q_token_stride = p.q_batch_stride = wq, p.q_head_stride = 192;
+    p.k = k.data(), p.k_token_stride = p.k_batch_stride = wq, p.k_head_stride = 192;
+    p.v = v.data(), p.v_token_stride = p.v_batch_stride = wv, p.v_head_stride = 128;
+    p.o = o.data(), p.o_token_stride = p.o_batch_stride = wv, p.o_head_stride = 128;
+    p.dout = dout.data(), p.dout_token_stride = p.dout_batch_stride = wv, p.dout_head_stride = 128;
+    p.dq = dq.data(), p.dq_token_stride = p.dq_batch_stride = wq, p.dq_head_stride = 192;
+    p.dk = dk.data(), p.dk_token_stride = p.dk_batch_stride = wq, p.dk_head_stride = 192;
+    p.dv = dv.data(), p.dv_token_stride = p.dv_batch_stride = wv, p.dv_head_stride = 128;
     p.lse = lse.data();
     // Query i sees q_offset + i + 1 keys.
-    const double pairs = double(s.heads) * (double(s.q_len) * double(p.q_offset) + double(s.q_len) * double(s.q_len + 1) / 2);
-    for (const int heads : {16, 1, 2, 4, 8, 32, 16}) {
-      cuda_set_flash_forward_head_group(*be, heads);
-      const double ms = median_ms(*be, [&] { be->attention_forward(p); }, perf_reps());
-      char name[96];
-      std::snprintf(name, sizeof(name), "%s_fused_fwd_heads%d", s.name, heads);
-      print(name, ms, 2.0 * (192 + 128) * pairs);
-    }
-    cuda_set_flash_forward_head_group(*be, 0);
+    const double pairs =
+        double(s.heads) * (double(s.q_len) * double(p.q_offset) + double(s.q_len) * double(s.q_len + 1) / 2);
+    be->attention_forward(p);  // o and lse for the backward
+    f(*be, p, 2.0 * (192 + 128) * pairs, 2.0 * (3 * 192 + 2 * 128) * pairs, s.name);
   }
+}
+
+// The forward in groups of 16 (the default), 1, 2, 4, 8, 32 and 16 again heads, in one process: `_fwd_heads<n>`.
+TEST(CudaPerf, DISABLED_AttentionMha192ForwardHeadGroups) {
+  LAGA_REQUIRE_GPU();
+  for_head_group_shapes([](Backend& be, const AttentionBwdParams& p, double fwd_flops, double, const char* shape) {
+    for (const int heads : {16, 1, 2, 4, 8, 32, 16}) {
+      cuda_set_flash_forward_head_group(be, heads);
+      const double ms = median_ms(be, [&] { be.attention_forward(p); }, perf_reps());
+      char name[96];
+      std::snprintf(name, sizeof(name), "%s_fused_fwd_heads%d", shape, heads);
+      print(name, ms, fwd_flops);
+    }
+    cuda_set_flash_forward_head_group(be, 0);
+  });
+}
+
+// The backward in groups of 16 (the default), 32, 64, 128, 8 and 16 again heads, dQ in the fixed order and in any
+// order, in one process: `_bwd_heads<n>`, `_bwd_any_order_heads<n>`.
+TEST(CudaPerf, DISABLED_AttentionMha192BackwardHeadGroups) {
+  LAGA_REQUIRE_GPU();
+  for_head_group_shapes([](Backend& be, const AttentionBwdParams& p, double, double bwd_flops, const char* shape) {
+    for (const bool deterministic : {true, false}) {
+      cuda_set_attention_deterministic(be, deterministic);
+      for (const int heads : {16, 32, 64, 128, 8, 16}) {
+        cuda_set_flash_backward_head_group(be, heads);
+        const double ms = median_ms(be, [&] { be.attention_backward(p); }, perf_reps());
+        char name[96];
+        std::snprintf(name, sizeof(name), "%s_fused_bwd%s_heads%d", shape, deterministic ? "" : "_any_order", heads);
+        print(name, ms, bwd_flops);
+      }
+    }
+    cuda_set_attention_deterministic(be, true);
+    cuda_set_flash_backward_head_group(be, 0);
+  });
 }
 
 TEST(CudaPerf, DISABLED_AttentionMha192LongSequences) {
