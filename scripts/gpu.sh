@@ -40,7 +40,7 @@ usage: bash scripts/gpu.sh <subcommand> [arguments]    (dist: the carried build,
   block-profile [dist] [parts] [seqs]      where a rank's block spends its time, op by op (parts tbao), clocks and power sampled
   bench-attention [dist] [filter]          attention correctness, the perf test's timings, PyTorch SDPA at 192/128 beside them
   profile [dist] [fwd|bwd] [sections...]   Nsight Compute on the warp-specialised 192/128 attention forward or backward (h 16, S 8k)
-  traffic [dist] [seqs]                    HBM and L2 bytes of laga's and cuDNN's forward at the all_gather and a2a ranks (ncu); the forward's head groups timed
+  traffic [dist] [seqs]                    HBM and L2 bytes of laga's and cuDNN's forward at the all_gather and a2a ranks (ncu); both kernels' head groups timed
   torch [dist] [gpu_torch.py options]      laga's PyTorch module against laga run and plain PyTorch (scripts/gpu_torch.py)
 EOF
 }
@@ -991,8 +991,9 @@ cmd_traffic() {
   # The 192/128 forward's device-memory and L2 traffic where its work order matters (src/cuda/NOTES.md, version
   # 37): Nsight Compute's HBM bytes, L2 bytes and L2 hit rate of laga's forward and cuDNN's in one
   # bench-attention process (its first laga forward, then cuDNN's), at DeepSeek-V3's all_gather rank (P = 8, S =
-  # <seqs>, default 16k and 32k) and a2a rank at the largest S -> traffic-<layout>-<S>.csv; then the perf test
-  # timing the forward's head groups (DISABLED_AttentionMha192ForwardHeadGroups) -> head-groups.txt.
+  # <seqs>, default 16k and 32k) and a2a rank at the largest S -> traffic-<layout>-<S>.csv; then the perf tests
+  # timing the forward's and the backward's head groups (DISABLED_AttentionMha192{Forward,Backward}HeadGroups)
+  # -> head-groups.txt.
   gpu_start "${1:-}" traffic
   need_bin laga
   need_bin laga_gpu_tests
@@ -1013,8 +1014,8 @@ cmd_traffic() {
     grep -E '^"[0-9]' "$csv" | awk -F'","' '{k = $5; sub(/\(.*/, "", k); print substr(k, 1, 60) " | " $(NF-2) " | " $NF}' | tr -d '"'
   done
   echo "== head groups: the perf test"
-  timeout 240 "$dist/laga_gpu_tests" --gtest_also_run_disabled_tests \
-    --gtest_filter='CudaPerf.DISABLED_AttentionMha192ForwardHeadGroups' >"$final/head-groups.txt" 2>&1
+  timeout 300 "$dist/laga_gpu_tests" --gtest_also_run_disabled_tests \
+    --gtest_filter='CudaPerf.DISABLED_AttentionMha192*HeadGroups' >"$final/head-groups.txt" 2>&1
   echo "== head groups (exit $?)"
   grep GPUPERF "$final/head-groups.txt" | awk '{print $2, $(NF-1)}'
 }
