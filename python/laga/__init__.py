@@ -31,8 +31,6 @@ def config(config):
     raise TypeError(f"config = {config!r}: expected a preset name, a config.json path or a dict")
 
 
-
-
 def build_info():
     """What this package's extension was built with and runs with: ``{"cuda": bool, "cudnn": {"compiled": bool,
     "loaded": bool, "version": int, "compiled_version": int, "error": str}}``. ``cudnn.compiled`` is False when the
@@ -64,4 +62,4 @@ def plan(model="deepseek-v3", seq=16384, sp=8, batch=1, layout="a2a", kernel="fu
     return json.loads(text)
 
 
-__all__ = ["config", "plan", "rank_positions", "__version__"]
+__all__ = ["build_info", "config", "plan", "rank_positions", "__version__"]
