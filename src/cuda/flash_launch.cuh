@@ -130,6 +130,9 @@ inline int vkq_splits(const AttentionFwdParams& p, int block_m, int block_n, int
   return splits;
 }
 
+// The warp-specialised kernels' work order: the heads a group the launcher asks for, else kHeadGroup.
+inline int head_group(int asked) { return asked > 0 ? asked : int(kHeadGroup); }
+
 // A persistent grid's ticket counter (ItemSlots), zeroed before its launch.
 template <class L>
 unsigned* zeroed_tickets(L& launcher) {
@@ -151,11 +154,11 @@ void forward_impl(L& launcher, const AttentionFwdParams& p) {
         using Tr = typename K::FwdWs;
         const i64 items = flash_grid(ceil_div(rows, Tr::kBlockM), p);
         if (items == 0) return;
-        const int want = launcher.forward_blocks(), group_asked = launcher.forward_head_group();
+        const int want = launcher.forward_blocks();
         launch_nonempty(launcher, flash_fwd_ws_kernel<Tr, kAligned>, "flash_fwd_ws_kernel",
             std::min<i64>(items, want > 0 ? want : launcher.multiprocessors()), Tr::kThreads,
             std::size_t(Tr::kSmemBytes), p, int(items), zeroed_tickets(launcher),
-            group_asked > 0 ? group_asked : int(kHeadGroup));
+            head_group(launcher.forward_head_group()));
         return;
       }
     }
@@ -261,16 +264,15 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
         using Tr = typename K::DkdvWs;
         const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
         const i64 items = flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p);  // key blocks
-        const int want = launcher.backward_blocks(), group_asked = launcher.backward_head_group();
-        const int head_group = group_asked > 0 ? group_asked : int(kHeadGroup);
+        const int want = launcher.backward_blocks(), heads = head_group(launcher.backward_head_group());
         if (want > 0) {  // a persistent grid of at most `want` blocks
           launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, true>, "flash_bwd_ws_kernel",
               std::min<i64>(items, want), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count,
-              launcher.ordered_dq(), int(items), zeroed_tickets(launcher), head_group);
+              launcher.ordered_dq(), int(items), zeroed_tickets(launcher), heads);
         } else {  // a block per key block
           launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, false>, "flash_bwd_ws_kernel", items, Tr::kThreads,
               std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count, launcher.ordered_dq(), int(items),
-              static_cast<unsigned*>(nullptr), head_group);
+              static_cast<unsigned*>(nullptr), heads);
         }
         dq_from_tiles<Tr::kDqk, kAligned, DqLayout::ws>(launcher, p, dq);
         return;
