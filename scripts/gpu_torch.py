@@ -12,7 +12,10 @@
    the same configuration from `laga run --device cuda --warmup N --grad-dtype bfloat16 --json` (the module's
    overhead over it);
 3. the module's step against the C++ block called straight through torch.ops.laga on the same tensors, in
-   alternating rounds of back-to-back steps in this process (the same clocks for both): the module's own cost.
+   alternating rounds of back-to-back steps in this process (the same clocks for both): the module's own cost;
+4. cuda_graph: the module's step (LAGA, S = 4096) captured in a CUDA graph and replayed, against an eager step:
+   the same bits, and the replay's time over the eager step's;
+5. nccl_group: the module over a one-rank NCCL process group against the module without one.
 
     python3 scripts/gpu_torch.py --cli build/laga --out torch_gpu.json [--seqs 4096,16384] [--model deepseek-v3]
 """
@@ -95,6 +98,56 @@ def nccl_group_check(args, seq=1024):
         out[name] = ([y.detach(), x.grad] + [p.grad for p in mod.parameters()], mod.last_step["traffic"])
     same = all(torch.equal(a, b) for a, b in zip(out["none"][0], out["nccl"][0]))
     return {"seq": seq, "bitwise_equal": same, "collectives": [t["collective"] for t in out["nccl"][1]]}
+
+
+def graph_check(args, seq, reps=20):
+    """The module's training step (LAGA, forward and backward) captured in a CUDA graph as PyTorch's whole-network
+    capture does it (warm-up steps on a side stream, then torch.cuda.graph on its own stream) and replayed: the
+    output and every gradient against the last warm-up step's, bitwise (deterministic attention), and the
+    replay's time against the eager step's (events, alternating, median)."""
+    torch.manual_seed(0)
+    mod = lt.MultiheadLatentAttention(args.model, form="laga", dtype=torch.bfloat16, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    d = mod.config["hidden_size"]
+    x = (torch.rand((1, seq, d), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16).requires_grad_(True)
+    dy = (torch.rand((1, seq, d), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
+
+    def step():
+        mod.zero_grad(set_to_none=True)
+        x.grad = None
+        y = mod(x)
+        y.backward(dy)
+        return y
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            y = step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    eager = [y.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in mod.parameters()]
+    mod.zero_grad(set_to_none=True)
+    x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_static = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    got = [y_static.detach(), x.grad] + [p.grad for p in mod.parameters()]
+    same = all(torch.equal(a, b) for a, b in zip(eager, got))
+    times = {"eager": [], "replay": []}
+    for _ in range(reps):
+        for name, run in (("eager", step), ("replay", graph.replay)):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run()
+            b.record()
+            torch.cuda.synchronize()
+            times[name].append(a.elapsed_time(b))
+    eager_ms, replay_ms = statistics.median(times["eager"]), statistics.median(times["replay"])
+    return {"seq": seq, "form": "laga", "bitwise_equal": same, "eager_ms_median": eager_ms,
+            "replay_ms_median": replay_ms, "replay_over_eager": replay_ms / eager_ms}
 
 
 class SdpaMLA(torch.nn.Module):
@@ -331,6 +384,16 @@ def main():
         doc["bench"].append(point)
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
+    for seq in (4096,):
+        try:
+            g = graph_check(args, seq)
+        except Exception as e:  # noqa: BLE001  (recorded: a capture laga cannot take is a finding, not a crash)
+            g = {"seq": seq, "error": repr(e)[:2000]}
+        doc.setdefault("cuda_graph", []).append(g)
+        print("cuda graph:", json.dumps(g), flush=True)
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
     # Last: a process group set up before the timings slowed PyTorch's attention peer threefold there.
     try:
         doc["nccl_group"] = nccl_group_check(args)

@@ -43,32 +43,49 @@ const char* scratch_slot_name(ScratchSlot s) {
 Scratch::Scratch() : bufs_(static_cast<std::size_t>(ScratchSlot::count)) {}
 
 Scratch::~Scratch() {
-  for (auto& b : bufs_)
-    if (b.ptr) {
-      if (hosted)
-        hosted->free(b.id, b.ptr);
-      else
-        cudaFree(b.ptr);
-    }
+  for (const auto* list : {&bufs_, &kept_})
+    for (const auto& b : *list)
+      if (b.ptr) {
+        if (hosted)
+          hosted->free(b.id, b.ptr);
+        else
+          cudaFree(b.ptr);
+      }
 }
 
-void Scratch::free_buf(Buf& b) {
+void Scratch::free_now(const Buf& b) {
   if (hosted)
     hosted->free(b.id, b.ptr);
   else
     LAGA_CUDA_CHECK(cudaFree(b.ptr));
+}
+
+void Scratch::free_buf(Buf& b) {
+  if (b.captured) {
+    kept_.push_back(b);
+  } else {
+    free_now(b);
+    held_ -= b.bytes;
+  }
   b.ptr = nullptr;
   b.bytes = 0;
   b.id = 0;
+  b.captured = false;
 }
 
 void* Scratch::get(ScratchSlot slot, std::size_t bytes, cudaStream_t stream) {
   Buf& b = bufs_.at(static_cast<std::size_t>(slot));
   bytes = std::max<std::size_t>(bytes, 256);  // never null: empty problems still get a valid pointer
-  if (b.bytes >= bytes) return b.ptr;
+  const bool capturing = stream_capturing(stream);
+  if (b.bytes >= bytes) {
+    b.captured = b.captured || capturing;
+    return b.ptr;
+  }
+  LAGA_REQUIRE(!capturing, "kernel scratch '", scratch_slot_name(slot), "' must grow from ", b.bytes, " to ", bytes,
+               " bytes while a CUDA graph is being captured, which cannot allocate: run the captured work once "
+               "before capturing it (laga's buffers then have their size)");
   if (b.ptr) {
     LAGA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    held_ -= b.bytes;
     free_buf(b);
   }
   if (hosted) {
@@ -91,7 +108,6 @@ void Scratch::release(cudaStream_t stream) {
   LAGA_CUDA_CHECK(cudaStreamSynchronize(stream));
   for (auto& b : bufs_)
     if (b.ptr) free_buf(b);
-  held_ = 0;
 }
 
 void Scratch::reset_peak() {
@@ -253,17 +269,19 @@ class CudaBackend final : public Backend {
     if (own_stream_ && ctx_.stream) cudaStreamDestroy(ctx_.stream);
   }
 
-  // A hosted backend follows the framework's current stream: the GEMM runner is remade for a new one, and
-  // cuDNN's plans (bound to the old stream's handle) with it.
+  // A hosted backend follows the framework's current stream. Its buffers (kernel scratch, the GEMM workspace)
+  // are reused on the new stream, so the work queued on the old one finishes first: the host waits for it,
+  // unless either stream is capturing a CUDA graph, where nothing may wait; the capture is then ordered after
+  // the work before it by its maker (torch.cuda.graph synchronizes the device before it begins). The GEMM
+  // runner and cuDNN's handle move to the new stream with their plans; nothing is allocated.
   void set_stream(cudaStream_t stream) {
     LAGA_REQUIRE(!own_stream_, "set_cuda_stream: this backend owns its stream");
     if (stream == ctx_.stream) return;
     DeviceGuard guard(ctx_.device);
-    LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    if (!stream_capturing(ctx_.stream) && !stream_capturing(stream)) LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
     ctx_.stream = stream;
-    gemm_ = std::make_unique<GemmRunner>(ctx_.stream);
-    ctx_.gemm = gemm_.get();
-    cudnn_.reset();
+    gemm_->set_stream(stream);
+    if (cudnn_) cudnn_->set_stream(stream);
   }
 
   Device device() const override { return Device::Cuda; }
@@ -407,6 +425,8 @@ class CudaBackend final : public Backend {
     LAGA_REQUIRE(a.inv_freq != nullptr, "rope: inv_freq must be set");
     if (inv_freq_host_.size() == half && std::equal(inv_freq_host_.begin(), inv_freq_host_.end(), a.inv_freq))
       return inv_freq_;
+    LAGA_REQUIRE(!stream_capturing(ctx_.stream), "rope: new frequencies to upload while a CUDA graph is being "
+                 "captured, which cannot copy from the host: run the captured work once before capturing it");
     if (inv_freq_capacity_ < half) {
       if (inv_freq_) {
         LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));

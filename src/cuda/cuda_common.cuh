@@ -100,6 +100,18 @@ void dispatch_pair(DType a, DType b, const char* op, F&& f) {
 // ---------------------------------------------------------------- launch helpers
 constexpr int kElementwiseThreads = 256;
 
+// Whether `stream` is capturing a CUDA graph (or its capture was invalidated): then nothing may wait for it,
+// allocate or free device memory. An error from the query (the legacy stream while another stream captures)
+// counts as capturing.
+inline bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
 inline unsigned blocks_for(i64 n, int threads) {
   const i64 b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > (1LL << 30) ? (1LL << 30) : b));
@@ -150,9 +162,12 @@ class Scratch {
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   // At least `bytes` bytes; the previous contents are lost when it grows. `stream` is synchronized before
-  // an old buffer is freed (work queued on it may still read it).
+  // an old buffer is freed (work queued on it may still read it). While `stream` captures a CUDA graph the
+  // buffer is handed out as it is (a growth then throws InvalidArgument: the captured work must have run once
+  // before), and the graph keeps it: it is never freed before the Scratch (a later growth or release sets it
+  // aside instead, still counted as held), since a replay of the graph writes to it.
   void* get(ScratchSlot slot, std::size_t bytes, cudaStream_t stream);
-  // Frees every buffer (after synchronizing `stream`); the marks are not changed.
+  // Frees every buffer (after synchronizing `stream`) but those a captured graph uses; the marks are not changed.
   void release(cudaStream_t stream);
   // Sets the high-water marks (total and per slot) to the bytes held now.
   void reset_peak();
@@ -175,10 +190,13 @@ class Scratch {
     void* ptr = nullptr;
     std::size_t bytes = 0;
     std::size_t peak = 0;
-    std::uint64_t id = 0;  // the hosted allocator's
+    std::uint64_t id = 0;   // the hosted allocator's
+    bool captured = false;  // handed out while a CUDA graph was captured: kept until the Scratch goes
   };
-  void free_buf(Buf& b);
+  void free_buf(Buf& b);  // frees it, or sets it aside in kept_ when a graph uses it; held_ drops by what is freed
+  void free_now(const Buf& b);
   std::vector<Buf> bufs_;
+  std::vector<Buf> kept_;  // buffers of captured graphs, no longer in a slot
   std::size_t held_ = 0, peak_ = 0;
 };
 

@@ -42,6 +42,9 @@ class GemmRunner {
   GemmRunner& operator=(const GemmRunner&) = delete;
 
   void run(const MatmulArgs&);
+  // Later problems run on `stream` (the handle, workspace and chosen algorithms kept): the caller orders it
+  // after the work queued on the old one, which may still use the workspace.
+  void set_stream(cudaStream_t stream) { stream_ = stream; }
 
   // How problems were run so far (for tests and reports).
   struct Counts {

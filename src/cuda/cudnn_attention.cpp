@@ -250,6 +250,13 @@ CudnnAttention::CudnnAttention(void* stream, std::function<void*(std::size_t)> w
   impl_->workspace = std::move(workspace);
 }
 
+void CudnnAttention::set_stream(void* stream) {
+  impl_->stream = stream;
+  if (!impl_->handle) return;
+  const cudnnStatus_t s = fe::detail::set_stream(impl_->handle, static_cast<cudaStream_t>(stream));
+  LAGA_CHECK(s == CUDNN_STATUS_SUCCESS, "cudnnSetStream failed: ", fe::detail::get_error_string(s));
+}
+
 CudnnAttention::~CudnnAttention() {
   if (impl_ && impl_->handle) {
     impl_->graphs.clear();

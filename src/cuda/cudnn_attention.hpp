@@ -56,6 +56,9 @@ class CudnnAttention {
   // no plan for it.
   std::int64_t backward_workspace(const AttentionBwdParams& p, bool deterministic);
 
+  // Later calls queue on `stream` (the handle and the graphs built kept).
+  void set_stream(void* stream);
+
   std::size_t graphs_built() const;
   std::size_t largest_workspace() const;  // bytes, over the graphs built
 

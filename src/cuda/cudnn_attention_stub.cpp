@@ -17,6 +17,7 @@ std::string cudnn_attention_rejects(const AttentionBwdParams&) { return cudnn_st
 struct CudnnAttention::Impl {};
 CudnnAttention::CudnnAttention(void*, std::function<void*(std::size_t)>) {}
 CudnnAttention::~CudnnAttention() = default;
+void CudnnAttention::set_stream(void*) {}
 bool CudnnAttention::forward(const AttentionFwdParams&, std::string* why) {
   if (why) *why = cudnn_status().error;
   return false;
