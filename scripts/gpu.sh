@@ -25,7 +25,7 @@ usage() {
   cat <<'EOF'
 usage: bash scripts/gpu.sh <subcommand> [arguments]    (dist: the carried build, default build/dist-run)
   help                                     this list
-  pack [build]                             (here) laga, laga_gpu_tests, BUILD and libs.tar.gz into <build>/dist-run, the folder to carry
+  pack [build] [py]                        (here) laga, laga_gpu_tests, BUILD and libs.tar.gz into <build>/dist-run, the folder to carry; py: the Python package too
   env [dist]                               the environment the GPU subcommands run in, as export lines: eval "$(bash scripts/gpu.sh env DIST)"
   check-summary FILE                       the worst relative error per suite, output and dtype of the GPU tests' GPUCHECK lines
   check [dist] [filter]                    the GPU test suite with the disabled timing tests: failures, worst error per op and dtype, timings
@@ -139,7 +139,10 @@ gpu_start() {  # every GPU subcommand: GPU, carried build, environment, output f
 # ---------------------------------------------------------------- here
 
 cmd_pack() {  # the folder to carry: laga, laga_gpu_tests, BUILD, and libs.tar.gz (OpenBLAS, Fortran runtime, Open MPI)
-  local build=${1:-build}
+  # With `py` after the build folder, also py/: the Python package built here with CUDA (and cuDNN's provider,
+  # from the main build's cudnn-frontend headers) against build/venv's PyTorch, which `torch` imports there.
+  local build=${1:-build} with_py=${2:-}
+  [ -z "$with_py" ] || [ "$with_py" = py ] || die "pack: '$with_py' after the build folder: only 'py' is known" 2
   [ -d "$build" ] || die "no build folder '$build'" 2
   dist=$build/dist-run
   rm -rf "$dist" && mkdir -p "$dist/libs" "$dist/mpi/bin" "$dist/mpi/lib" "$dist/mpi/share"
@@ -178,6 +181,15 @@ cmd_pack() {  # the folder to carry: laga, laga_gpu_tests, BUILD, and libs.tar.g
   ls "$dist/libs"
   # Compressed to a third of the size (less to copy to the GPU machine), unpacked there on first use.
   tar -czf "$dist/libs.tar.gz" -C "$dist" libs mpi && rm -rf "$dist/libs" "$dist/mpi"
+  if [ "$with_py" = py ]; then
+    bash scripts/python_env.sh || die "pack: the Python environment (scripts/python_env.sh) failed"
+    bash scripts/fetch_cudnn_frontend.sh "$build"
+    build/venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
+      --target "$dist/py" -C build-dir=build/python-cuda -C cmake.define.LAGA_WITH_CUDA=ON \
+      -C cmake.define.LAGA_CUDNN_FRONTEND_DIR="$(pwd)/$build/_deps/cudnn-frontend/include" . ||
+      die "pack: building the Python package with CUDA failed"
+    rm -rf "$dist/py/bin"
+  fi
   du -sh "$dist"; ls "$dist"; cat "$dist/BUILD"
   if grep -qx 'dirty=1' "$dist/BUILD"; then
     echo "pack: WARNING: built from a tree with uncommitted changes; every document measured with it records so" \
@@ -1023,7 +1035,7 @@ cmd_traffic() {
 cmd_torch() {
   # laga's PyTorch module on the GPU (scripts/gpu_torch.py): against `laga run --save` for the same weights, and
   # its time and memory beside plain PyTorch and laga run's own block -> torch_gpu.json. The package is imported
-  # from <dist>/py when the carried build has one, else from the machine's Python path.
+  # from <dist>/py when the carried build has one (`pack build py`), else from the machine's Python path.
   gpu_start "${1:-}" torch
   need_bin laga
   shift || true

@@ -66,6 +66,9 @@ if [ -f "$build/generated/laga_build_commit.hpp" ]; then
   eval "$(bash "$GPU_SH" env "$TMP/build/dist-run")"
   case $LD_LIBRARY_PATH in "$TMP/build/dist-run/libs:"*) ;; *) fail "env does not put the carried libraries first" ;; esac
   [ "${NCCL_NVLS_ENABLE:-}" = 0 ] || fail "env leaves NVLink multicast on"
+  bash "$GPU_SH" pack "$TMP/build" wheels >"$TMP/pack2.txt" 2>&1
+  rc=$?
+  [ "$rc" -eq 2 ] && grep -q "'wheels' after the build folder" "$TMP/pack2.txt" || fail "pack with an unknown extra: exit $rc: $(cat "$TMP/pack2.txt")"
 fi
 
 # check-summary reads GPUCHECK lines without a GPU (tests/cli/report_parsers.sh checks its figures).
