@@ -278,7 +278,8 @@ class CudaBackend final : public Backend {
     LAGA_REQUIRE(!own_stream_, "set_cuda_stream: this backend owns its stream");
     if (stream == ctx_.stream) return;
     DeviceGuard guard(ctx_.device);
-    if (!stream_capturing(ctx_.stream) && !stream_capturing(stream)) LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    if (!stream_capturing(ctx_.stream) && !stream_capturing(stream))
+      LAGA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
     ctx_.stream = stream;
     gemm_->set_stream(stream);
     if (cudnn_) cudnn_->set_stream(stream);
