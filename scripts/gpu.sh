@@ -1023,7 +1023,13 @@ cmd_traffic() {
       "$dist/laga" bench-attention --model deepseek-v3 --seq "$S" --sp 8 --layout "$layout" --repeat 1 --warmup 0 \
       >"$csv" 2>"$final/traffic-$layout-$S.err"
     echo "== $layout S = $S (exit $?): kernel | metric | value"
-    grep -E '^"[0-9]' "$csv" | awk -F'","' '{k = $5; sub(/\(.*/, "", k); print substr(k, 1, 60) " | " $(NF-2) " | " $NF}' | tr -d '"'
+    python3 - "$csv" <<'PY'
+import csv, sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+for row in (csv.DictReader(lines[start:]) if start is not None else []):
+    print(f"{row['Kernel Name'].split('(')[0][:60]} | {row['Metric Name']} | {row['Metric Unit']} {row['Metric Value']}")
+PY
   done
   echo "== head groups: the perf test"
   timeout 300 "$dist/laga_gpu_tests" --gtest_also_run_disabled_tests \
