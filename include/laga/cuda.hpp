@@ -133,15 +133,16 @@ void cuda_set_flash_forward_head_group(Backend& backend, int heads);
 bool cuda_flash_ws_backward(Backend& backend);
 void cuda_set_flash_ws_backward(Backend& backend, bool warp_specialized);
 
-// How many blocks the warp-specialised 192/128 backward launches. 0 (the default): one block per key block (128
-// keys). n > 0: a persistent grid of at most n blocks (one per SM: the device's SM count), each taking the next
-// untaken key block, in the order the default grid issues them, once it has issued the loads of the one it walks
-// (a key block's first rows load under the previous one's last steps, its V after their last dP^T, its K after
-// their last dQ^T). Not yet timed on a GPU. Every count gives the same bits (dQ's in the deterministic mode); a
-// negative one throws InvalidArgument. A new backend takes cuda_default_flash_backward_blocks(device): the
-// environment variable LAGA_CUDA_FLASH_BACKWARD_BLOCKS (a count, or "sm" for the device's SM count), read once per
-// process, else 0 (another value makes backend creation throw InvalidArgument). Measurement documents record the
-// count (attention_calls.backward_blocks).
+// How many blocks the warp-specialised 192/128 backward launches. Its grid is persistent: each block takes the next
+// untaken key block (128 keys), in the order a grid of a block per key block would issue them, once it has issued
+// the loads of the one it walks (a key block's first rows load under the previous one's last steps, its V after
+// their last dP^T, its K after their last dQ^T). 0 (the default) one block per SM; n > 0 at most n, and n at least
+// the key blocks gives a block per key block, on the kernel's instantiation that is not persistent (for timing
+// the two; 1-4% slower on an H200 at S = 8k-32k). Every count gives the same bits (dQ's in the deterministic
+// mode); a negative one throws InvalidArgument. A new backend takes cuda_default_flash_backward_blocks(device):
+// the environment variable LAGA_CUDA_FLASH_BACKWARD_BLOCKS (a count, or "sm" for the device's SM count), read
+// once per process, else 0 (another value makes backend creation throw InvalidArgument). Measurement documents
+// record the count (attention_calls.backward_blocks).
 int cuda_default_flash_backward_blocks(int device);
 int cuda_flash_backward_blocks(Backend& backend);
 void cuda_set_flash_backward_blocks(Backend& backend, int blocks);

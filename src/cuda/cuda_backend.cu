@@ -658,7 +658,7 @@ int cuda_default_flash_backward_blocks(int device) {
       n = -1;
     }
     LAGA_REQUIRE(n >= 0 && n <= (1L << 30) && used == s.size(), "LAGA_CUDA_FLASH_BACKWARD_BLOCKS is '", s,
-                 "'; it must be 0 (a block per key block), a positive block count or 'sm' (one block per SM)");
+                 "'; it must be 0 (the default: one block per SM), a positive block count or 'sm' (one block per SM)");
     return int(n);
   }();
   return blocks < 0 ? cuda_multiprocessor_count(device) : blocks;
@@ -733,7 +733,7 @@ int cuda_flash_backward_blocks(Backend& backend) {
 
 void cuda_set_flash_backward_blocks(Backend& backend, int blocks) {
   LAGA_REQUIRE(blocks >= 0, "cuda_set_flash_backward_blocks: blocks is ", blocks,
-               "; it must be 0 (a block per key block) or a positive count (a persistent grid)");
+               "; it must be 0 (one per multiprocessor) or a positive count");
   as_cuda(backend, "cuda_set_flash_backward_blocks").context().flash_backward_blocks = blocks;
 }
 

@@ -20,9 +20,9 @@
 //                                                           (kv head, batch) pairs at a time, 0 kHeadGroup
 //   bool warp_specialized_backward()                        192/128 with fused dQ, MHA, aligned views:
 //                                                           flash_bwd_ws_kernel, else flash_bwd_dkdv_regs_kernel
-//   int backward_blocks()                                   flash_bwd_ws_kernel's grid: 0 one block per key block,
-//                                                           n > 0 persistent, at most n (never more than its key
-//                                                           blocks)
+//   int backward_blocks()                                   flash_bwd_ws_kernel's grid: persistent, 0 one block per
+//                                                           SM, n > 0 at most n; a block per key block (the grid
+//                                                           that is not persistent) where that is no fewer
 //   int backward_head_group()                               flash_bwd_ws_kernel's work order: the key blocks of n
 //                                                           (kv head, batch) pairs at a time, 0 kHeadGroup
 //   bool rows_resident_vk()                                 576/512 with V inside K and dv_in_dk (fused dQ):
@@ -265,10 +265,11 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
         const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
         const i64 items = flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p);  // key blocks
         const int want = launcher.backward_blocks(), heads = head_group(launcher.backward_head_group());
-        if (want > 0) {  // a persistent grid of at most `want` blocks
-          launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, true>, "flash_bwd_ws_kernel",
-              std::min<i64>(items, want), Tr::kThreads, std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count,
-              launcher.ordered_dq(), int(items), zeroed_tickets(launcher), heads);
+        const i64 blocks = std::min<i64>(items, want > 0 ? want : launcher.multiprocessors());
+        if (blocks < items) {  // a persistent grid
+          launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, true>, "flash_bwd_ws_kernel", blocks, Tr::kThreads,
+              std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count, launcher.ordered_dq(), int(items),
+              zeroed_tickets(launcher), heads);
         } else {  // a block per key block
           launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, false>, "flash_bwd_ws_kernel", items, Tr::kThreads,
               std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count, launcher.ordered_dq(), int(items),

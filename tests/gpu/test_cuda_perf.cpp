@@ -159,14 +159,15 @@ void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int
     if (s.kv_heads == s.heads) {
       time_flipped(cuda_flash_ws_backward, cuda_set_flash_ws_backward, [&] { be.attention_backward(p); }, "bwd",
                    "warp_specialized", "dkdv_regs", bwd_flops);
-      // On a persistent grid of one block per SM, in both orders of dQ's sums.
+      // On a block per key block (the grid that is not persistent), in both orders of dQ's sums.
       if (cuda_flash_ws_backward(be) && cuda_flash_backward_blocks(be) == 0) {
-        cuda_set_flash_backward_blocks(be, cuda_multiprocessor_count(cuda_device_of(be)));
+        cuda_set_flash_backward_blocks(be, 1 << 30);
         const bool was = cuda_attention_deterministic(be);
         for (const bool deterministic : {true, false}) {
           cuda_set_attention_deterministic(be, deterministic);
           const double ms = median_ms(be, [&] { be.attention_backward(p); }, reps);
-          std::snprintf(name, sizeof(name), "%s_%s_bwd_persistent%s", s.name, tag, deterministic ? "" : "_any_order");
+          std::snprintf(name, sizeof(name), "%s_%s_bwd_block_per_key_block%s", s.name, tag,
+                        deterministic ? "" : "_any_order");
           print(name, ms, bwd_flops);
         }
         cuda_set_attention_deterministic(be, was);

@@ -247,7 +247,7 @@ std::string joined(const std::vector<T>& values) {
 }
 
 // The table `--attention-provider auto` chooses from, as the repo keeps it.
-// backward_blocks: the warp-specialised backward's grid laga's times were measured on (0: a block per key block),
+// backward_blocks: the warp-specialised backward's grid laga's times were measured on (0: one block per SM),
 // as LAGA_CUDA_FLASH_BACKWARD_BLOCKS set it; the command names the variable where it was set.
 void write_document(const BenchAttentionOptions& o, const json& points, int backward_blocks) {
   const char* grid_env = std::getenv("LAGA_CUDA_FLASH_BACKWARD_BLOCKS");
