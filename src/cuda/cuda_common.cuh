@@ -218,7 +218,7 @@ struct Context {
   int flash_row_splits = 0;  // 576/512 dK/dV row splits: 0 chooses (flash::dkdv_row_splits), else this many
   bool flash_ws_forward = true;  // 192/128 forward: the warp-specialised kernel (else flash_fwd_kernel)
   int flash_forward_blocks = 0;  // its persistent grid: 0 one block per SM, else at most this many
-  int flash_forward_head_group = 0;  // its work order: row tiles of this many heads at a time (0: kHeadGroup)
+  int flash_forward_head_group = 0;  // its work order: row tiles of this many heads at a time (0: 4)
   bool flash_ws_backward = true;  // 192/128 fused-dQ backward, MHA: flash_bwd_ws_kernel (else the dK/dV kernel)
   int flash_backward_blocks = 0;  // its persistent grid: 0 one block per SM, else at most this many
   int flash_backward_head_group = 0;  // its work order: key blocks of this many heads at a time (0: kHeadGroup)

@@ -31,9 +31,13 @@ __host__ __device__ constexpr i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / 
 // short tiles. (With the tile fastest, every head's short tiles ran before the next head's long ones: at
 // S = 8k, h 16 the last wave held long tiles alone.) Groups run one after the other, so the blocks resident
 // at a time share the K/V (or Q/dO) of at most kHeadGroup heads in L2: with every head in one group, 128
-// heads x 32k keys of K/V streamed from HBM and the h128 S32k forward lost 16%. The warp-specialised forward
-// takes its group size at run time (head_group; its row tiles have no order to keep between blocks).
+// heads x 32k keys of K/V streamed from HBM and the h128 S32k forward lost 16%. The warp-specialised kernels
+// take their group size at run time (head_group): the forward's default is kForwardHeadGroup, 4 heads at a time,
+// which on an H200 ran +1-4% over 16 at the perf shapes and +8-13% at the all_gather rank's 32k keys (its persistent
+// blocks hand a head's row tiles out 4x closer together, so more of them read each K/V tile while L2 holds it;
+// src/cuda/NOTES.md version 37).
 constexpr i64 kHeadGroup = 16;
+constexpr i64 kForwardHeadGroup = 4;
 __host__ __device__ constexpr i64 grid_blocks(i64 tiles, i64 kv_heads, i64 batch) { return tiles * kv_heads * batch; }
 struct TileWork {
   i64 tile, g, b;  // tile in work order (0: the most work), kv head, batch entry

@@ -17,7 +17,7 @@
 //   int forward_blocks()                                    flash_fwd_ws_kernel's persistent grid: 0 one block per
 //                                                           SM, n > 0 at most n (never more than its row tiles)
 //   int forward_head_group()                                flash_fwd_ws_kernel's work order: the row tiles of n
-//                                                           (kv head, batch) pairs at a time, 0 kHeadGroup
+//                                                           (kv head, batch) pairs at a time, 0 kForwardHeadGroup
 //   bool warp_specialized_backward()                        192/128 with fused dQ, MHA, aligned views:
 //                                                           flash_bwd_ws_kernel, else flash_bwd_dkdv_regs_kernel
 //   int backward_blocks()                                   flash_bwd_ws_kernel's grid: persistent, 0 one block per
@@ -130,8 +130,8 @@ inline int vkq_splits(const AttentionFwdParams& p, int block_m, int block_n, int
   return splits;
 }
 
-// The warp-specialised kernels' work order: the heads a group the launcher asks for, else kHeadGroup.
-inline int head_group(int asked) { return asked > 0 ? asked : int(kHeadGroup); }
+// The warp-specialised kernels' work order: the heads a group the launcher asks for, else the kernel's default.
+inline int head_group(int asked, i64 by_default) { return asked > 0 ? asked : int(by_default); }
 
 // A persistent grid's ticket counter (ItemSlots), zeroed before its launch.
 template <class L>
@@ -158,7 +158,7 @@ void forward_impl(L& launcher, const AttentionFwdParams& p) {
         launch_nonempty(launcher, flash_fwd_ws_kernel<Tr, kAligned>, "flash_fwd_ws_kernel",
             std::min<i64>(items, want > 0 ? want : launcher.multiprocessors()), Tr::kThreads,
             std::size_t(Tr::kSmemBytes), p, int(items), zeroed_tickets(launcher),
-            head_group(launcher.forward_head_group()));
+            head_group(launcher.forward_head_group(), kForwardHeadGroup));
         return;
       }
     }
@@ -264,7 +264,7 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
         using Tr = typename K::DkdvWs;
         const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
         const i64 items = flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p);  // key blocks
-        const int want = launcher.backward_blocks(), heads = head_group(launcher.backward_head_group());
+        const int want = launcher.backward_blocks(), heads = head_group(launcher.backward_head_group(), kHeadGroup);
         const i64 blocks = std::min<i64>(items, want > 0 ? want : launcher.multiprocessors());
         if (blocks < items) {  // a persistent grid
           launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, true>, "flash_bwd_ws_kernel", blocks, Tr::kThreads,
