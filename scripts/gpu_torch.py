@@ -107,12 +107,9 @@ def graph_check(args, seq, reps=20):
     replay's time against the eager step's (events, alternating, median)."""
     torch.manual_seed(0)
     mod = lt.MultiheadLatentAttention(args.model, form="laga", dtype=torch.bfloat16, device="cuda")
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    d = mod.config["hidden_size"]
-    x = (torch.rand((1, seq, d), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16).requires_grad_(True)
-    dy = (torch.rand((1, seq, d), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
+    x, dy, _ = module_inputs(mod, seq, mod.config["hidden_size"])
 
-    def step():
+    def step():  # module_inputs' step, returning the output the capture keeps
         mod.zero_grad(set_to_none=True)
         x.grad = None
         y = mod(x)

@@ -162,7 +162,7 @@ std::vector<std::pair<std::string, i64>> run_bwd(const AttentionBwdParams& p, bo
 
 // The warp-specialised backward's grids checked against its default (a block per key block, 16 heads at a time):
 // persistent on `blocks` blocks running together (0: a block per key block), dQ in any order or not, the work
-// order's heads at a time (0: the default). The any-order run is the last.
+// order's heads at a time (0: the default).
 struct BwdGrid {
   int blocks;
   bool any;
