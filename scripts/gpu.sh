@@ -41,6 +41,7 @@ usage: bash scripts/gpu.sh <subcommand> [arguments]    (dist: the carried build,
   bench-attention [dist] [filter]          attention correctness, the perf test's timings, PyTorch SDPA at 192/128 beside them
   profile [dist] [fwd|bwd] [sections...]   Nsight Compute on the warp-specialised 192/128 attention forward or backward (h 16, S 8k)
   traffic [dist] [seqs]                    HBM and L2 bytes of laga's and cuDNN's forward at the all_gather and a2a ranks (ncu); both kernels' head groups timed
+  traffic-bwd [dist] [shapes] [groups]     HBM and L2 bytes of the 192/128 backward per head group (ncu), then each group timed under sustained load
   torch [dist] [gpu_torch.py options]      laga's PyTorch module against laga run and plain PyTorch (scripts/gpu_torch.py)
 EOF
 }
@@ -1038,6 +1039,41 @@ PY
   grep GPUPERF "$final/head-groups.txt" | awk '{print $2, $(NF-1)}'
 }
 
+cmd_traffic_bwd() {
+  # The warp-specialised 192/128 backward's HBM and L2 traffic per work order (head group): Nsight Compute on the
+  # perf test's deterministic backward (DISABLED_AttentionMha192BackwardHeadGroups, LAGA_PERF_HEAD_GROUPS = the
+  # groups, one warm-up and one timed call each) at each shape whose name contains one of <shapes> (default
+  # "h16_s32k h128_s8k") -> traffic-bwd-<shape>.csv; then the same test timing each group under sustained load
+  # (30 calls after a warm-up, both orders of dQ's sums) -> head-groups-bwd.txt.
+  gpu_start "${1:-}" traffic-bwd
+  need_bin laga_gpu_tests
+  shift || true
+  local shapes=${1:-"h16_s32k h128_s8k"} groups=${2:-16,8,4} ncu shape csv n
+  ncu=$(ncu_path) || die "no ncu on this machine"
+  n=$(( 2 * $(tr ',' '\n' <<<"$groups" | grep -c .) ))
+  local metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,lts__t_sector_hit_rate.pct
+  for shape in $shapes; do
+    csv=$final/traffic-bwd-$shape.csv
+    LAGA_PERF_HEAD_GROUPS=$groups LAGA_PERF_REPS=1 LAGA_PERF_SHAPES=$shape timeout 240 "$ncu" --clock-control none \
+      -k 'regex:flash_bwd_ws_kernel' -c "$n" --metrics "$metrics" --csv "$dist/laga_gpu_tests" \
+      --gtest_also_run_disabled_tests --gtest_filter='CudaPerf.DISABLED_AttentionMha192BackwardHeadGroups' \
+      >"$csv" 2>"$final/traffic-bwd-$shape.err"
+    echo "== $shape (exit $?): call (groups $groups, a warm-up and a timed call each) | metric | value"
+    python3 - "$csv" <<'PY'
+import csv, sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+for row in (csv.DictReader(lines[start:]) if start is not None else []):
+    print(f"{row['ID']} | {row['Metric Name']} | {row['Metric Unit']} {row['Metric Value']}")
+PY
+  done
+  echo "== head groups $groups under sustained load (30 calls each)"
+  LAGA_PERF_HEAD_GROUPS=$groups LAGA_PERF_REPS=30 timeout 400 "$dist/laga_gpu_tests" --gtest_also_run_disabled_tests \
+    --gtest_filter='CudaPerf.DISABLED_AttentionMha192BackwardHeadGroups' >"$final/head-groups-bwd.txt" 2>&1
+  echo "== (exit $?)"
+  grep GPUPERF "$final/head-groups-bwd.txt" | awk '{print $2, $(NF-1)}'
+}
+
 cmd_torch() {
   # laga's PyTorch module on the GPU (scripts/gpu_torch.py): against `laga run --save` for the same weights, and
   # its time and memory beside plain PyTorch and laga run's own block -> torch_gpu.json. The package is imported
@@ -1064,7 +1100,7 @@ shift || true
 case $SUB in
   help | -h | --help) usage ;;
   pack | env | check-summary | check | sanitize | run-check | smoke | short | all | multi | overlap | cudnn | \
-  block-profile | bench-attention | profile | traffic | torch)
+  block-profile | bench-attention | profile | traffic | traffic-bwd | torch)
     "cmd_${SUB//-/_}" "$@" ;;
   *) echo "gpu.sh: unknown subcommand '$SUB' (bash scripts/gpu.sh help lists them)" >&2; exit 2 ;;
 esac

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -81,49 +82,62 @@ Tensor tiled_random(Backend& be, DType dt, i64 rows, i64 cols, std::mt19937_64& 
   return t;
 }
 
+// A causal problem with random inputs (time_attention's rows) and its outputs, [tokens, heads * d] row-major:
+// q_len queries, the last of kv_len keys (query i sees q_offset + i + 1 keys, q_offset = kv_len - q_len).
+// v_in_k: V is K[..., :d_v] and the backward writes dK + [dV, 0]; eager: room for the [heads, q_len, kv_len]
+// probabilities. `pairs`: the unmasked (query, key, head) triples.
+struct AttnProblem {
+  Tensor q, k, v, dout, o, dq, dk, dv, lse, probs;
+  AttentionBwdParams p;
+  double pairs = 0;
+  AttnProblem(Backend& be, i64 heads, i64 kv_heads, i64 dqk, i64 dv_, bool v_in_k, i64 q_len, i64 kv_len,
+              AttentionKernel kernel, std::mt19937_64& rng) {
+    const DType dt = DType::BF16;
+    q = tiled_random(be, dt, q_len, heads * dqk, rng);
+    k = tiled_random(be, dt, kv_len, kv_heads * dqk, rng);
+    if (!v_in_k) v = tiled_random(be, dt, kv_len, kv_heads * dv_, rng);
+    dout = tiled_random(be, dt, q_len, heads * dv_, rng);
+    o = Tensor(be.allocator(), dt, {q_len, heads * dv_}, "o", MemoryKind::External);
+    dq = Tensor(be.allocator(), dt, {q_len, heads * dqk}, "dq", MemoryKind::External);
+    dk = Tensor(be.allocator(), dt, {kv_len, kv_heads * dqk}, "dk", MemoryKind::External);
+    dv = Tensor(be.allocator(), dt, {kv_len, kv_heads * dv_}, "dv", MemoryKind::External);
+    lse = Tensor(be.allocator(), DType::F32, {heads, q_len}, "lse", MemoryKind::External);
+    if (kernel == AttentionKernel::Eager)
+      probs = Tensor(be.allocator(), dt, {heads, q_len, kv_len}, "probs", MemoryKind::External);
+    p.dtype = dt, p.kernel = kernel, p.batch = 1, p.q_len = q_len, p.kv_len = kv_len, p.q_heads = heads;
+    p.kv_heads = kv_heads, p.d_qk = dqk, p.d_v = dv_, p.q_offset = kv_len - q_len;
+    p.scale = 1.0 / std::sqrt(double(dqk));
+    // Token stride = the row, head stride = d (0 for a single kv head).
+    auto view = [](const Tensor& t, i64 n_heads, i64 d, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
+      ts = t.dim(1), bs = t.dim(1), hs = n_heads == 1 ? 0 : d;
+    };
+    p.q = q.data(), view(q, heads, dqk, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
+    p.k = k.data(), view(k, kv_heads, dqk, p.k_token_stride, p.k_batch_stride, p.k_head_stride);
+    if (v_in_k) {
+      p.v = p.k;
+      p.v_token_stride = p.k_token_stride, p.v_batch_stride = p.k_batch_stride, p.v_head_stride = p.k_head_stride;
+    } else {
+      p.v = v.data(), view(v, kv_heads, dv_, p.v_token_stride, p.v_batch_stride, p.v_head_stride);
+    }
+    p.o = o.data(), view(o, heads, dv_, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
+    p.dout = dout.data(), view(dout, heads, dv_, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
+    p.dq = dq.data(), view(dq, heads, dqk, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
+    p.dk = dk.data(), view(dk, kv_heads, dqk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
+    p.dv = dv.data(), view(dv, kv_heads, dv_, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
+    // V inside K: the gradient of the shared tensor, dK + [dV, 0] (what absorbed MLA's block takes).
+    if (v_in_k) p.dv_in_dk = true, p.dv = nullptr, p.dv_token_stride = p.dv_batch_stride = p.dv_head_stride = 0;
+    p.lse = lse.data();
+    p.probs = probs.defined() ? probs.data() : nullptr;
+    pairs = double(heads) * (double(q_len) * double(p.q_offset) + double(q_len) * double(q_len + 1) / 2);
+  }
+};
+
 // row_splits: the backward again with each of these fixed 576/512 row splits (cuda_set_flash_row_splits).
 void time_attention(Backend& be, const AttnShape& s, AttentionKernel kernel, int reps, std::mt19937_64& rng,
                     const std::vector<int>& row_splits = {}) {
-  const DType dt = DType::BF16;
-  const i64 S = s.seq;
-  Tensor q = tiled_random(be, dt, S, s.heads * s.dqk, rng);
-  Tensor k = tiled_random(be, dt, S, s.kv_heads * s.dqk, rng);
-  Tensor v;
-  if (!s.v_in_k) v = tiled_random(be, dt, S, s.kv_heads * s.dv, rng);
-  Tensor dout = tiled_random(be, dt, S, s.heads * s.dv, rng);
-  Tensor o(be.allocator(), dt, {S, s.heads * s.dv}, "o", MemoryKind::External);
-  Tensor dq(be.allocator(), dt, {S, s.heads * s.dqk}, "dq", MemoryKind::External);
-  Tensor dk(be.allocator(), dt, {S, s.kv_heads * s.dqk}, "dk", MemoryKind::External);
-  Tensor dv(be.allocator(), dt, {S, s.kv_heads * s.dv}, "dv", MemoryKind::External);
-  Tensor lse(be.allocator(), DType::F32, {s.heads, S}, "lse", MemoryKind::External);
-  Tensor probs;
-  if (kernel == AttentionKernel::Eager)
-    probs = Tensor(be.allocator(), dt, {s.heads, S, S}, "probs", MemoryKind::External);
-  AttentionBwdParams p;
-  p.dtype = dt, p.kernel = kernel, p.batch = 1, p.q_len = S, p.kv_len = S, p.q_heads = s.heads;
-  p.kv_heads = s.kv_heads, p.d_qk = s.dqk, p.d_v = s.dv, p.scale = 1.0 / std::sqrt(double(s.dqk));
-  // [S, heads * d] row-major: token stride = the row, head stride = d (0 for a single kv head).
-  auto view = [](const Tensor& t, i64 heads, i64 d, std::int64_t& ts, std::int64_t& bs, std::int64_t& hs) {
-    ts = t.dim(1), bs = t.dim(1), hs = heads == 1 ? 0 : d;
-  };
-  p.q = q.data(), view(q, s.heads, s.dqk, p.q_token_stride, p.q_batch_stride, p.q_head_stride);
-  p.k = k.data(), view(k, s.kv_heads, s.dqk, p.k_token_stride, p.k_batch_stride, p.k_head_stride);
-  if (s.v_in_k) {
-    p.v = p.k;
-    p.v_token_stride = p.k_token_stride, p.v_batch_stride = p.k_batch_stride, p.v_head_stride = p.k_head_stride;
-  } else {
-    p.v = v.data(), view(v, s.kv_heads, s.dv, p.v_token_stride, p.v_batch_stride, p.v_head_stride);
-  }
-  p.o = o.data(), view(o, s.heads, s.dv, p.o_token_stride, p.o_batch_stride, p.o_head_stride);
-  p.dout = dout.data(), view(dout, s.heads, s.dv, p.dout_token_stride, p.dout_batch_stride, p.dout_head_stride);
-  p.dq = dq.data(), view(dq, s.heads, s.dqk, p.dq_token_stride, p.dq_batch_stride, p.dq_head_stride);
-  p.dk = dk.data(), view(dk, s.kv_heads, s.dqk, p.dk_token_stride, p.dk_batch_stride, p.dk_head_stride);
-  p.dv = dv.data(), view(dv, s.kv_heads, s.dv, p.dv_token_stride, p.dv_batch_stride, p.dv_head_stride);
-  // V inside K: the gradient of the shared tensor, dK + [dV, 0] (what absorbed MLA's block takes).
-  if (s.v_in_k) p.dv_in_dk = true, p.dv = nullptr, p.dv_token_stride = p.dv_batch_stride = p.dv_head_stride = 0;
-  p.lse = lse.data();
-  p.probs = probs.defined() ? probs.data() : nullptr;
-  const double pairs = double(S) * double(S + 1) / 2.0 * double(s.heads);
+  const AttnProblem problem(be, s.heads, s.kv_heads, s.dqk, s.dv, s.v_in_k, s.seq, s.seq, kernel, rng);
+  const AttentionBwdParams& p = problem.p;
+  const double pairs = problem.pairs;
   const double fwd_flops = 2.0 * double(s.dqk + s.dv) * pairs;
   const double bwd_flops = 2.0 * double(3 * s.dqk + 2 * s.dv) * pairs;
   const double fwd = median_ms(be, [&] { be.attention_forward(p); }, reps);
@@ -256,37 +270,36 @@ constexpr HeadGroupShape kHeadGroupShapes[] = {
     {"mha_192_128_h16_s32k", 16, 32768, 32768},        {"mha_192_128_h128_s32k", 128, 32768, 32768},
     {"mha_192_128_h128_q2k_kv16k", 128, 2048, 16384}, {"mha_192_128_h128_q4k_kv32k", 128, 4096, 32768}};
 
+// LAGA_PERF_HEAD_GROUPS: the head groups the two tests below time, in this order, one round (a comma-separated
+// list of counts >= 1, such as "16,8,4"; unset: each test's own rounds). LAGA_PERF_SHAPES: only the shapes whose
+// name contains it (unset: all six).
+std::vector<int> head_groups_or(std::vector<int> fallback) {
+  const char* env = std::getenv("LAGA_PERF_HEAD_GROUPS");
+  if (env == nullptr) return fallback;
+  std::vector<int> groups;
+  const char* at = env;
+  for (;;) {
+    char* end = nullptr;
+    const long n = std::strtol(at, &end, 10);
+    LAGA_REQUIRE(end != at && n >= 1 && n <= 1 << 20 && (*end == ',' || *end == '\0'), "LAGA_PERF_HEAD_GROUPS = '",
+                 env, "': it must be a comma-separated list of head counts >= 1");
+    groups.push_back(int(n));
+    if (*end == '\0') return groups;
+    at = end + 1;
+  }
+}
+
 // f(backend, params, forward FLOPs, backward FLOPs, shape name) on each shape's problem (o and lse written once).
 void for_head_group_shapes(const std::function<void(Backend&, const AttentionBwdParams&, double, double,
                                                     const char*)>& f) {
   auto be = make_cuda_backend(0);
   auto rng = rng_for_test();
-  const DType dt = DType::BF16;
+  const char* only = std::getenv("LAGA_PERF_SHAPES");
   for (const HeadGroupShape& s : kHeadGroupShapes) {
-    const i64 wq = s.heads * 192, wv = s.heads * 128;
-    Tensor q = tiled_random(*be, dt, s.q_len, wq, rng), k = tiled_random(*be, dt, s.kv_len, wq, rng);
-    Tensor v = tiled_random(*be, dt, s.kv_len, wv, rng), dout = tiled_random(*be, dt, s.q_len, wv, rng);
-    Tensor o(be->allocator(), dt, {s.q_len, wv}, "o", MemoryKind::External);
-    Tensor dq(be->allocator(), dt, {s.q_len, wq}, "dq", MemoryKind::External);
-    Tensor dk(be->allocator(), dt, {s.kv_len, wq}, "dk", MemoryKind::External);
-    Tensor dv(be->allocator(), dt, {s.kv_len, wv}, "dv", MemoryKind::External);
-    Tensor lse(be->allocator(), DType::F32, {s.heads, s.q_len}, "lse", MemoryKind::External);
-    AttentionBwdParams p;
-    p.dtype = dt, p.kernel = AttentionKernel::Fused, p.batch = 1, p.q_len = s.q_len, p.kv_len = s.kv_len;
-    p.q_heads = p.kv_heads = s.heads, p.d_qk = 192, p.d_v = 128, p.q_offset = s.kv_len - s.q_len;
-    p.scale = 1.0 / std::sqrt(192.0);
-    p.q = q.data(), p.q_token_stride = p.q_batch_stride = wq, p.q_head_stride = 192;
-    p.k = k.data(), p.k_token_stride = p.k_batch_stride = wq, p.k_head_stride = 192;
-    p.v = v.data(), p.v_token_stride = p.v_batch_stride = wv, p.v_head_stride = 128;
-    p.o = o.data(), p.o_token_stride = p.o_batch_stride = wv, p.o_head_stride = 128;
-    p.dout = dout.data(), p.dout_token_stride = p.dout_batch_stride = wv, p.dout_head_stride = 128;
-    p.dq = dq.data(), p.dq_token_stride = p.dq_batch_stride = wq, p.dq_head_stride = 192;
-    p.dk = dk.data(), p.dk_token_stride = p.dk_batch_stride = wq, p.dk_head_stride = 192;
-    p.dv = dv.data(), p.dv_token_stride = p.dv_batch_stride = wv, p.dv_head_stride = 128;
-    p.lse = lse.data();
-    // Query i sees q_offset + i + 1 keys.
-    const double pairs =
-        double(s.heads) * (double(s.q_len) * double(p.q_offset) + double(s.q_len) * double(s.q_len + 1) / 2);
+    if (only != nullptr && std::string_view(s.name).find(only) == std::string_view::npos) continue;
+    const AttnProblem problem(*be, s.heads, s.heads, 192, 128, false, s.q_len, s.kv_len, AttentionKernel::Fused, rng);
+    const AttentionBwdParams& p = problem.p;
+    const double pairs = problem.pairs;
     be->attention_forward(p);  // o and lse for the backward
     f(*be, p, 2.0 * (192 + 128) * pairs, 2.0 * (3 * 192 + 2 * 128) * pairs, s.name);
   }
@@ -297,7 +310,7 @@ void for_head_group_shapes(const std::function<void(Backend&, const AttentionBwd
 TEST(CudaPerf, DISABLED_AttentionMha192ForwardHeadGroups) {
   LAGA_REQUIRE_GPU();
   for_head_group_shapes([](Backend& be, const AttentionBwdParams& p, double fwd_flops, double, const char* shape) {
-    for (const int heads : {16, 1, 2, 4, 16, 1, 2, 4, 16, 1, 2, 4}) {
+    for (const int heads : head_groups_or({16, 1, 2, 4, 16, 1, 2, 4, 16, 1, 2, 4})) {
       cuda_set_flash_forward_head_group(be, heads);
       const double ms = median_ms(be, [&] { be.attention_forward(p); }, perf_reps());
       char name[96];
@@ -316,7 +329,7 @@ TEST(CudaPerf, DISABLED_AttentionMha192BackwardHeadGroups) {
   for_head_group_shapes([](Backend& be, const AttentionBwdParams& p, double, double bwd_flops, const char* shape) {
     for (const bool deterministic : {true, false}) {
       cuda_set_attention_deterministic(be, deterministic);
-      for (const int heads : {16, 8, 32, 16, 8, 32}) {
+      for (const int heads : head_groups_or({16, 8, 32, 16, 8, 32})) {
         cuda_set_flash_backward_head_group(be, heads);
         const double ms = median_ms(be, [&] { be.attention_backward(p); }, perf_reps());
         char name[96];
