@@ -45,26 +45,20 @@ Scratch::Scratch() : bufs_(static_cast<std::size_t>(ScratchSlot::count)) {}
 Scratch::~Scratch() {
   for (const auto* list : {&bufs_, &kept_})
     for (const auto& b : *list)
-      if (b.ptr) {
-        if (hosted)
-          hosted->free(b.id, b.ptr);
-        else
-          cudaFree(b.ptr);
-      }
+      if (b.ptr) (void)free_now(b);  // a destructor does not throw: a failed cudaFree is dropped
 }
 
-void Scratch::free_now(const Buf& b) {
-  if (hosted)
-    hosted->free(b.id, b.ptr);
-  else
-    LAGA_CUDA_CHECK(cudaFree(b.ptr));
+cudaError_t Scratch::free_now(const Buf& b) {
+  if (!hosted) return cudaFree(b.ptr);
+  hosted->free(b.id, b.ptr);
+  return cudaSuccess;
 }
 
 void Scratch::free_buf(Buf& b) {
   if (b.captured) {
     kept_.push_back(b);
   } else {
-    free_now(b);
+    LAGA_CUDA_CHECK(free_now(b));
     held_ -= b.bytes;
   }
   b.ptr = nullptr;

@@ -194,7 +194,7 @@ class Scratch {
     bool captured = false;  // handed out while a CUDA graph was captured: kept until the Scratch goes
   };
   void free_buf(Buf& b);  // frees it, or sets it aside in kept_ when a graph uses it; held_ drops by what is freed
-  void free_now(const Buf& b);
+  cudaError_t free_now(const Buf& b);  // cudaFree's error (cudaSuccess for the hosted allocator)
   std::vector<Buf> bufs_;
   std::vector<Buf> kept_;  // buffers of captured graphs, no longer in a slot
   std::size_t held_ = 0, peak_ = 0;
