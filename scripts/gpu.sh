@@ -999,6 +999,15 @@ cmd_profile() {
 }
 
 ncu_path() { command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1; }
+ncu_table() {  # Nsight Compute's --csv metrics, a line each: call number, kernel | metric | unit value
+  python3 - "$1" <<'PY'
+import csv, sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+for row in (csv.DictReader(lines[start:]) if start is not None else []):
+    print(f"{row['ID']} {row['Kernel Name'].split('(')[0][:60]} | {row['Metric Name']} | {row['Metric Unit']} {row['Metric Value']}")
+PY
+}
 
 cmd_traffic() {
   # The 192/128 forward's device-memory and L2 traffic where its work order matters (src/cuda/NOTES.md, version
@@ -1023,14 +1032,8 @@ cmd_traffic() {
     timeout 200 "$ncu" --clock-control none -k 'regex:flash_fwd_ws_kernel|fprop|sdpa' -c 2 --metrics "$metrics" --csv \
       "$dist/laga" bench-attention --model deepseek-v3 --seq "$S" --sp 8 --layout "$layout" --repeat 1 --warmup 0 \
       >"$csv" 2>"$final/traffic-$layout-$S.err"
-    echo "== $layout S = $S (exit $?): kernel | metric | value"
-    python3 - "$csv" <<'PY'
-import csv, sys
-lines = open(sys.argv[1]).read().splitlines()
-start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
-for row in (csv.DictReader(lines[start:]) if start is not None else []):
-    print(f"{row['Kernel Name'].split('(')[0][:60]} | {row['Metric Name']} | {row['Metric Unit']} {row['Metric Value']}")
-PY
+    echo "== $layout S = $S (exit $?): call, kernel | metric | value"
+    ncu_table "$csv"
   done
   echo "== head groups: the perf test"
   timeout 300 "$dist/laga_gpu_tests" --gtest_also_run_disabled_tests \
@@ -1058,14 +1061,8 @@ cmd_traffic_bwd() {
       -k 'regex:flash_bwd_ws_kernel' -c "$n" --metrics "$metrics" --csv "$dist/laga_gpu_tests" \
       --gtest_also_run_disabled_tests --gtest_filter='CudaPerf.DISABLED_AttentionMha192BackwardHeadGroups' \
       >"$csv" 2>"$final/traffic-bwd-$shape.err"
-    echo "== $shape (exit $?): call (groups $groups, a warm-up and a timed call each) | metric | value"
-    python3 - "$csv" <<'PY'
-import csv, sys
-lines = open(sys.argv[1]).read().splitlines()
-start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
-for row in (csv.DictReader(lines[start:]) if start is not None else []):
-    print(f"{row['ID']} | {row['Metric Name']} | {row['Metric Unit']} {row['Metric Value']}")
-PY
+    echo "== $shape (exit $?): call (groups $groups, a warm-up and a timed call each), kernel | metric | value"
+    ncu_table "$csv"
   done
   echo "== head groups $groups under sustained load (30 calls each)"
   LAGA_PERF_HEAD_GROUPS=$groups LAGA_PERF_REPS=30 timeout 400 "$dist/laga_gpu_tests" --gtest_also_run_disabled_tests \
