@@ -28,7 +28,7 @@ struct BwdWsTraits {
   static constexpr int kConsumerThreads = 256, kLoadThreads = 64, kThreads = 384;
   // 168 a thread at launch (65536 / 384, down to a multiple of 8); setmaxnreg moves registers within the block,
   // 24 + 2 x 240 = 3 x 168 (per register file 24 x 32 + 2 x 240 x 32 = 16128 of 16384). On the persistent grid the
-  // loading warps carry the walk's state in those 24 too (ptxas spills 488 / 792 B, against 204 / 368 on a block
+  // loading warps carry the walk's state in those 24 too (ptxas spills 512 / 832 B, against 204 / 368 on a block
   // per key block; the extra ones outside the computing loop).
   static constexpr int kLoadRegs = 24, kMmaRegs = 240;
   static_assert(kLoadRegs + 2 * kMmaRegs <= 3 * (65536 / kThreads / 8 * 8),
@@ -65,7 +65,7 @@ struct BwdWsTraits {
 template <class Tr, bool kPersistent>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_ws_kernel(const AttentionBwdParams p, const float* delta, float* dq_accum, unsigned* dq_count,
-                        bool ordered, const int items, unsigned* taken, const int head_group) {
+                        bool ordered, const int items, unsigned* taken, const int head_group, const bool convert_dq) {
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDqk = Tr::kDqk, kDv = Tr::kDv;
   using Keys = KeyTile<kBN, kBM>;
   char* smem = dynamic_smem();
@@ -204,6 +204,48 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         fence_proxy_async_global();
         release_counter(dq_count + tile_base + tile);
       }
+    }
+  };
+
+  // With convert_dq (dQ in the fixed order, and no query seeing past the keys: the launcher's rule), the row tiles
+  // this key block adds to last are its walk's lowest ones whose last row's causal prefix ends in its keys; their
+  // counters count both halves of its adds once every add to them is done. Each computing warpgroup then scales
+  // its half (rows 32 wg..) into dq as flash_bwd_dq_convert_kernel would (scale x sum, one rounding): every thread
+  // the 12 float4 that its dQ^T accumulators held (dq_accum_offset_ws), each column paired with its neighbour in
+  // the lane 4 apart (gid ^ 1), so that a store writes two bf16 of one row.
+  auto convert_last_tiles = [&](const Keys& kt) {
+    const int wtid = tid & 127, w4 = warp & 3;
+    const bool even = (gid & 1) == 0;
+    const float scale = float(p.scale);
+    bf16* dq = static_cast<bf16*>(p.dq) + kt.b * p.dq_batch_stride + kt.g * p.dq_head_stride;  // MHA: head g
+    for (int t = kt.n_tiles - 1; t >= 0; --t) {  // the lowest tiles first
+      const i64 row0 = kt.step_row0(t), tile = row0 / kBM, last_row = imin(row0 + kBM, kt.rows) - 1;
+      if ((visible_keys(last_row, p.q_offset, p.kv_len) - 1) / kBN != kt.block) break;
+      // Unbounded: its writers are this block's dQ warps, whose own waits are bounded.
+      wait_counter<false>(dq_count + kt.tile_base + tile, 2u * unsigned(kt.block + 1), true);
+      const float* src = dq_accum + (kt.tile_base + tile) * (kBM * kDqk);
+      float v[3][4][4];  // every load in flight before the first store
+#pragma unroll
+      for (int s = 0; s < 3; ++s)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) ld_global_cg_v4(src + (((s * 2 + wg) * 4 + nt) * 128 + wtid) * 4, v[s][nt]);
+      // v[s][nt]: rows r0, r0 + 1 (r0 = 32 wg + 8 nt + 2 tig) x columns c, c + 8 (c = 64 s + 16 w4 + gid) as (r0, c),
+      // (r0 + 1, c), (r0, c + 8), (r0 + 1, c + 8). An even gid writes row r0 at columns c, c + 1 and c + 8, c + 9
+      // (its neighbour's r0 values); an odd one row r0 + 1 at c - 1, c and c + 7, c + 8.
+#pragma unroll
+      for (int s = 0; s < 3; ++s)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const float* x = v[s][nt];
+          const float got0 = shfl_xor(even ? x[1] : x[0], 4), got1 = shfl_xor(even ? x[3] : x[2], 4);
+          const i64 row = row0 + 32 * wg + 8 * nt + 2 * tig + (even ? 0 : 1);
+          const int c = 64 * s + 16 * w4 + gid - (even ? 0 : 1);
+          if (row < kt.rows) {
+            bf16* out = dq + row * p.dq_token_stride + c;
+            store2<true>(out, scale * (even ? x[0] : got0), scale * (even ? got0 : x[1]));
+            store2<true>(out + 8, scale * (even ? x[2] : got1), scale * (even ? got1 : x[3]));
+          }
+        }
     }
   };
 
@@ -355,6 +397,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     setmaxnreg_inc<Tr::kMmaRegs>();
     compute_key_block(kt, 0, 0);
+    if (convert_dq) convert_last_tiles(Keys(p, opaque(i64(blockIdx.x)), head_group));
   } else {
     // A persistent grid: block c starts at key block c of the work order and takes the next untaken one each
     // time its loading warps have issued one's loads (*taken counts those handed out past the first gridDim.x,
@@ -410,6 +453,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       compute_key_block(kt, sc, kvs);
       sc += u32(kt.n_tiles), ++kvs;
+      if (convert_dq) convert_last_tiles(Keys(p, opaque(i64(x)), head_group));
     }
   }
 }

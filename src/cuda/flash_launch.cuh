@@ -266,16 +266,20 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
         const i64 items = flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p);  // key blocks
         const int want = launcher.backward_blocks(), heads = head_group(launcher.backward_head_group(), kHeadGroup);
         const i64 blocks = std::min<i64>(items, want > 0 ? want : launcher.multiprocessors());
+        // In the fixed order, where every query sees keys and none past them, the key block that adds to a row
+        // tile last writes it into dq itself; otherwise the conversion kernel does, after the kernel.
+        const bool ordered = launcher.ordered_dq();
+        const bool convert = ordered && p.q_offset >= 0 && p.q_offset + p.q_len <= p.kv_len;
         if (blocks < items) {  // a persistent grid
           launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, true>, "flash_bwd_ws_kernel", blocks, Tr::kThreads,
-              std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count, launcher.ordered_dq(), int(items),
-              zeroed_tickets(launcher), heads);
+              std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count, ordered, int(items),
+              zeroed_tickets(launcher), heads, convert);
         } else {  // a block per key block
           launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, false>, "flash_bwd_ws_kernel", items, Tr::kThreads,
-              std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count, launcher.ordered_dq(), int(items),
-              static_cast<unsigned*>(nullptr), heads);
+              std::size_t(Tr::kSmemBytes), p, cdelta, dq.accum, dq.count, ordered, int(items),
+              static_cast<unsigned*>(nullptr), heads, convert);
         }
-        dq_from_tiles<Tr::kDqk, kAligned, DqLayout::ws>(launcher, p, dq);
+        if (!convert) dq_from_tiles<Tr::kDqk, kAligned, DqLayout::ws>(launcher, p, dq);
         return;
       }
     }

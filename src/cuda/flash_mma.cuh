@@ -474,6 +474,19 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss_tt(float (&d)[8][4], std::uin
 __device__ __forceinline__ void st_global_v4(float* p, float a, float b, float c, float d) {
   *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
 }
+// v, which the compiler cannot see through: what is derived from it after a loop is derived again there, instead
+// of being kept in registers through the loop.
+__device__ __forceinline__ long long opaque(long long v) {
+  asm volatile("mov.b64 %0, %0;\n" : "+l"(v));
+  return v;
+}
+// v = p[0..3] from L2 (not through L1): sums that other warps' bulk reductions wrote, read after their counter.
+__device__ __forceinline__ void ld_global_cg_v4(const float* p, float (&v)[4]) {
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+               : "l"(p)
+               : "memory");
+}
 // p[0..3] += (a, b, c, d) in L2, without a return value (sm_90: vector red).
 __device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {
   asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
@@ -494,14 +507,16 @@ __device__ __forceinline__ void store_or_add_v4(float* p, bool store, float a, f
 }
 // Waits (one thread) until *counter == value (at_least: >= value, for counters that several writers of one block
 // advance, one each); its acquire orders what the block reads and adds next after what the releasing blocks
-// wrote. Bounded: a counter that never arrives (a bug, not a slow predecessor: a step takes microseconds) traps
-// instead of hanging the GPU.
+// wrote. kBounded: a counter that never arrives (a bug, not a slow predecessor: a step takes microseconds) traps
+// instead of hanging the GPU. Unbounded where the writers' own waits are bounded (a trap in the code of the
+// warp-specialised backward's computing warpgroups makes ptxas spill their main loop's registers).
+template <bool kBounded = true>
 __device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned value, bool at_least = false) {
   for (long long polls = 0;; ++polls) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
     if (at_least ? v >= value : v == value) return;
-    if (polls > (1LL << 30)) __trap();
+    if (kBounded && polls > (1LL << 30)) __trap();
     __nanosleep(64);
   }
 }

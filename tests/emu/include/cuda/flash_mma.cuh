@@ -800,12 +800,18 @@ inline float hi_bf16(u32 v) { return hi_f(v); }
 
 // ---------------------------------------------------------------- ordered accumulation in global memory
 // Blocks run one after another in grid order (emu::resident_blocks = 1), so a block that would wait for a counter
-// not yet reached would wait forever on the GPU too (its predecessors launch first): that is a failure here. A
-// persistent grid's blocks run together (resident_blocks = its size) and wait for each other's counters.
+// that only a later block advances would wait forever on the GPU too (its predecessors launch first): the
+// scheduler fails the run when no fiber moves. A persistent grid's blocks run together (resident_blocks = its
+// size) and wait for each other's counters; a block's warps may also wait for the counts of its other warps.
 namespace laga::cuda::flash {
 inline void st_global_v4(float* p, float a, float b, float c, float d) {
   EMU_CHECK(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, "st.global.v4 misaligned");
   p[0] = a, p[1] = b, p[2] = c, p[3] = d;
+}
+inline long long opaque(long long v) { return v; }
+inline void ld_global_cg_v4(const float* p, float (&v)[4]) {
+  EMU_CHECK(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, "ld.global.v4 misaligned");
+  v[0] = p[0], v[1] = p[1], v[2] = p[2], v[3] = p[3];
 }
 inline void red_add_v4(float* p, float a, float b, float c, float d) {
   EMU_CHECK(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, "red.global.v4 misaligned");
@@ -817,15 +823,12 @@ inline void store_or_add_v4(float* p, bool store, float a, float b, float c, flo
   else
     red_add_v4(p, a, b, c, d);
 }
+template <bool kBounded = true>
 inline void wait_counter(const unsigned* counter, unsigned value, bool at_least = false) {
   auto load = [&] { return std::atomic_ref<unsigned>(*const_cast<unsigned*>(counter)).load(std::memory_order_acquire); };
-  // With other blocks resident (emu::resident_blocks) they may still advance it: wait, the scheduler failing the
-  // run if no fiber moves; alone, nothing can.
-  if (emu::resident_blocks > 1)
-    while (!(at_least ? load() >= value : load() == value)) emu::yield();
-  const unsigned v = load();
-  EMU_CHECK(at_least ? v >= value : v == value, "block %u waits for counter %s%u, which is at %u and cannot advance",
-            blockIdx.x, at_least ? ">= " : "", value, v);
+  // Other fibers (of this block, or of the other resident ones) may still advance it: wait, the scheduler failing
+  // the run if no fiber moves.
+  while (!(at_least ? load() >= value : load() == value)) emu::yield();
 }
 inline unsigned take_ticket(unsigned* counter) {
   return std::atomic_ref<unsigned>(*counter).fetch_add(1, std::memory_order_relaxed);
