@@ -35,9 +35,11 @@ __host__ __device__ constexpr i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / 
 // take their group size at run time (head_group): the forward's default is kForwardHeadGroup, 4 heads at a time,
 // which on an H200 ran +1-4% over 16 at the perf shapes and +8-13% at the all_gather rank's 32k keys (its persistent
 // blocks hand a head's row tiles out 4x closer together, so more of them read each K/V tile while L2 holds it;
-// src/cuda/NOTES.md version 37).
+// src/cuda/NOTES.md version 37); the warp-specialised backward's kBackwardHeadGroup, 8 heads at a time, which
+// read 3x fewer HBM bytes than 16 at S = 32k and ran 1-4% faster at the power limit (version 38).
 constexpr i64 kHeadGroup = 16;
 constexpr i64 kForwardHeadGroup = 4;
+constexpr i64 kBackwardHeadGroup = 8;
 __host__ __device__ constexpr i64 grid_blocks(i64 tiles, i64 kv_heads, i64 batch) { return tiles * kv_heads * batch; }
 struct TileWork {
   i64 tile, g, b;  // tile in work order (0: the most work), kv head, batch entry

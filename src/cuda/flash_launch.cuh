@@ -24,7 +24,7 @@
 //                                                           SM, n > 0 at most n; a block per key block (the grid
 //                                                           that is not persistent) where that is no fewer
 //   int backward_head_group()                               flash_bwd_ws_kernel's work order: the key blocks of n
-//                                                           (kv head, batch) pairs at a time, 0 kHeadGroup
+//                                                           (kv head, batch) pairs at a time, 0 kBackwardHeadGroup
 //   bool rows_resident_vk()                                 576/512 with V inside K and dv_in_dk (fused dQ):
 //                                                           flash_bwd_vkq_kernel, else flash_bwd_vk_kernel
 //   bool ordered_dq()                                       flash_bwd_ws_kernel's dQ and flash_bwd_vkq_kernel's
@@ -264,7 +264,7 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
         using Tr = typename K::DkdvWs;
         const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
         const i64 items = flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p);  // key blocks
-        const int want = launcher.backward_blocks(), heads = head_group(launcher.backward_head_group(), kHeadGroup);
+        const int want = launcher.backward_blocks(), heads = head_group(launcher.backward_head_group(), kBackwardHeadGroup);
         const i64 blocks = std::min<i64>(items, want > 0 ? want : launcher.multiprocessors());
         // In the fixed order, where every query sees keys and none past them, the key block that adds to a row
         // tile last writes it into dq itself; otherwise the conversion kernel does, after the kernel.

@@ -305,7 +305,7 @@ void for_head_group_shapes(const std::function<void(Backend&, const AttentionBwd
   }
 }
 
-// The forward in groups of 16 (the default), 1, 2 and 4 heads, three rounds in one process (the GPU's clock
+// The forward in groups of 16, 1, 2 and 4 (the default) heads, three rounds in one process (the GPU's clock
 // drifts under the load: compare within a round): `_fwd_heads<n>`.
 TEST(CudaPerf, DISABLED_AttentionMha192ForwardHeadGroups) {
   LAGA_REQUIRE_GPU();
@@ -321,7 +321,7 @@ TEST(CudaPerf, DISABLED_AttentionMha192ForwardHeadGroups) {
   });
 }
 
-// The backward in groups of 16 (the default), 8 and 32 heads, two rounds, dQ in the fixed order and in any order,
+// The backward in groups of 16, 8 (the default) and 32 heads, two rounds, dQ in the fixed order and in any order,
 // in one process: `_bwd_heads<n>`, `_bwd_any_order_heads<n>` (64 and 128 heads at a time ran at 310-430 TFLOP/s
 // against 450-500 at the 128-head shapes on an H200: Q and dO then come from HBM).
 TEST(CudaPerf, DISABLED_AttentionMha192BackwardHeadGroups) {
