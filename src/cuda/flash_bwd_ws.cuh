@@ -212,7 +212,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // counters count both halves of its adds once every add to them is done. Each computing warpgroup then scales
   // its half (rows 32 wg..) into dq as flash_bwd_dq_convert_kernel would (scale x sum, one rounding): every thread
   // the 12 float4 that its dQ^T accumulators held (dq_accum_offset_ws), each column paired with its neighbour in
-  // the lane 4 apart (gid ^ 1), so that a store writes two bf16 of one row.
+  // the lane 4 apart (gid ^ 1), so that a store writes two bf16 of one row. Called after compute_key_block with the
+  // key block's KeyTile derived again from an opaque index, so that none of it is kept in registers through the
+  // computing loop (kept, ptxas spilled more there).
   auto convert_last_tiles = [&](const Keys& kt) {
     const int wtid = tid & 127, w4 = warp & 3;
     const bool even = (gid & 1) == 0;

@@ -264,7 +264,8 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
         using Tr = typename K::DkdvWs;
         const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
         const i64 items = flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p);  // key blocks
-        const int want = launcher.backward_blocks(), heads = head_group(launcher.backward_head_group(), kBackwardHeadGroup);
+        const int want = launcher.backward_blocks();
+        const int heads = head_group(launcher.backward_head_group(), kBackwardHeadGroup);
         const i64 blocks = std::min<i64>(items, want > 0 ? want : launcher.multiprocessors());
         // In the fixed order, where every query sees keys and none past them, the key block that adds to a row
         // tile last writes it into dq itself; otherwise the conversion kernel does, after the kernel.
