@@ -221,7 +221,7 @@ struct Context {
   int flash_forward_head_group = 0;  // its work order: row tiles of this many heads at a time (0: 4)
   bool flash_ws_backward = true;  // 192/128 fused-dQ backward, MHA: flash_bwd_ws_kernel (else the dK/dV kernel)
   int flash_backward_blocks = 0;  // its persistent grid: 0 one block per SM, else at most this many
-  int flash_backward_head_group = 0;  // its work order: key blocks of this many heads at a time (0: 8)
+  int flash_backward_head_group = 0;  // its work order: key blocks of this many heads at a time (0: chooses)
   bool flash_vk_rows = true;      // 576/512 summed dK + [dV, 0] backward: flash_bwd_vkq_kernel (else flash_bwd_vk_kernel)
   // flash_bwd_ws_kernel's dQ and flash_bwd_vkq_kernel's dK + [dV, 0]: added into each fp32 tile in a fixed order
   // (reruns bitwise identical), else in whichever order the blocks reach it

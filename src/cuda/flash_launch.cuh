@@ -24,7 +24,8 @@
 //                                                           SM, n > 0 at most n; a block per key block (the grid
 //                                                           that is not persistent) where that is no fewer
 //   int backward_head_group()                               flash_bwd_ws_kernel's work order: the key blocks of n
-//                                                           (kv head, batch) pairs at a time, 0 kBackwardHeadGroup
+//                                                           (kv head, batch) pairs at a time, 0 chooses
+//                                                           (backward_head_group: kBackwardHeadGroup or more)
 //   bool rows_resident_vk()                                 576/512 with V inside K and dv_in_dk (fused dQ):
 //                                                           flash_bwd_vkq_kernel, else flash_bwd_vk_kernel
 //   bool ordered_dq()                                       flash_bwd_ws_kernel's dQ and flash_bwd_vkq_kernel's
@@ -132,6 +133,21 @@ inline int vkq_splits(const AttentionFwdParams& p, int block_m, int block_n, int
 
 // The warp-specialised kernels' work order: the heads a group the launcher asks for, else the kernel's default.
 inline int head_group(int asked, i64 by_default) { return asked > 0 ? asked : int(by_default); }
+
+// flash_bwd_ws_kernel's work order: the heads a group the launcher asks for, else kBackwardHeadGroup, raised in the
+// fixed order where a head's items are short. Its blocks take the group's key blocks one after another, block
+// fastest across heads, so about resident / group key blocks of each head are at work together; in the fixed order
+// each adds its dQ to a row tile after the key block before it has, so a head's blocks, started together, trail one
+// another by about half a step each (src/cuda/NOTES.md version 40) and one whose walk (row_tiles steps at most) is
+// shorter than that trail waits. Enough heads at a time to keep a head's blocks at work together within half its
+// walk: group >= 2 resident / row_tiles, in multiples of kBackwardHeadGroup (DeepSeek-V3, P = 8, the all_gather
+// rank's 128 heads: 40 at S = 4k, 24 at 8k, 16 at 16k, 8 from 32k; the a2a ranks' 16 heads walk >= 64 tiles: 8).
+inline int backward_head_group(int asked, bool ordered, i64 resident, i64 row_tiles) {
+  if (asked > 0) return asked;
+  if (!ordered || row_tiles < 1) return int(kBackwardHeadGroup);
+  const i64 need = ceil_div(2 * resident, row_tiles);
+  return int(std::max(kBackwardHeadGroup, ceil_div(need, kBackwardHeadGroup) * kBackwardHeadGroup));
+}
 
 // A persistent grid's ticket counter (ItemSlots), zeroed before its launch.
 template <class L>
@@ -265,11 +281,12 @@ void backward_impl(L& launcher, const AttentionBwdParams& p) {
         const DqTiles dq = dq_tiles<Tr::kDqk>(launcher, p, rows);
         const i64 items = flash_grid(ceil_div(p.kv_len, Tr::kBlockN), p);  // key blocks
         const int want = launcher.backward_blocks();
-        const int heads = head_group(launcher.backward_head_group(), kBackwardHeadGroup);
         const i64 blocks = std::min<i64>(items, want > 0 ? want : launcher.multiprocessors());
         // In the fixed order, where every query sees keys and none past them, the key block that adds to a row
         // tile last writes it into dq itself; otherwise the conversion kernel does, after the kernel.
         const bool ordered = launcher.ordered_dq();
+        const int heads = backward_head_group(launcher.backward_head_group(), ordered,
+            std::min<i64>(blocks, launcher.multiprocessors()), ceil_div(rows, i64(Tr::kBlockM)));
         const bool convert = ordered && p.q_offset >= 0 && p.q_offset + p.q_len <= p.kv_len;
         if (blocks < items) {  // a persistent grid
           launch_nonempty(launcher, flash_bwd_ws_kernel<Tr, true>, "flash_bwd_ws_kernel", blocks, Tr::kThreads,

@@ -160,7 +160,7 @@ std::vector<std::pair<std::string, i64>> run_bwd(const AttentionBwdParams& p, bo
   return launcher.launched;
 }
 
-// The warp-specialised backward's grids checked against its default (a block per key block, 16 heads at a time):
+// The warp-specialised backward's grids checked against its default (a block per key block, the launcher's heads at a time):
 // persistent on `blocks` blocks running together (0: a block per key block), dQ in any order or not, the work
 // order's heads at a time (0: the default).
 struct BwdGrid {
@@ -467,6 +467,33 @@ bool run_case(const Case& c) {
   return ok;
 }
 
+// The backward's work order chosen by the launch code (backward_head_group) at DeepSeek-V3's rank shapes on an
+// H200's 132 SMs: 8 heads at a time wherever a head's blocks walk many row tiles or dQ is added in any order,
+// more in the fixed order where they walk few (the all_gather rank's 128 heads x S / 8 queries), the count the
+// launcher is told always.
+int check_backward_head_groups() {
+  struct Want {
+    bool ordered;
+    i64 rows;
+    int asked, heads;
+  };
+  const Want wants[] = {{true, 512, 0, 40},   {true, 1024, 0, 24}, {true, 2048, 0, 16}, {true, 4096, 0, 8},
+                        {true, 16384, 0, 8},  {false, 512, 0, 8},  {true, 512, 4, 4},   {true, 64, 0, 264},
+                        {true, 1, 0, 264},    {false, 1, 0, 8}};
+  int fails = 0;
+  for (const Want& w : wants) {
+    const i64 row_tiles = ceil_div(w.rows, i64(BwdWsTraits<192, 128>::kBlockM));
+    const int got = backward_head_group(w.asked, w.ordered, kMultiprocessors, row_tiles);
+    if (got != w.heads) {
+      std::printf("backward_head_group(asked %d, %s, 132 SMs, %ld rows) = %d, want %d: FAIL\n", w.asked,
+                  w.ordered ? "fixed order" : "any order", long(w.rows), got, w.heads);
+      ++fails;
+    }
+  }
+  std::printf("%-34s %s\n", "backward_head_group", fails ? "FAIL" : "OK");
+  return fails;
+}
+
 int main(int argc, char** argv) {
   const Case cases[] = {
       {"mha_192_128_dense", 1, 96, 96, 2, 2, 192, 128, 0, false, false, 1},
@@ -529,7 +556,7 @@ int main(int argc, char** argv) {
       {"vkq_576_512_fixed_splits16", 1, 12, 100, 16, 1, 576, 512, 88, false, true, 16, true, true, true},
       {"vkq_576_512_gqa_batch2_splits3", 2, 24, 90, 4, 2, 576, 512, 66, true, true, 3, true, true, true},
   };
-  int fails = 0;
+  int fails = argc > 1 ? 0 : check_backward_head_groups();
   for (const auto& c : cases) {
     if (argc > 1 && std::string(c.name).find(argv[1]) == std::string::npos) continue;
     fails += !run_case(c);

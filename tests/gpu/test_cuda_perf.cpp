@@ -259,8 +259,8 @@ void time_long_sequences(i64 dqk, i64 dv, bool mqa, const char* prefix) {
 
 // The warp-specialised 192/128 kernels' work orders (cuda_set_flash_forward_head_group,
 // cuda_set_flash_backward_head_group) timed at the perf shapes and at the all_gather rank's (DeepSeek-V3, P = 8:
-// 128 heads, the last S/8 queries over S keys, S = 16k, 32k), where every row tile walks about the same number
-// of key tiles: MHA 192/128, batch 1, random rows as time_attention's.
+// 128 heads, the last S/8 queries over S keys, S = 4k..32k), where every row tile walks about the same number
+// of key tiles and a key block few row tiles: MHA 192/128, batch 1, random rows as time_attention's.
 struct HeadGroupShape {
   const char* name;
   i64 heads, q_len, kv_len;
@@ -268,11 +268,12 @@ struct HeadGroupShape {
 constexpr HeadGroupShape kHeadGroupShapes[] = {
     {"mha_192_128_h16_s8k", 16, 8192, 8192},           {"mha_192_128_h128_s8k", 128, 8192, 8192},
     {"mha_192_128_h16_s32k", 16, 32768, 32768},        {"mha_192_128_h128_s32k", 128, 32768, 32768},
-    {"mha_192_128_h128_q2k_kv16k", 128, 2048, 16384}, {"mha_192_128_h128_q4k_kv32k", 128, 4096, 32768}};
+    {"mha_192_128_h128_q2k_kv16k", 128, 2048, 16384}, {"mha_192_128_h128_q4k_kv32k", 128, 4096, 32768},
+    {"mha_192_128_h128_q512_kv4k", 128, 512, 4096},   {"mha_192_128_h128_q1k_kv8k", 128, 1024, 8192}};
 
 // LAGA_PERF_HEAD_GROUPS: the head groups the two tests below time, in this order, one round (a comma-separated
-// list of counts >= 1, such as "16,8,4"; unset: each test's own rounds). LAGA_PERF_SHAPES: only the shapes whose
-// name contains it (unset: all six).
+// list of counts >= 0, such as "16,8,4,0"; 0: the launcher's choice, named `heads0`; unset: each test's own
+// rounds). LAGA_PERF_SHAPES: only the shapes whose name contains it (unset: all eight).
 std::vector<int> head_groups_or(std::vector<int> fallback) {
   const char* env = std::getenv("LAGA_PERF_HEAD_GROUPS");
   if (env == nullptr) return fallback;
@@ -281,8 +282,8 @@ std::vector<int> head_groups_or(std::vector<int> fallback) {
   for (;;) {
     char* end = nullptr;
     const long n = std::strtol(at, &end, 10);
-    LAGA_REQUIRE(end != at && n >= 1 && n <= 1 << 20 && (*end == ',' || *end == '\0'), "LAGA_PERF_HEAD_GROUPS = '",
-                 env, "': it must be a comma-separated list of head counts >= 1");
+    LAGA_REQUIRE(end != at && n >= 0 && n <= 1 << 20 && (*end == ',' || *end == '\0'), "LAGA_PERF_HEAD_GROUPS = '",
+                 env, "': it must be a comma-separated list of head counts >= 0 (0: the launcher's choice)");
     groups.push_back(int(n));
     if (*end == '\0') return groups;
     at = end + 1;
@@ -321,15 +322,16 @@ TEST(CudaPerf, DISABLED_AttentionMha192ForwardHeadGroups) {
   });
 }
 
-// The backward in groups of 16, 8 (the default) and 32 heads, two rounds, dQ in the fixed order and in any order,
-// in one process: `_bwd_heads<n>`, `_bwd_any_order_heads<n>` (64 and 128 heads at a time ran at 310-430 TFLOP/s
-// against 450-500 at the 128-head shapes on an H200: Q and dO then come from HBM).
+// The backward in groups of 16, 8, 32 heads and the launcher's choice (0: 8, or more in the fixed order where a
+// head's rows are few), two rounds, dQ in the fixed order and in any order, in one process: `_bwd_heads<n>`,
+// `_bwd_any_order_heads<n>` (64 and 128 heads at a time ran at 310-430 TFLOP/s against 450-500 at the 128-head
+// shapes of 8k and 32k queries on an H200: Q and dO then come from HBM).
 TEST(CudaPerf, DISABLED_AttentionMha192BackwardHeadGroups) {
   LAGA_REQUIRE_GPU();
   for_head_group_shapes([](Backend& be, const AttentionBwdParams& p, double, double bwd_flops, const char* shape) {
     for (const bool deterministic : {true, false}) {
       cuda_set_attention_deterministic(be, deterministic);
-      for (const int heads : head_groups_or({16, 8, 32, 16, 8, 32})) {
+      for (const int heads : head_groups_or({16, 8, 32, 0, 16, 8, 32, 0})) {
         cuda_set_flash_backward_head_group(be, heads);
         const double ms = median_ms(be, [&] { be.attention_backward(p); }, perf_reps());
         char name[96];
