@@ -150,6 +150,8 @@ def train(args):
     if args.dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    if args.compile:
+        model = torch.compile(model)
     data = torch.tensor(list(corpus_bytes()), dtype=torch.long)
     S, s = args.seq, args.seq // world
     gen = torch.Generator().manual_seed(args.seed + 1)
@@ -252,6 +254,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (laga's attention runs between the compiled graphs)")
     ap.add_argument("--backend", default=None, help="torch.distributed backend (default: gloo on cpu, nccl on cuda)")
     ap.add_argument("--out", help="write the loss curve (JSON) here")
     ap.add_argument("--plot", nargs="+", metavar=("PNG", "JSON"), help="draw PNG from loss-curve files and stop")

@@ -106,7 +106,8 @@ class MultiheadLatentAttention(nn.Module):
     partial: their sum over the group is the gradient of the whole sequence, as for any weight replicated
     over a sequence-parallel group; ``reduce_gradients()`` (or a data-parallel reducer over the group) sums
     them. ``last_step`` is laga's accounting of the last forward and backward (saved tensors by name,
-    peaks, traffic, FLOPs; seconds with timing=True).
+    peaks, traffic, FLOPs; seconds with timing=True). Under ``torch.compile`` the block runs eagerly between the
+    compiled graphs (its forward is excluded from tracing: one graph break).
     """
 
     def __init__(self, config, form="laga", layout="a2a", kernel="fused", recompute=None, group=None,
@@ -247,6 +248,9 @@ class MultiheadLatentAttention(nn.Module):
             raise ValueError(f"the ranks' inputs differ ({table}): every rank must hold a chunk of the same "
                              "batch, length and dtype")
 
+    # Under torch.compile the block runs eagerly between the compiled graphs (one graph break, as at
+    # TransformerEngine's modules): its checks, collectives and kernels are laga's own, not traced.
+    @torch.compiler.disable
     def forward(self, hidden_states):
         code, message = self._local_check(hidden_states)
         self._agree(hidden_states, code, message)

@@ -34,9 +34,11 @@ def test_bad_input_refused_on_every_rank():
     assert out.count("5 passed, 0 failed") == 2
 
 
-def test_example_loss_matches_pure_pytorch(tmp_path):
-    """examples/train_tiny_deepseek.py: a few steps with laga on 2 ranks and with the pure-PyTorch MLA on one
-    process give the same losses within float32 rounding."""
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_example_loss_matches_pure_pytorch(tmp_path, compiled):
+    """examples/train_tiny_deepseek.py: a few steps with laga on 2 ranks (the model eager, or under
+    torch.compile with laga's attention between its graphs) and with the pure-PyTorch MLA on one process give
+    the same losses within float32 rounding."""
     example = os.path.join(HERE, "..", "..", "examples", "train_tiny_deepseek.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     common = ["--steps", "5", "--seq", "32", "--batch", "2"]
@@ -44,7 +46,8 @@ def test_example_loss_matches_pure_pytorch(tmp_path):
     subprocess.run([sys.executable, example, "--mla", "torch", "--out", str(torch_out)] + common, env=env, check=True,
                    capture_output=True, text=True, timeout=300)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", example,
-                        "--mla", "laga", "--form", "laga", "--out", str(laga_out)] + common, env=env,
+                        "--mla", "laga", "--form", "laga", "--out", str(laga_out)] + common +
+                       (["--compile"] if compiled else []), env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     import json

@@ -109,6 +109,42 @@ def test_gradcheck_float64():
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
+def test_inside_torch_compile():
+    """A model compiled with torch.compile around the module: the block runs eagerly between the compiled
+    graphs (forward is excluded from tracing), and the compiled model's output and every gradient equal the
+    eager model's (float64; the compiled layers around it may round otherwise by a few ulps)."""
+    cfg = configs()["tiny"]
+    d = cfg["hidden_size"]
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = torch.nn.Linear(d, d, dtype=torch.float64)
+            self.mla = lt.MultiheadLatentAttention(cfg, dtype=torch.float64)
+            self.out = torch.nn.Linear(d, d, dtype=torch.float64)
+
+        def forward(self, x):
+            return self.out(torch.nn.functional.gelu(self.mla(torch.tanh(self.inp(x))))).square().sum()
+
+    torch.manual_seed(5)
+    net = Net()
+    ref = ReferenceDeepseekV3Attention(cfg, dtype=torch.float64)
+    init_reference(ref, 9)
+    net.mla.load_state_dict(ref.state_dict())
+    x = seeded((2, 16, d), 4, torch.float64)
+    got = {}
+    for name, model in (("eager", net), ("compiled", torch.compile(net))):
+        net.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_(True)
+        loss = model(xi)
+        loss.backward()
+        got[name] = {"loss": loss.detach(), "dx": xi.grad, **{k: p.grad for k, p in net.named_parameters()}}
+    assert set(got["compiled"]) == set(got["eager"])
+    errors = {k: rel_error(got["compiled"][k], v) for k, v in got["eager"].items()}
+    assert max(errors.values()) <= TOLERANCE[torch.float64], errors
+    assert net.mla.last_step["saved_bytes"] > 0  # laga's block ran (and accounted) inside the compiled model
+
+
 def test_state_dict_round_trip():
     for cfg in configs().values():
         ref = ReferenceDeepseekV3Attention(cfg, dtype=torch.float64)
