@@ -107,6 +107,77 @@ __device__ __forceinline__ void add_dq_chunk(float* tile, int t128, bool first, 
   }
 }
 
+// The last product of a step in both kernels (flash_bwd_vk_kernel's dQ, flash_bwd_vkq_kernel's dK + [dV, 0]), its
+// 576 columns by the warpgroup's five chunks (warpgroup 0 [0, 64), [64, 128), [128, 192), [192, 256), [256, 288);
+// warpgroup 1 [288, 320), [320, 384), [384, 448), [448, 512), [512, 576)), two 64-column accumulators in turn and a
+// 32-column one, each added into `tile` (add_dq_chunk). issue(acc, c0) issues chunk c0's wgmma chain (c0 an
+// integral_constant) as one committed group; every next chunk is issued before the one before it is waited for and
+// added, so that the adds run under the tensor cores; after_first() runs once the first chunk is issued (the tensor
+// cores start before the next step's loads are requested).
+template <int kWg, class Issue, class AfterFirst>
+__device__ __forceinline__ void chunks576_into_tile(float* tile, int t128, bool first, Issue&& issue,
+                                                    AfterFirst&& after_first) {
+  using std::integral_constant;
+  float qa[8][4], qb[8][4], qc[4][4];
+  auto next = [&](auto& acc, auto c0, auto& done, auto done_c0) {
+    issue(acc, c0);
+    warpgroup_wait<1>(done);
+    add_dq_chunk<decltype(done_c0)::value>(tile, t128, first, done);
+  };
+  if constexpr (kWg == 0) {
+    issue(qa, integral_constant<int, 0>{});
+    after_first();
+    next(qb, integral_constant<int, 64>{}, qa, integral_constant<int, 0>{});
+    next(qa, integral_constant<int, 128>{}, qb, integral_constant<int, 64>{});
+    next(qb, integral_constant<int, 192>{}, qa, integral_constant<int, 128>{});
+    next(qc, integral_constant<int, 256>{}, qb, integral_constant<int, 192>{});
+    warpgroup_wait<0>(qc);
+    add_dq_chunk<256>(tile, t128, first, qc);
+  } else {
+    issue(qc, integral_constant<int, 288>{});
+    after_first();
+    next(qa, integral_constant<int, 320>{}, qc, integral_constant<int, 288>{});
+    next(qb, integral_constant<int, 384>{}, qa, integral_constant<int, 320>{});
+    next(qa, integral_constant<int, 448>{}, qb, integral_constant<int, 384>{});
+    next(qb, integral_constant<int, 512>{}, qa, integral_constant<int, 448>{});
+    warpgroup_wait<0>(qb);
+    add_dq_chunk<512>(tile, t128, first, qb);
+  }
+}
+
+// The accumulators x of a warpgroup's 64 x 64 product (its warp's rows r0 + gid, + 8) into s_p in bf16, a
+// [kRows][64] tile in the swz_k64 layout: P^T (flash_bwd_vk_kernel) or P (flash_bwd_vkq_kernel) for the GEMMs.
+template <int kRows, int kNT>
+__device__ __forceinline__ void store_p_bf16(bf16* s_p, const float (&x)[1][kNT][4], int r0, int gid, int tig) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<u32*>(s_p + swz_k64<kRows>(r0 + gid + 8 * h, nt * 8 + 2 * tig)) =
+          pack_bf16(x[0][nt][2 * h], x[0][nt][2 * h + 1]);
+}
+
+// dS = scale P (dP - D) into s_ds (store_p_bf16's layout) from the bf16 P in s_p (dS is rounded to bf16 for its
+// GEMMs anyway) and dP in x; d_of(nt, d) gives d[h][j], D of the element at row r0 + gid + 8 h, column
+// nt * 8 + 2 tig + j (D is a query's: a column's in flash_bwd_vk_kernel's transposed tiles, a row's in
+// flash_bwd_vkq_kernel's).
+template <int kRows, int kNT, class DOf>
+__device__ __forceinline__ void store_ds_bf16(bf16* s_ds, const bf16* s_p, const float (&x)[1][kNT][4], float scale,
+                                              int r0, int gid, int tig, DOf&& d_of) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    float d[2][2];
+    d_of(nt, d);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int off = swz_k64<kRows>(r0 + gid + 8 * h, nt * 8 + 2 * tig);
+      const u32 ph = *reinterpret_cast<const u32*>(s_p + off);
+      *reinterpret_cast<u32*>(s_ds + off) = pack_bf16(scale * lo_bf16(ph) * (x[0][nt][2 * h] - d[h][0]),
+                                                      scale * hi_bf16(ph) * (x[0][nt][2 * h + 1] - d[h][1]));
+    }
+  }
+}
+
 // One warpgroup's part of flash_bwd_vk_kernel (its own loop: the code between each wgmma's issue and wait touches
 // none of the accumulators in flight). The two meet at the same four barriers a step.
 template <int kWg, class Tr, bool kAligned>
@@ -195,12 +266,7 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
       warpgroup_mma_nt_async<1, kBM, kDqk, kBN>(x, s_k, 0, s_q);
       warpgroup_wait<0>(x);
       recompute_pt<kBN>(x, s_lse, 0, sl2, rm, r0, p, key0, wk0, gid, tig);
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<u32*>(s_pt + swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig)) =
-              pack_bf16(x[0][nt][2 * h], x[0][nt][2 * h + 1]);
+      store_p_bf16<kBN>(s_pt, x, wk0, gid, tig);
       fence_proxy_async();
     } else {
       warpgroup_mma_nt_async<1, kBM, kDv, kBN>(x, s_k, 0, s_do);
@@ -223,17 +289,10 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
                                                            col(s_do, kBM, kColB));
       warpgroup_mma_ss_tb_async<1, 192, kBM / 16, kBN, kBM>(acc_a, s_pt, 0,
                                                             col(s_do, kBM, kColA));
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const float d0 = s_dd[nt * 8 + 2 * tig], d1 = s_dd[nt * 8 + 2 * tig + 1];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int off = swz_k64<kBN>(wk0 + gid + 8 * h, nt * 8 + 2 * tig);
-          const u32 ph = *reinterpret_cast<const u32*>(s_pt + off);
-          *reinterpret_cast<u32*>(s_dst + off) = pack_bf16(scale * lo_bf16(ph) * (x[0][nt][2 * h] - d0),
-                                                           scale * hi_bf16(ph) * (x[0][nt][2 * h + 1] - d1));
-        }
-      }
+      store_ds_bf16<kBN>(s_dst, s_pt, x, scale, wk0, gid, tig, [&](int nt, float (&d)[2][2]) {
+        const float d0 = s_dd[nt * 8 + 2 * tig], d1 = s_dd[nt * 8 + 2 * tig + 1];  // the columns' queries
+        d[0][0] = d[1][0] = d0, d[0][1] = d[1][1] = d1;
+      });
       fence_proxy_async();
       wgmma_wait<0>();
     }
@@ -242,7 +301,6 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
     __syncthreads();  // (C) dS^T is in; dO_t and D_t are no longer read
 
     // dKV += dS^T Q over the warpgroup's columns; then dQ = dS K by chunks, two accumulators in turn.
-    float qa[8][4], qb[8][4], qc[4][4];
     const bool first = kblock == 0;
     warpgroup_mma_cols576_async<kWg, kBM / 16, kBN, kBM>(acc_a, acc_b, acc_c, s_dst, s_q);
     if (t + 1 < n_tiles) load_do(t + 1);  // requested while dS^T Q runs
@@ -257,43 +315,16 @@ __device__ __forceinline__ void bwd_vk_role(const AttentionBwdParams& p, const f
     __syncthreads();  // (D) Q_t and lse_t are no longer read; this row tile's earlier key blocks have added theirs
     // dQ's first chunk is issued before Q_{t+1} is requested (the tensor cores start first). The adds choose
     // store or red without a branch (a divergent path with wgmma in flight serialises them: C7518).
-    if constexpr (kWg == 0)
-      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qa, s_dst, col(s_k, kBN, 0));
-    else
-      warpgroup_mma_tt_n_async<32, kBN / 16, kBN, kBN>(qc, s_dst, col(s_k, kBN, 288));
-    if (t + 1 < n_tiles) load_q(t + 1);
-    cp_async_commit();
-    if constexpr (kWg == 0) {
-      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qb, s_dst, col(s_k, kBN, 64));
-      warpgroup_wait<1>(qa);
-      add_dq_chunk<0>(dq_tile, t128, first, qa);
-      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qa, s_dst, col(s_k, kBN, 128));
-      warpgroup_wait<1>(qb);
-      add_dq_chunk<64>(dq_tile, t128, first, qb);
-      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qb, s_dst, col(s_k, kBN, 192));
-      warpgroup_wait<1>(qa);
-      add_dq_chunk<128>(dq_tile, t128, first, qa);
-      warpgroup_mma_tt_n_async<32, kBN / 16, kBN, kBN>(qc, s_dst, col(s_k, kBN, 256));
-      warpgroup_wait<1>(qb);
-      add_dq_chunk<192>(dq_tile, t128, first, qb);
-      warpgroup_wait<0>(qc);
-      add_dq_chunk<256>(dq_tile, t128, first, qc);
-    } else {  // chunks: qc [288, 320), qa [320, 384), qb [384, 448), qa [448, 512), qb [512, 576)
-      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qa, s_dst, col(s_k, kBN, 320));
-      warpgroup_wait<1>(qc);
-      add_dq_chunk<288>(dq_tile, t128, first, qc);
-      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qb, s_dst, col(s_k, kBN, 384));
-      warpgroup_wait<1>(qa);
-      add_dq_chunk<320>(dq_tile, t128, first, qa);
-      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qa, s_dst, col(s_k, kBN, 448));
-      warpgroup_wait<1>(qb);
-      add_dq_chunk<384>(dq_tile, t128, first, qb);
-      warpgroup_mma_tt_n_async<64, kBN / 16, kBN, kBN>(qb, s_dst, col(s_k, kBN, 512));
-      warpgroup_wait<1>(qa);
-      add_dq_chunk<448>(dq_tile, t128, first, qa);
-      warpgroup_wait<0>(qb);
-      add_dq_chunk<512>(dq_tile, t128, first, qb);
-    }
+    chunks576_into_tile<kWg>(
+        dq_tile, t128, first,
+        [&](auto& acc, auto c0) {
+          constexpr int kN = sizeof(acc) / (4 * sizeof(float)) * 8;
+          warpgroup_mma_tt_n_async<kN, kBN / 16, kBN, kBN>(acc, s_dst, col(s_k, kBN, decltype(c0)::value));
+        },
+        [&] {
+          if (t + 1 < n_tiles) load_q(t + 1);
+          cp_async_commit();
+        });
   }
 
   if (splits == 1) {
@@ -431,12 +462,7 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
             return masked ? visible_keys(rm.query(imin(row0 + wr0 + gid + 8 * h, row_last)), p.q_offset, p.kv_len) - n0
                           : i64(kBN);
           });
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<u32*>(s_p + swz_k64<kBM>(wr0 + gid + 8 * h, nt * 8 + 2 * tig)) =
-              pack_bf16(x[0][nt][2 * h], x[0][nt][2 * h + 1]);
+      store_p_bf16<kBM>(s_p, x, wr0, gid, tig);
       fence_proxy_async();
     } else {
       warpgroup_mma_nt_async<1, kBN, kDv, kBM>(x, s_do, 0, s_k);  // V = K's first d_v columns
@@ -445,16 +471,10 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
       warpgroup_wait<0>(x);
     }
     __syncthreads();  // (B) P is in
-    if constexpr (kWg == 1) {  // dS = scale P (dP - D), from the bf16 P (dS is rounded to bf16 for its GEMMs anyway)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int off = swz_k64<kBM>(wr0 + gid + 8 * h, nt * 8 + 2 * tig);
-          const u32 ph = *reinterpret_cast<const u32*>(s_p + off);
-          *reinterpret_cast<u32*>(s_ds + off) = pack_bf16(scale * lo_bf16(ph) * (x[0][nt][2 * h] - rv[h]),
-                                                          scale * hi_bf16(ph) * (x[0][nt][2 * h + 1] - rv[h]));
-        }
+    if constexpr (kWg == 1) {  // dS = scale P (dP - D)
+      store_ds_bf16<kBM>(s_ds, s_p, x, scale, wr0, gid, tig, [&](int, float (&d)[2][2]) {
+        d[0][0] = d[0][1] = rv[0], d[1][0] = d[1][1] = rv[1];  // the rows' queries
+      });
       fence_proxy_async();
     }
     __syncthreads();  // (C) dS is in
@@ -470,45 +490,20 @@ __device__ __forceinline__ void bwd_vkq_role(const AttentionBwdParams& p, const 
     reg_fence_all(acc_c);
     __syncthreads();  // (D) K_t is no longer read; the row tiles before this one have added theirs to key block t
 
-    // dK + [dV, 0] of key block t by chunks of columns: keys x columns, the tile's rows the sum. The first chunk is
-    // issued before K_{t+1} is requested (the tensor cores start first).
-    float qa[8][4], qb[8][4], qc[4][4];
-    const bool first = place == 0;
-    auto chunk = [&](auto& acc, auto c0) {
-      constexpr int kC0 = decltype(c0)::value, kN = sizeof(acc) / (4 * sizeof(float)) * 8;
-      warpgroup_mma_tt2_n_async<kN, kBM / 16, kBM, kBM, (kC0 < kDv)>(acc, s_p, col(s_do, kBM, kC0 < kDv ? kC0 : 0),
-                                                                       s_ds, col(s_q, kBM, kC0));
-    };
-    auto add = [&](auto& acc, auto c0) {
-      warpgroup_wait<0>(acc);
-      add_dq_chunk<decltype(c0)::value>(dkv_tile, t128, first, acc);
-    };
-    // The next chunk issued, then the previous one (the older group) added while it runs.
-    auto next = [&](auto& acc, auto c0, auto& done, auto done_c0) {
-      chunk(acc, c0);
-      warpgroup_wait<1>(done);
-      add_dq_chunk<decltype(done_c0)::value>(dkv_tile, t128, first, done);
-    };
-    using std::integral_constant;
-    if constexpr (kWg == 0) {  // chunks: qa [0, 64), qb [64, 128), qa [128, 192), qb [192, 256), qc [256, 288)
-      chunk(qa, integral_constant<int, 0>{});
-      if (t + 1 < n_tiles) load_k(t + 1);
-      cp_async_commit();
-      next(qb, integral_constant<int, 64>{}, qa, integral_constant<int, 0>{});
-      next(qa, integral_constant<int, 128>{}, qb, integral_constant<int, 64>{});
-      next(qb, integral_constant<int, 192>{}, qa, integral_constant<int, 128>{});
-      next(qc, integral_constant<int, 256>{}, qb, integral_constant<int, 192>{});
-      add(qc, integral_constant<int, 256>{});
-    } else {  // chunks: qc [288, 320), qa [320, 384), qb [384, 448), qa [448, 512), qb [512, 576)
-      chunk(qc, integral_constant<int, 288>{});
-      if (t + 1 < n_tiles) load_k(t + 1);
-      cp_async_commit();
-      next(qa, integral_constant<int, 320>{}, qc, integral_constant<int, 288>{});
-      next(qb, integral_constant<int, 384>{}, qa, integral_constant<int, 320>{});
-      next(qa, integral_constant<int, 448>{}, qb, integral_constant<int, 384>{});
-      next(qb, integral_constant<int, 512>{}, qa, integral_constant<int, 448>{});
-      add(qb, integral_constant<int, 512>{});
-    }
+    // dK + [dV, 0] of key block t by chunks of columns: keys x columns, the tile's rows the sum (P^T dO + dS^T Q
+    // below column 512, dS^T Q above). The first chunk is issued before K_{t+1} is requested (the tensor cores
+    // start first).
+    chunks576_into_tile<kWg>(
+        dkv_tile, t128, place == 0,
+        [&](auto& acc, auto c0) {
+          constexpr int kC0 = decltype(c0)::value, kN = sizeof(acc) / (4 * sizeof(float)) * 8;
+          warpgroup_mma_tt2_n_async<kN, kBM / 16, kBM, kBM, (kC0 < kDv)>(
+              acc, s_p, col(s_do, kBM, kC0 < kDv ? kC0 : 0), s_ds, col(s_q, kBM, kC0));
+        },
+        [&] {
+          if (t + 1 < n_tiles) load_k(t + 1);
+          cp_async_commit();
+        });
   }
   if (n_tiles > 0) {
     __syncthreads();  // every thread's adds to the last key block are issued
