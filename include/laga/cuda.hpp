@@ -154,7 +154,7 @@ void cuda_set_flash_backward_blocks(Backend& backend, int blocks);
 // blocks; more heads put fewer of a head's key blocks at work together, so fewer wait for the one before them to
 // add its dQ (the deterministic mode). 0 (the default) chooses: 8 (on an H200 a third of 16's HBM bytes at S = 32k
 // and 1-4% faster under sustained load; 4 lost 16% at 128 heads x 2k queries over 16k keys in the fixed order),
-// more in the fixed order where a head's rows are few (at least 2 x SMs / its 64-row tiles, in multiples of 8: 40
+// more in the fixed order where a head's rows are few (8 x 2^k, the least with SMs / heads <= its 64-row tiles: 32
 // at 128 heads x 512 queries); n > 0 for timing another order. Every order gives the same bits; a negative n throws
 // InvalidArgument.
 int cuda_flash_backward_head_group(Backend& backend);

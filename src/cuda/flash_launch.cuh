@@ -134,19 +134,20 @@ inline int vkq_splits(const AttentionFwdParams& p, int block_m, int block_n, int
 // The warp-specialised kernels' work order: the heads a group the launcher asks for, else the kernel's default.
 inline int head_group(int asked, i64 by_default) { return asked > 0 ? asked : int(by_default); }
 
-// flash_bwd_ws_kernel's work order: the heads a group the launcher asks for, else kBackwardHeadGroup, raised in the
-// fixed order where a head's items are short. Its blocks take the group's key blocks one after another, block
-// fastest across heads, so about resident / group key blocks of each head are at work together; in the fixed order
-// each adds its dQ to a row tile after the key block before it has, so a head's blocks, started together, trail one
-// another by about half a step each (src/cuda/NOTES.md version 40) and one whose walk (row_tiles steps at most) is
-// shorter than that trail waits. Enough heads at a time to keep a head's blocks at work together within half its
-// walk: group >= 2 resident / row_tiles, in multiples of kBackwardHeadGroup (DeepSeek-V3, P = 8, the all_gather
-// rank's 128 heads: 40 at S = 4k, 24 at 8k, 16 at 16k, 8 from 32k; the a2a ranks' 16 heads walk >= 64 tiles: 8).
+// flash_bwd_ws_kernel's work order: the heads a group the launcher asks for, else kBackwardHeadGroup, doubled in the
+// fixed order while a head's items are short. Its blocks take a group's key blocks block-major (key block j of every
+// head of the group, then j + 1), so about resident / group key blocks of a head are at work together, and in the
+// fixed order each adds its dQ to a row tile only after the key block before it has: started a step or so apart,
+// they trail one another by about an add each, which a walk of row_tiles steps hides only while resident / group
+// <= row_tiles (src/cuda/NOTES.md version 40). A power of two times kBackwardHeadGroup, so that the groups divide
+// the heads (a last, smaller group would run its tail with the chain exposed). DeepSeek-V3, P = 8, 132 SMs: the
+// all_gather rank's 128 heads 32 at a time at S = 4k, 16 at 8k, 8 from 16k; the a2a ranks' 16 heads (>= 64 tiles) 8.
 inline int backward_head_group(int asked, bool ordered, i64 resident, i64 row_tiles) {
   if (asked > 0) return asked;
-  if (!ordered || row_tiles < 1) return int(kBackwardHeadGroup);
-  const i64 need = ceil_div(2 * resident, row_tiles);
-  return int(std::max(kBackwardHeadGroup, ceil_div(need, kBackwardHeadGroup) * kBackwardHeadGroup));
+  i64 group = kBackwardHeadGroup;
+  if (ordered && row_tiles >= 1)
+    while (group * row_tiles < resident) group *= 2;
+  return int(group);
 }
 
 // A persistent grid's ticket counter (ItemSlots), zeroed before its launch.
