@@ -11,7 +11,8 @@ contiguous chunk of every sequence (rank r: tokens r*S/P .. (r+1)*S/P - 1); ever
 token by token, attention is laga's MultiheadLatentAttention over the group; the loss is the mean over all
 tokens of all ranks, and every gradient is summed over the group before the optimizer step, so each run
 computes the same function as the one-process pure-PyTorch run and the loss curves agree within float32
-rounding. --device cuda runs the same on a GPU (one rank, or ranks sharing it with --backend nccl).
+rounding. --device cuda runs the same on a GPU (one rank, or ranks sharing it with --backend nccl);
+--checkpoint puts each layer under activation checkpointing and --compile the model under torch.compile.
 """
 
 import argparse
@@ -40,6 +41,7 @@ def corpus_bytes():
 
 def build(args):
     import torch
+    import torch.utils.checkpoint
     from torch import nn
 
     class RMSNorm(nn.Module):
@@ -119,7 +121,10 @@ def build(args):
         def forward(self, tokens):
             x = self.embed_tokens(tokens)
             for layer in self.layers:
-                x = layer(x)
+                if args.checkpoint:  # the layer's activations dropped after forward, recomputed in backward
+                    x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+                else:
+                    x = layer(x)
             return self.lm_head(self.norm(x))
 
     return TorchMLA, Decoder
@@ -254,6 +259,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="activation checkpointing: each layer under torch.utils.checkpoint (non-reentrant)")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the model (laga's attention runs between the compiled graphs)")
     ap.add_argument("--backend", default=None, help="torch.distributed backend (default: gloo on cpu, nccl on cuda)")

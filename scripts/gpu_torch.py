@@ -257,8 +257,8 @@ def time_interleaved(mod, seq, d, warmup, rounds, per_round):
 
     def block_step():
         with torch.no_grad():
-            y, saved = torch.ops.laga.mla_forward(mod._block, x_sb, params)
-            torch.ops.laga.mla_backward(saved, dy_sb, x_sb, params, [], False)
+            y, saved, kept = torch.ops.laga.mla_forward(mod._block, x_sb, params, False)
+            torch.ops.laga.mla_backward(saved, dy_sb, x_sb, params, [], False, kept)
 
     def timed(step):
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))

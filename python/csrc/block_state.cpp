@@ -1,5 +1,7 @@
 #include "block_state.hpp"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #ifdef LAGA_HAVE_CUDA
@@ -100,8 +102,8 @@ laga::MlaWeights Block::borrow_weights(Resources& r, const std::vector<at::Tenso
   return out;
 }
 
-std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> Block::forward(const at::Tensor& x,
-                                                                 const std::vector<at::Tensor>& weights) {
+std::tuple<at::Tensor, c10::intrusive_ptr<Saved>, std::vector<at::Tensor>> Block::forward(
+    const at::Tensor& x, const std::vector<at::Tensor>& weights, bool expose) {
   LAGA_REQUIRE(x.dim() == 3, "x has ", x.dim(), " dimensions: expected [s, batch, hidden_size]");
   LAGA_REQUIRE(x.is_contiguous(), "x must be contiguous");
   opts_.dtype = to_laga(x.scalar_type());
@@ -121,18 +123,55 @@ std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> Block::forward(const at::Tenso
   fwd_ = saved->mla_->forward_stats();
   saved_ = r->alloc->saved_tensors();
   saved_bytes_ = r->alloc->saved_bytes();
-  return {as_torch(y, r->device, r), saved};
+  std::vector<at::Tensor> exposed;
+  if (expose) {
+    std::vector<const laga::Tensor*> distinct;
+    for (const auto& [name, t] : saved->ctx_.tensors) {
+      auto same = [&t](const laga::Tensor* u) {
+        return u->data() == t.data() && u->shape() == t.shape() && u->dtype() == t.dtype();
+      };
+      const std::size_t at = std::size_t(std::find_if(distinct.begin(), distinct.end(), same) - distinct.begin());
+      if (at == distinct.size()) {
+        distinct.push_back(&t);
+        exposed.push_back(as_torch(t, r->device, r));
+      }
+      saved->exposed_.push_back({name, at, t.shape(), t.dtype()});
+    }
+    saved->n_exposed_ = exposed.size();
+    saved->ctx_.clear();  // the PyTorch tensors hold the memory now, and only they
+  }
+  return {as_torch(y, r->device, r), saved, exposed};
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> Saved::backward(const at::Tensor& dy, const at::Tensor& x,
                                                                 const std::vector<at::Tensor>& weights,
-                                                                const std::vector<at::Tensor>& main_grads, bool retain) {
+                                                                const std::vector<at::Tensor>& main_grads, bool retain,
+                                                                const std::vector<at::Tensor>& saved) {
   LAGA_REQUIRE(!consumed_, "this forward's backward has run already (laga's block frees what forward kept; "
                "retain_saved=True keeps it for another backward)");
-  consumed_ = !retain;
+  // Exposed tensors are autograd's: it keeps them for another backward through the graph, or refuses one.
+  consumed_ = !retain && exposed_.empty();
   Resources& r = *res_;
   LAGA_REQUIRE(dy.device() == r.device && x.device() == r.device, "dy and x must be on ", r.device.str());
   LAGA_REQUIRE(dy.sizes() == x.sizes() && dy.is_contiguous(), "dy must be contiguous with x's shape");
+  LAGA_REQUIRE(saved.size() == n_exposed_, "got ", saved.size(), " saved tensors for backward, forward gave ",
+               n_exposed_);
+  if (!exposed_.empty()) {  // borrowed for this backward: its releases drop the borrowings, autograd frees the memory
+    ctx_.clear();
+    std::vector<laga::Tensor> borrowed(saved.size());
+    for (const Exposed& e : exposed_) {
+      const at::Tensor& t = saved[e.index];
+      const char* name = laga::saved_name(e.name);
+      LAGA_REQUIRE(t.device() == r.device && t.is_contiguous() && to_laga(t.scalar_type()) == e.dtype &&
+                       laga::Shape(t.sizes().begin(), t.sizes().end()) == e.shape,
+                   "saved tensor ", name, " came back as ", c10::toString(t.scalar_type()), " ",
+                   laga::shape_string(laga::Shape(t.sizes().begin(), t.sizes().end())), " on ", t.device().str(),
+                   ": forward saved a contiguous ", laga::dtype_name(e.dtype), " ", laga::shape_string(e.shape),
+                   " on ", r.device.str());
+      if (!borrowed[e.index].defined()) borrowed[e.index] = r.borrow->borrow(t, name);
+      ctx_.tensors[e.name] = borrowed[e.index];
+    }
+  }
   follow_current_stream(r);
   const laga::DType dtype = mla_->options().dtype;
   laga::MlaWeights w = block_->borrow_weights(r, weights, dtype);

@@ -38,8 +38,12 @@ class Block : public torch::CustomClassHolder {
   Block(const std::string& config_json, const std::string& options_json, const std::string& group_name, int64_t rank,
         int64_t size);
 
-  // x [s, batch, d] contiguous; weights in MlaWeights::named() order (Hugging Face's parameters).
-  std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> forward(const at::Tensor& x, const std::vector<at::Tensor>& weights);
+  // x [s, batch, d] contiguous; weights in MlaWeights::named() order (Hugging Face's parameters). With `expose`,
+  // the tensors forward keeps for backward come back as PyTorch tensors (the third element), which the returned
+  // object then no longer holds: the caller keeps them (autograd's save_for_backward, where saved-tensor hooks
+  // such as activation checkpointing's or offloading's see them) and hands them to backward.
+  std::tuple<at::Tensor, c10::intrusive_ptr<Saved>, std::vector<at::Tensor>> forward(
+      const at::Tensor& x, const std::vector<at::Tensor>& weights, bool expose);
   // The last forward's and backward's figures as laga::rank_report writes a rank's run (JSON).
   std::string stats_json() const;
   // Whether the next steps are timed (MlaBlock::set_timing).
@@ -75,10 +79,12 @@ class Saved : public torch::CustomClassHolder {
   // or, given main_grads (one per weight, its shape, the weights' dtype or float32), adds the gradients to them
   // (the module's fuse_wgrad_accumulation) and returns no gradient. Consumes what forward kept, unless `retain`
   // (backward through the same graph again, as gradcheck does: the saved tensors then stay alive until this
-  // object goes).
+  // object goes). `saved`: what an exposing forward returned, or what a saved-tensor hook gave back for it (a
+  // recomputation, a copy from the host), each the same shape and dtype; empty otherwise.
   std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, const at::Tensor& x,
                                                            const std::vector<at::Tensor>& weights,
-                                                           const std::vector<at::Tensor>& main_grads, bool retain);
+                                                           const std::vector<at::Tensor>& main_grads, bool retain,
+                                                           const std::vector<at::Tensor>& saved);
   laga::SavedContext& context() { return ctx_; }
 
  private:
@@ -87,6 +93,16 @@ class Saved : public torch::CustomClassHolder {
   std::shared_ptr<Resources> res_;
   std::unique_ptr<laga::MlaBlock> mla_;
   laga::SavedContext ctx_;
+  // An exposing forward's saved tensors: each name's place in what it returned (one tensor for names that share
+  // one, as o and o_att can), with its shape and dtype.
+  struct Exposed {
+    laga::Saved name;
+    std::size_t index;
+    laga::Shape shape;
+    laga::DType dtype;
+  };
+  std::vector<Exposed> exposed_;
+  std::size_t n_exposed_ = 0;
   bool consumed_ = false;
 };
 

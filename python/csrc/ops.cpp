@@ -36,16 +36,17 @@ std::string build_info() {
   return nlohmann::json{{"cuda", cuda}, {"cudnn", laga::cudnn_info_report(laga::cuda_cudnn_info())}}.dump();
 }
 
-std::tuple<at::Tensor, c10::intrusive_ptr<Saved>> mla_forward(const c10::intrusive_ptr<Block>& block,
-                                                              const at::Tensor& x, std::vector<at::Tensor> weights) {
-  return translating([&] { return block->forward(x, weights); });
+std::tuple<at::Tensor, c10::intrusive_ptr<Saved>, std::vector<at::Tensor>> mla_forward(
+    const c10::intrusive_ptr<Block>& block, const at::Tensor& x, std::vector<at::Tensor> weights, bool expose) {
+  return translating([&] { return block->forward(x, weights, expose); });
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> mla_backward(const c10::intrusive_ptr<Saved>& saved,
                                                              const at::Tensor& dy, const at::Tensor& x,
                                                              std::vector<at::Tensor> weights,
-                                                             std::vector<at::Tensor> main_grads, bool retain) {
-  return translating([&] { return saved->backward(dy, x, weights, main_grads, retain); });
+                                                             std::vector<at::Tensor> main_grads, bool retain,
+                                                             std::vector<at::Tensor> saved_tensors) {
+  return translating([&] { return saved->backward(dy, x, weights, main_grads, retain, saved_tensors); });
 }
 
 // A preset name or a config.json path -> the configuration as JSON (every field validated).
@@ -100,11 +101,11 @@ TORCH_LIBRARY(laga, m) {
       .def("stats_json", &Block::stats_json)
       .def("set_timing", &Block::set_timing);
   m.class_<Saved>("Saved");
-  m.def("mla_forward(__torch__.torch.classes.laga.Block block, Tensor x, Tensor[] weights) -> "
-        "(Tensor, __torch__.torch.classes.laga.Saved)",
+  m.def("mla_forward(__torch__.torch.classes.laga.Block block, Tensor x, Tensor[] weights, bool expose) -> "
+        "(Tensor, __torch__.torch.classes.laga.Saved, Tensor[])",
         &laga_torch::mla_forward);
   m.def("mla_backward(__torch__.torch.classes.laga.Saved saved, Tensor dy, Tensor x, Tensor[] weights, Tensor[] main_grads, "
-        "bool retain) -> "
+        "bool retain, Tensor[] saved_tensors) -> "
         "(Tensor, Tensor[])",
         &laga_torch::mla_backward);
   m.def("build_info() -> str", &laga_torch::build_info);

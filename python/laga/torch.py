@@ -34,26 +34,43 @@ class _Weight(nn.Module):
         self.weight = nn.Parameter(torch.ones(n, device=device, dtype=dtype))
 
 
+_top_saved_tensors_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
+def _saved_tensors_hooks_active():
+    """Whether saved-tensor hooks are in force (torch.utils.checkpoint without reentrant autograd,
+    torch.autograd.graph.save_on_cpu, any saved_tensors_hooks): where this PyTorch cannot tell, assume so."""
+    return _top_saved_tensors_hooks is None or _top_saved_tensors_hooks(False) is not None
+
+
 class _LatentAttention(torch.autograd.Function):
     """laga's forward and backward (torch.ops.laga.mla_forward / mla_backward) on the Hugging Face parameters
-    as they are: the block reads them in place and writes their gradients in their layout."""
+    as they are: the block reads them in place and writes their gradients in their layout.
+
+    What forward keeps for backward: by default laga holds it and frees each tensor as soon as its backward no
+    longer needs it. Under saved-tensor hooks (activation checkpointing, offloading) laga hands it to autograd
+    instead (save_for_backward), so that the hooks can drop, recompute or move it like any other saved tensor,
+    and backward takes back what they return."""
 
     @staticmethod
     def forward(ctx, module, x, *params):
-        y, saved = torch.ops.laga.mla_forward(module._block, x, list(params))
+        expose = _saved_tensors_hooks_active()
+        y, saved, kept = torch.ops.laga.mla_forward(module._block, x, list(params), expose)
         ctx.module = module
         ctx.saved = saved
-        ctx.save_for_backward(x, *params)
+        ctx.n_params = len(params)
+        ctx.save_for_backward(x, *params, *kept)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, *params = ctx.saved_tensors
+        x, *rest = ctx.saved_tensors
+        params, kept = rest[:ctx.n_params], [t.contiguous() for t in rest[ctx.n_params:]]
         retain = ctx.module.retain_saved
         fused = ctx.module.fuse_wgrad_accumulation
         main_grads = [p.main_grad for p in params] if fused else []
-        dx, grads = torch.ops.laga.mla_backward(ctx.saved, dy.contiguous(), x, list(params), main_grads, retain)
+        dx, grads = torch.ops.laga.mla_backward(ctx.saved, dy.contiguous(), x, list(params), main_grads, retain, kept)
         if not retain:
             ctx.saved = None
         if not fused:
@@ -107,7 +124,9 @@ class MultiheadLatentAttention(nn.Module):
     over a sequence-parallel group; ``reduce_gradients()`` (or a data-parallel reducer over the group) sums
     them. ``last_step`` is laga's accounting of the last forward and backward (saved tensors by name,
     peaks, traffic, FLOPs; seconds with timing=True). Under ``torch.compile`` the block runs eagerly between the
-    compiled graphs (its forward is excluded from tracing: one graph break).
+    compiled graphs (its forward is excluded from tracing: one graph break). Under saved-tensor hooks
+    (``torch.utils.checkpoint(..., use_reentrant=False)``, ``torch.autograd.graph.save_on_cpu``) what forward
+    keeps goes through autograd's ``save_for_backward``, so the hooks drop, recompute or move it.
     """
 
     def __init__(self, config, form="laga", layout="a2a", kernel="fused", recompute=None, group=None,

@@ -34,11 +34,12 @@ def test_bad_input_refused_on_every_rank():
     assert out.count("5 passed, 0 failed") == 2
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_example_loss_matches_pure_pytorch(tmp_path, compiled):
-    """examples/train_tiny_deepseek.py: a few steps with laga on 2 ranks (the model eager, or under
-    torch.compile with laga's attention between its graphs) and with the pure-PyTorch MLA on one process give
-    the same losses within float32 rounding."""
+@pytest.mark.parametrize("extra", [[], ["--compile"], ["--checkpoint"]], ids=["eager", "compiled", "checkpointed"])
+def test_example_loss_matches_pure_pytorch(tmp_path, extra):
+    """examples/train_tiny_deepseek.py: a few steps with laga on 2 ranks (the model eager, under torch.compile
+    with laga's attention between its graphs, or each layer under activation checkpointing, laga's forward and
+    its collectives run again in backward) and with the pure-PyTorch MLA on one process give the same losses
+    within float32 rounding."""
     example = os.path.join(HERE, "..", "..", "examples", "train_tiny_deepseek.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     common = ["--steps", "5", "--seq", "32", "--batch", "2"]
@@ -46,8 +47,7 @@ def test_example_loss_matches_pure_pytorch(tmp_path, compiled):
     subprocess.run([sys.executable, example, "--mla", "torch", "--out", str(torch_out)] + common, env=env, check=True,
                    capture_output=True, text=True, timeout=300)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", example,
-                        "--mla", "laga", "--form", "laga", "--out", str(laga_out)] + common +
-                       (["--compile"] if compiled else []), env=env,
+                        "--mla", "laga", "--form", "laga", "--out", str(laga_out)] + common + extra, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     import json

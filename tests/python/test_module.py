@@ -1,9 +1,11 @@
 """laga.torch.MultiheadLatentAttention on one rank against the tests' own Hugging Face-style reference:
 output, input gradient and every parameter gradient, every form x layout x kernel, float64 and float32."""
 
+import gc
 import json
 import os
 import subprocess
+import weakref
 
 import numpy as np
 
@@ -107,6 +109,64 @@ def test_gradcheck_float64():
 
     inputs = (x,) + tuple(p.detach().clone().requires_grad_(True) for p in params)
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def grads_of(mod, x, dy, wrap=None):
+    """y, dx and every parameter gradient of one step, the module called through `wrap` (a checkpoint) if
+    given."""
+    mod.zero_grad(set_to_none=True)
+    xi = x.clone().requires_grad_(True)
+    y = wrap(mod, xi) if wrap else mod(xi)
+    (y * dy).sum().backward()
+    return {"y": y.detach(), "dx": xi.grad, **{k: p.grad for k, p in mod.named_parameters()}}
+
+
+@pytest.mark.parametrize("case", every_case(), ids=lambda c: f"{c[0][0]}-{c[0][1] or 'none'}-{c[0][2]}-{c[1]}-{c[2]}")
+def test_saved_tensors_go_through_hooks(case):
+    """Under saved-tensor hooks laga hands what forward keeps to autograd: the hooks see every byte laga
+    counts as saved, laga keeps none of it (the tensors it handed over die once the hook has packed a copy),
+    and backward runs on what the hooks give back, to the same bits as without hooks."""
+    (form, recompute, absorbed), layout, kernel = case
+    cfg = configs()["tiny"]
+    mod = lt.MultiheadLatentAttention(cfg, form=form, layout=layout, kernel=kernel, recompute=recompute,
+                                      absorbed_attention=absorbed, dtype=torch.float64)
+    x = seeded((2, 16, cfg["hidden_size"]), 3, torch.float64)
+    dy = seeded((2, 16, cfg["hidden_size"]), 4, torch.float64)
+    base = grads_of(mod, x, dy)
+    params = {id(p) for p in mod.parameters()}
+    packed, handed = [], []
+
+    def pack(t):
+        if id(t) not in params:
+            packed.append(t.numel() * t.element_size())
+            handed.append(weakref.ref(t))
+        return t.clone()
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        xi = x.clone().requires_grad_(True)
+        y = mod(xi)
+    saved_bytes = mod.last_step["saved_bytes"]
+    gc.collect()
+    assert sum(packed) == saved_bytes + xi.numel() * xi.element_size(), (packed, saved_bytes)
+    assert sum(r() is not None for r in handed) == 0  # x's copy and laga's tensors: only the hook's copies live
+    mod.zero_grad(set_to_none=True)
+    (y * dy).sum().backward()
+    got = {"y": y.detach(), "dx": xi.grad, **{k: p.grad for k, p in mod.named_parameters()}}
+    for k, v in base.items():
+        assert torch.equal(got[k], v), k
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_activation_checkpointing(reentrant):
+    """torch.utils.checkpoint around the module: forward again in backward, the same bits as without it."""
+    cfg = configs()["tiny"]
+    mod = lt.MultiheadLatentAttention(cfg, dtype=torch.float64)
+    x = seeded((2, 16, cfg["hidden_size"]), 5, torch.float64)
+    dy = seeded((2, 16, cfg["hidden_size"]), 6, torch.float64)
+    base = grads_of(mod, x, dy)
+    got = grads_of(mod, x, dy, lambda m, xi: torch.utils.checkpoint.checkpoint(m, xi, use_reentrant=reentrant))
+    for k, v in base.items():
+        assert torch.equal(got[k], v), k
 
 
 def test_inside_torch_compile():
