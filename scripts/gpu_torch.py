@@ -15,7 +15,9 @@
    alternating rounds of back-to-back steps in this process (the same clocks for both): the module's own cost;
 4. cuda_graph: the module's step (LAGA, S = 4096) captured in a CUDA graph and replayed, against an eager step:
    the same bits, and the replay's time over the eager step's;
-5. nccl_group: the module over a one-rank NCCL process group against the module without one.
+5. saved_tensor_hooks: the module's step (LAGA, S = 4096) under activation checkpointing (non-reentrant) and under
+   save_on_cpu against the plain step: the same bits, and the device memory its forward leaves allocated;
+6. nccl_group: the module over a one-rank NCCL process group against the module without one.
 
     python3 scripts/gpu_torch.py --cli build/laga --out torch_gpu.json [--seqs 4096,16384] [--model deepseek-v3]
 """
@@ -33,6 +35,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 import laga
 import laga.torch as lt
@@ -145,6 +148,44 @@ def graph_check(args, seq, reps=20):
     eager_ms, replay_ms = statistics.median(times["eager"]), statistics.median(times["replay"])
     return {"seq": seq, "form": "laga", "bitwise_equal": same, "eager_ms_median": eager_ms,
             "replay_ms_median": replay_ms, "replay_over_eager": replay_ms / eager_ms}
+
+
+def hooks_check(args, seq):
+    """The module's step (LAGA) as it is, under activation checkpointing (non-reentrant) and under
+    torch.autograd.graph.save_on_cpu: the output and every gradient bitwise against the plain step's, and the
+    device memory the forward leaves allocated (its output and what is kept for backward) and the step's peak,
+    both above what was allocated before it."""
+    torch.manual_seed(0)
+    mod = lt.MultiheadLatentAttention(args.model, form="laga", dtype=torch.bfloat16, device="cuda")
+    x, dy, _ = module_inputs(mod, seq, mod.config["hidden_size"])
+    ways = {"plain": lambda: mod(x),
+            "checkpoint": lambda: torch.utils.checkpoint.checkpoint(mod, x, use_reentrant=False)}
+
+    def on_cpu():
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            return mod(x)
+    ways["save_on_cpu"] = on_cpu
+    out, results = {}, None
+    for name, forward in ways.items():
+        for _ in range(2):  # the second step is measured (buffers sized, cuDNN plans made)
+            mod.zero_grad(set_to_none=True)
+            x.grad = None
+            torch.cuda.synchronize()
+            start = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            y = forward()
+            torch.cuda.synchronize()
+            held = torch.cuda.memory_allocated() - start
+            y.backward(dy)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - start
+        got = [y.detach(), x.grad] + [p.grad for p in mod.parameters()]
+        if results is None:
+            results = [t.clone() for t in got]
+        out[name] = {"held_after_forward_bytes": held, "peak_bytes_above_start": peak,
+                     "bitwise_equal_to_plain": all(torch.equal(a, b) for a, b in zip(results, got))}
+        del y, got
+    return {"seq": seq, "form": "laga", **out}
 
 
 class SdpaMLA(torch.nn.Module):
@@ -389,6 +430,12 @@ def main():
         doc.setdefault("cuda_graph", []).append(g)
         print("cuda graph:", json.dumps(g), flush=True)
         torch.cuda.empty_cache()
+    try:
+        doc["saved_tensor_hooks"] = hooks_check(args, 4096)
+    except Exception as e:  # noqa: BLE001
+        doc["saved_tensor_hooks"] = {"error": repr(e)[:2000]}
+    print("saved-tensor hooks:", json.dumps(doc["saved_tensor_hooks"]), flush=True)
+    torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     # Last: a process group set up before the timings slowed PyTorch's attention peer threefold there.
