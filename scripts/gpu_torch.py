@@ -15,9 +15,11 @@
    alternating rounds of back-to-back steps in this process (the same clocks for both): the module's own cost;
 4. cuda_graph: the module's step (LAGA, S = 4096) captured in a CUDA graph and replayed, against an eager step:
    the same bits, and the replay's time over the eager step's;
-5. saved_tensor_hooks: the module's step (LAGA, S = 4096) under activation checkpointing (non-reentrant) and under
+5. autocast: the module with float32 parameters under torch.autocast(bfloat16) (S = 4096) against a bfloat16
+   module on the rounded parameters: the same bits, and both steps' times;
+6. saved_tensor_hooks: the module's step (LAGA, S = 4096) under activation checkpointing (non-reentrant) and under
    save_on_cpu against the plain step: the same bits, and the device memory its forward leaves allocated;
-6. nccl_group: the module over a one-rank NCCL process group against the module without one.
+7. nccl_group: the module over a one-rank NCCL process group against the module without one.
 
     python3 scripts/gpu_torch.py --cli build/laga --out torch_gpu.json [--seqs 4096,16384] [--model deepseek-v3]
 """
@@ -186,6 +188,45 @@ def hooks_check(args, seq):
                      "bitwise_equal_to_plain": all(torch.equal(a, b) for a, b in zip(results, got))}
         del y, got
     return {"seq": seq, "form": "laga", **out}
+
+
+def autocast_check(args, seq, reps=10):
+    """The module with float32 parameters under torch.autocast(bfloat16) against the same module in bfloat16 on
+    the rounded parameters: output, input gradient and every parameter gradient bitwise (the bfloat16 module's
+    rounded up to float32), and both steps' times (events, alternating, median: the casts' cost)."""
+    torch.manual_seed(0)
+    wide = lt.MultiheadLatentAttention(args.model, form="laga", dtype=torch.float32, device="cuda")
+    narrow = lt.MultiheadLatentAttention(args.model, form="laga", dtype=torch.bfloat16, device="cuda")
+    narrow.load_state_dict({k: v.to(torch.bfloat16) for k, v in wide.state_dict().items()})
+    x, dy, narrow_step = module_inputs(narrow, seq, narrow.config["hidden_size"])
+
+    def wide_step():
+        wide.zero_grad(set_to_none=True)
+        x.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = wide(x)
+        y.backward(dy)
+        return y
+
+    y_wide = wide_step()
+    got = [y_wide.detach(), x.grad.clone()] + [p.grad for p in wide.parameters()]
+    narrow.zero_grad(set_to_none=True)
+    x.grad = None
+    y_narrow = narrow(x)
+    y_narrow.backward(dy)
+    want = [y_narrow.detach(), x.grad] + [p.grad.float() for p in narrow.parameters()]
+    same = all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want))
+    times = {"autocast_float32_params": [], "bfloat16_params": []}
+    for _ in range(reps):
+        for name, run in (("autocast_float32_params", wide_step), ("bfloat16_params", narrow_step)):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run()
+            b.record()
+            torch.cuda.synchronize()
+            times[name].append(a.elapsed_time(b))
+    return {"seq": seq, "form": "laga", "output_dtype": str(y_wide.dtype), "bitwise_equal": same,
+            **{f"{k}_ms_median": statistics.median(v) for k, v in times.items()}}
 
 
 class SdpaMLA(torch.nn.Module):
@@ -430,6 +471,12 @@ def main():
         doc.setdefault("cuda_graph", []).append(g)
         print("cuda graph:", json.dumps(g), flush=True)
         torch.cuda.empty_cache()
+    try:
+        doc["autocast"] = autocast_check(args, 4096)
+    except Exception as e:  # noqa: BLE001
+        doc["autocast"] = {"error": repr(e)[:2000]}
+    print("autocast:", json.dumps(doc["autocast"]), flush=True)
+    torch.cuda.empty_cache()
     try:
         doc["saved_tensor_hooks"] = hooks_check(args, 4096)
     except Exception as e:  # noqa: BLE001

@@ -47,13 +47,20 @@ class _LatentAttention(torch.autograd.Function):
     """laga's forward and backward (torch.ops.laga.mla_forward / mla_backward) on the Hugging Face parameters
     as they are: the block reads them in place and writes their gradients in their layout.
 
+    ``dtype``: None, or the dtype to compute in where it is not the parameters' (torch.autocast): x and the
+    parameters are cast to it here, and dx and the gradients cast back to theirs (main_grad takes the sums in its
+    own dtype).
+
     What forward keeps for backward: by default laga holds it and frees each tensor as soon as its backward no
     longer needs it. Under saved-tensor hooks (activation checkpointing, offloading) laga hands it to autograd
     instead (save_for_backward), so that the hooks can drop, recompute or move it like any other saved tensor,
     and backward takes back what they return."""
 
     @staticmethod
-    def forward(ctx, module, x, *params):
+    def forward(ctx, module, x, dtype, *params):
+        ctx.x_dtype, ctx.param_dtypes = x.dtype, [p.dtype for p in params]
+        if dtype is not None:
+            x, params = x.to(dtype), [p.to(dtype) for p in params]
         expose = _saved_tensors_hooks_active()
         y, saved, kept = torch.ops.laga.mla_forward(module._block, x, list(params), expose)
         ctx.module = module
@@ -67,25 +74,30 @@ class _LatentAttention(torch.autograd.Function):
     def backward(ctx, dy):
         x, *rest = ctx.saved_tensors
         params, kept = rest[:ctx.n_params], [t.contiguous() for t in rest[ctx.n_params:]]
+        # main_grad and the flags live on the module's parameters (autograd may hand back copies: the casts under
+        # autocast, detached ones under activation checkpointing).
+        owners = ctx.module._hf_params()
         retain = ctx.module.retain_saved
         fused = ctx.module.fuse_wgrad_accumulation
-        main_grads = [p.main_grad for p in params] if fused else []
-        dx, grads = torch.ops.laga.mla_backward(ctx.saved, dy.contiguous(), x, list(params), main_grads, retain, kept)
+        main_grads = [p.main_grad for p in owners] if fused else []
+        dy = dy.to(x.dtype).contiguous()
+        dx, grads = torch.ops.laga.mla_backward(ctx.saved, dy, x, list(params), main_grads, retain, kept)
+        dx = dx.to(ctx.x_dtype)
         if not retain:
             ctx.saved = None
-        if not fused:
-            return (None, dx, *grads)  # in the parameters' dtype, written there by the block
+        if not fused:  # in the parameters' dtype, written there by the block (or cast to it)
+            return (None, dx, None, *(g.to(t) for g, t in zip(grads, ctx.param_dtypes)))
         # The gradients went into main_grad. As TransformerEngine does for Megatron-Core's DDP, whose hooks
         # fire when a gradient reaches the parameter: flag the parameter and hand autograd a placeholder.
         out = []
-        for p in params:
+        for p in owners:
             if hasattr(p, "grad_added_to_main_grad"):
                 p.grad_added_to_main_grad = True
                 zero = getattr(p, "zero_out_wgrad", False)
                 out.append(torch.zeros_like(p) if zero else torch.empty_like(p))
             else:
                 out.append(None)
-        return (None, dx, *out)
+        return (None, dx, None, *out)
 
 
 class MultiheadLatentAttention(nn.Module):
@@ -126,7 +138,10 @@ class MultiheadLatentAttention(nn.Module):
     peaks, traffic, FLOPs; seconds with timing=True). Under ``torch.compile`` the block runs eagerly between the
     compiled graphs (its forward is excluded from tracing: one graph break). Under saved-tensor hooks
     (``torch.utils.checkpoint(..., use_reentrant=False)``, ``torch.autograd.graph.save_on_cpu``) what forward
-    keeps goes through autograd's ``save_for_backward``, so the hooks drop, recompute or move it.
+    keeps goes through autograd's ``save_for_backward``, so the hooks drop, recompute or move it. Under
+    ``torch.autocast(device_type="cuda", dtype=torch.bfloat16)`` the block computes in bfloat16 whatever the
+    parameters' dtype (the gradients come back in theirs); other autocast dtypes are refused; CPU autocast leaves
+    the parameters' dtype.
     """
 
     def __init__(self, config, form="laga", layout="a2a", kernel="fused", recompute=None, group=None,
@@ -211,7 +226,19 @@ class MultiheadLatentAttention(nn.Module):
                "the input's dtype must be the parameters' (float32, float64 or bfloat16)",
                "the input and the parameters must be on one device (CPU and CUDA tensors mixed)",
                "the group's backend cannot run collectives on the input's device (gloo: CPU, NCCL: CUDA)",
-               "fuse_wgrad_accumulation needs every parameter's main_grad (its shape, device and dtype or float32)")
+               "fuse_wgrad_accumulation needs every parameter's main_grad (its shape, device and dtype or float32)",
+               "torch.autocast's dtype must be bfloat16 (laga computes in float32, float64 or bfloat16)")
+
+    def _compute_dtype(self, x):
+        """The dtype laga computes in: the parameters', or under torch.autocast on CUDA its dtype (bfloat16; any
+        other is _local_check's to refuse). On the CPU autocast leaves the block in the parameters' dtype: laga's
+        CPU backend computes in float32 or float64 only (autocast's rule for an op it has no lower-precision
+        kernel for)."""
+        return torch.get_autocast_dtype("cuda") if self._autocast(x) else self.kv_a_layernorm.weight.dtype
+
+    @staticmethod
+    def _autocast(x):
+        return isinstance(x, torch.Tensor) and x.device.type == "cuda" and torch.is_autocast_enabled("cuda")
 
     def _local_check(self, x):
         p = self.kv_a_layernorm.weight
@@ -219,9 +246,13 @@ class MultiheadLatentAttention(nn.Module):
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.size(2) != d or x.size(1) < 1 or x.size(0) < 1:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             return 1, f"hidden_states has shape {shape}: expected [batch, s_local, hidden_size = {d}]"
-        if x.dtype not in _DTYPES or x.dtype != p.dtype:
+        dtype = self._compute_dtype(x)
+        if dtype not in _DTYPES:
+            return 6, (f"torch.autocast(dtype={dtype}) is in force: laga computes in float32, float64 or "
+                       "bfloat16; use torch.autocast(device_type='cuda', dtype=torch.bfloat16)")
+        if x.dtype not in _DTYPES or (not self._autocast(x) and x.dtype != p.dtype):
             return 2, (f"hidden_states is {x.dtype} but the parameters are {p.dtype}: one dtype, float32, "
-                       "float64 or bfloat16")
+                       "float64 or bfloat16 (under torch.autocast on CUDA: any of them, cast to bfloat16)")
         if any(t.device != x.device for t in self._hf_params()):
             return 3, (f"hidden_states is on {x.device} but a parameter is on "
                        f"{next(t.device for t in self._hf_params() if t.device != x.device)}: CPU and CUDA "
@@ -250,7 +281,7 @@ class MultiheadLatentAttention(nn.Module):
                 raise ValueError(message)
             return
         shape = tuple(x.shape) if code == 0 or code > 1 else (0, 0, 0)
-        mine = torch.tensor([code, shape[0], shape[1], _DTYPES.index(x.dtype) if code == 0 else -1],
+        mine = torch.tensor([code, shape[0], shape[1], _DTYPES.index(self._compute_dtype(x)) if code == 0 else -1],
                             dtype=torch.int64)
         every = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(every, mine, group=self._agree_group)
@@ -265,7 +296,7 @@ class MultiheadLatentAttention(nn.Module):
         if len(chunks) > 1:
             table = ", ".join(f"rank {r}: batch {e[1]}, s_local {e[2]}, {_DTYPES[e[3]]}" for r, e in enumerate(every))
             raise ValueError(f"the ranks' inputs differ ({table}): every rank must hold a chunk of the same "
-                             "batch, length and dtype")
+                             "batch, length and dtype (the dtype laga computes in: autocast's or the parameters')")
 
     # Under torch.compile the block runs eagerly between the compiled graphs (one graph break, as at
     # TransformerEngine's modules): its checks, collectives and kernels are laga's own, not traced.
@@ -274,7 +305,10 @@ class MultiheadLatentAttention(nn.Module):
         code, message = self._local_check(hidden_states)
         self._agree(hidden_states, code, message)
         x = hidden_states.transpose(0, 1).contiguous()  # [s, batch, d]: a view when batch is 1
-        y = _LatentAttention.apply(self, x, *self._hf_params())
+        params = self._hf_params()
+        dtype = self._compute_dtype(x)
+        cast = dtype if any(t.dtype != dtype for t in [x, *params]) else None
+        y = _LatentAttention.apply(self, x, cast, *params)
         return y.transpose(0, 1)
 
     def reduce_gradients(self):

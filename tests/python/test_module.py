@@ -11,6 +11,7 @@ import numpy as np
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 import laga
 import laga.torch as lt
@@ -60,11 +61,14 @@ def test_overlap_and_provider_keep_results_bitwise(case):
             assert torch.equal(got["laga"][k], v), (options, k)
 
 
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])
 @pytest.mark.parametrize("case", [c for c in every_case() if c[2] == "fused"],
                          ids=lambda c: f"{c[0][0]}-{c[0][1] or 'none'}-{c[0][2]}-{c[1]}")
-def test_fuse_wgrad_accumulation_adds_to_main_grad(case):
+def test_fuse_wgrad_accumulation_adds_to_main_grad(case, checkpointed):
     # Megatron-style gradient-accumulation fusion: two steps add 2 g to what main_grad held; .grad stays None,
-    # or is a placeholder where the parameter carries grad_added_to_main_grad (then set to True).
+    # or is a placeholder where the parameter carries grad_added_to_main_grad (then set to True). Under
+    # activation checkpointing autograd hands backward detached copies of the parameters: main_grad and the
+    # flags are the module's parameters' still.
     cfg, dtype = configs()["tiny"], torch.float64
     base, _ = run_pair(cfg, case, dtype)
     (form, recompute, absorbed), layout, kernel = case
@@ -81,7 +85,8 @@ def test_fuse_wgrad_accumulation_adds_to_main_grad(case):
     dy = seeded((2, 16, cfg["hidden_size"]), 207, dtype)
     for step in (1, 2):
         xi = x.clone().requires_grad_(True)
-        (mod(xi) * dy).sum().backward()
+        y = torch.utils.checkpoint.checkpoint(mod, xi, use_reentrant=False) if checkpointed else mod(xi)
+        (y * dy).sum().backward()
         assert rel_error(xi.grad, base["laga"]["dx"]) <= 1e-12
     for name, p in mod.named_parameters():
         assert rel_error(p.main_grad - 1, 2 * base["laga"][name]) <= 1e-12, name
@@ -105,7 +110,7 @@ def test_gradcheck_float64():
         with torch.no_grad():
             for p, v in zip(params, ps):
                 p.copy_(v)
-        return lt._LatentAttention.apply(mod, x.transpose(0, 1).contiguous(), *ps)
+        return lt._LatentAttention.apply(mod, x.transpose(0, 1).contiguous(), None, *ps)
 
     inputs = (x,) + tuple(p.detach().clone().requires_grad_(True) for p in params)
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
@@ -167,6 +172,44 @@ def test_activation_checkpointing(reentrant):
     got = grads_of(mod, x, dy, lambda m, xi: torch.utils.checkpoint.checkpoint(m, xi, use_reentrant=reentrant))
     for k, v in base.items():
         assert torch.equal(got[k], v), k
+
+
+def test_computes_in_another_dtype_and_casts_back():
+    """The path torch.autocast takes on CUDA (the parameters and x cast to the compute dtype inside the
+    autograd function, dx and the gradients cast back), run here with float64 parameters computed in float32:
+    the same bits as a float32 module on the rounded parameters, its gradients rounded back."""
+    cfg = configs()["tiny"]
+    ref = ReferenceDeepseekV3Attention(cfg, dtype=torch.float64)
+    init_reference(ref, 8)
+    wide = lt.MultiheadLatentAttention(cfg, dtype=torch.float64)
+    wide.load_state_dict(ref.state_dict())
+    narrow = lt.MultiheadLatentAttention(cfg, dtype=torch.float32)
+    narrow.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
+    x = seeded((2, 16, cfg["hidden_size"]), 9, torch.float64)
+    dy = seeded((2, 16, cfg["hidden_size"]), 10, torch.float32)
+    base = grads_of(narrow, x.float(), dy)
+    xi = x.clone().requires_grad_(True)
+    y = lt._LatentAttention.apply(wide, xi.transpose(0, 1).contiguous(), torch.float32, *wide._hf_params())
+    y = y.transpose(0, 1)
+    assert y.dtype == torch.float32 and torch.equal(y.detach(), base["y"])
+    (y * dy).sum().backward()
+    assert xi.grad.dtype == torch.float64 and torch.equal(xi.grad, base["dx"].double())
+    for k, p in wide.named_parameters():
+        assert p.grad.dtype == torch.float64 and torch.equal(p.grad, base[k].double()), k
+
+
+def test_cpu_autocast_leaves_the_parameters_dtype():
+    """torch.autocast on the CPU: laga's CPU backend has no bfloat16 kernels, so the block runs in the
+    parameters' dtype, the same bits as without autocast (autocast's rule for an op it does not cover)."""
+    cfg = configs()["tiny"]
+    mod = lt.MultiheadLatentAttention(cfg, dtype=torch.float32)
+    x = seeded((2, 16, cfg["hidden_size"]), 11, torch.float32)
+    dy = seeded((2, 16, cfg["hidden_size"]), 12, torch.float32)
+    base = grads_of(mod, x, dy)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = grads_of(mod, x, dy)
+    for k, v in base.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
 
 
 def test_inside_torch_compile():
