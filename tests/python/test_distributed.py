@@ -1,5 +1,5 @@
 """The torchrun suites (gloo, CPU): every form x layout x kernel at 1, 2 and 4 ranks against the reference,
-and bad input refused on every rank without a hang."""
+FSDP2 with sequence parallelism, and bad input refused on every rank without a hang."""
 
 import os
 import subprocess
@@ -25,6 +25,15 @@ def test_every_case_matches_reference(nproc):
     print(out)
     assert rc == 0, out[-4000:]
     assert "100 passed, 0 failed" in out  # 2 configurations x 2 dtypes x 25 cases (p2p: explicit, laga)
+
+
+def test_fsdp2_with_sequence_parallelism():
+    """FSDP2 (fully_shard) over a (dp = 2, sp = 2) grid, laga's group the sp ranks: gradients and outputs against
+    the single-process reference (dist_fsdp.py)."""
+    rc, out = torchrun(4, "dist_fsdp.py", timeout=300)
+    print(out)
+    assert rc == 0, out[-4000:]
+    assert "(passed)" in out
 
 
 def test_bad_input_refused_on_every_rank():
