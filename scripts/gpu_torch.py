@@ -105,6 +105,21 @@ def nccl_group_check(args, seq=1024):
     return {"seq": seq, "bitwise_equal": same, "collectives": [t["collective"] for t in out["nccl"][1]]}
 
 
+def alternating_ms(runs, reps):
+    """Each callable of `runs` (name -> run) timed by CUDA events `reps` times, the runs taking turns (the same
+    clocks for all): the median milliseconds per name."""
+    times = {name: [] for name in runs}
+    for _ in range(reps):
+        for name, run in runs.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run()
+            b.record()
+            torch.cuda.synchronize()
+            times[name].append(a.elapsed_time(b))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def graph_check(args, seq, reps=20):
     """The module's training step (LAGA, forward and backward) captured in a CUDA graph as PyTorch's whole-network
     capture does it (warm-up steps on a side stream, then torch.cuda.graph on its own stream) and replayed: the
@@ -138,16 +153,8 @@ def graph_check(args, seq, reps=20):
     torch.cuda.synchronize()
     got = [y_static.detach(), x.grad] + [p.grad for p in mod.parameters()]
     same = all(torch.equal(a, b) for a, b in zip(eager, got))
-    times = {"eager": [], "replay": []}
-    for _ in range(reps):
-        for name, run in (("eager", step), ("replay", graph.replay)):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            run()
-            b.record()
-            torch.cuda.synchronize()
-            times[name].append(a.elapsed_time(b))
-    eager_ms, replay_ms = statistics.median(times["eager"]), statistics.median(times["replay"])
+    times = alternating_ms({"eager": step, "replay": graph.replay}, reps)
+    eager_ms, replay_ms = times["eager"], times["replay"]
     return {"seq": seq, "form": "laga", "bitwise_equal": same, "eager_ms_median": eager_ms,
             "replay_ms_median": replay_ms, "replay_over_eager": replay_ms / eager_ms}
 
@@ -216,17 +223,9 @@ def autocast_check(args, seq, reps=10):
     y_narrow.backward(dy)
     want = [y_narrow.detach(), x.grad] + [p.grad.float() for p in narrow.parameters()]
     same = all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want))
-    times = {"autocast_float32_params": [], "bfloat16_params": []}
-    for _ in range(reps):
-        for name, run in (("autocast_float32_params", wide_step), ("bfloat16_params", narrow_step)):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            run()
-            b.record()
-            torch.cuda.synchronize()
-            times[name].append(a.elapsed_time(b))
+    times = alternating_ms({"autocast_float32_params": wide_step, "bfloat16_params": narrow_step}, reps)
     return {"seq": seq, "form": "laga", "output_dtype": str(y_wide.dtype), "bitwise_equal": same,
-            **{f"{k}_ms_median": statistics.median(v) for k, v in times.items()}}
+            **{f"{k}_ms_median": v for k, v in times.items()}}
 
 
 class SdpaMLA(torch.nn.Module):
