@@ -83,7 +83,7 @@ class _LatentAttention(torch.autograd.Function):
         dy = dy.to(x.dtype).contiguous()
         dx, grads = torch.ops.laga.mla_backward(ctx.saved, dy, x, list(params), main_grads, retain, kept)
         dx = dx.to(ctx.x_dtype)
-        if not retain:
+        if not retain and not kept:  # laga's own saved tensors are gone (autograd's stay its to keep or free)
             ctx.saved = None
         if not fused:  # in the parameters' dtype, written there by the block (or cast to it)
             return (None, dx, None, *(g.to(t) for g, t in zip(grads, ctx.param_dtypes)))
