@@ -161,6 +161,22 @@ def test_saved_tensors_go_through_hooks(case):
         assert torch.equal(got[k], v), k
 
 
+def test_saved_tensors_hooks_and_retain_graph():
+    """Under saved-tensor hooks autograd owns what forward kept: a second backward through a retained graph runs
+    (and adds the same gradient again), without retain_graph autograd refuses it."""
+    cfg = configs()["tiny"]
+    mod = lt.MultiheadLatentAttention(cfg, dtype=torch.float64)
+    x = seeded((2, 16, cfg["hidden_size"]), 1, torch.float64).requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        y = mod(x)
+    y.sum().backward(retain_graph=True)
+    once = x.grad.clone()
+    y.sum().backward()
+    assert torch.equal(x.grad, 2 * once)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.sum().backward()
+
+
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
 def test_activation_checkpointing(reentrant):
     """torch.utils.checkpoint around the module: forward again in backward, the same bits as without it."""
