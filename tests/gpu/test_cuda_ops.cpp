@@ -19,6 +19,33 @@ namespace {
 
 const DType kDtypes[] = {DType::F32, DType::BF16};
 
+// One case of an op's table in one dtype: a TEST_P's parameter, named "<case>_<dtype>".
+template <class Case>
+struct InDtype {
+  Case c;
+  DType dtype;
+};
+template <class Case>
+std::string in_dtype_name(const InDtype<Case>& p) {
+  return std::string(p.c.name) + "_" + dtype_tag(p.dtype);
+}
+template <class Case>
+void PrintTo(const InDtype<Case>& p, std::ostream* os) {
+  *os << in_dtype_name(p);
+}
+template <class Case>
+std::string in_dtype_test_name(const ::testing::TestParamInfo<InDtype<Case>>& i) {
+  return in_dtype_name(i.param);
+}
+// Every case in every dtype.
+template <class Case, std::size_t N, std::size_t M>
+std::vector<InDtype<Case>> in_dtypes(const Case (&cases)[N], const DType (&dtypes)[M]) {
+  std::vector<InDtype<Case>> out;
+  for (const Case& c : cases)
+    for (DType t : dtypes) out.push_back({c, t});
+  return out;
+}
+
 // ================================================================ GEMM
 
 enum class BatchMode { normal, broadcast_a, broadcast_b, interleaved };
@@ -47,20 +74,7 @@ const GemmCase kGemmCases[] = {
     {"k_zero_scales_c", Trans::No, Trans::No, 5, 7, 0, 2, 1, BatchMode::normal, 1.0, 0.5},
 };
 
-struct GemmParam {
-  GemmCase c;
-  DType dtype;
-};
-void PrintTo(const GemmParam& p, std::ostream* os) { *os << p.c.name << "_" << dtype_tag(p.dtype); }
-std::string gemm_name(const ::testing::TestParamInfo<GemmParam>& i) {
-  return std::string(i.param.c.name) + "_" + dtype_tag(i.param.dtype);
-}
-std::vector<GemmParam> gemm_params() {
-  std::vector<GemmParam> out;
-  for (const auto& c : kGemmCases)
-    for (DType t : kDtypes) out.push_back({c, t});
-  return out;
-}
+using GemmParam = InDtype<GemmCase>;
 
 class CudaGemm : public ::testing::TestWithParam<GemmParam> {};
 
@@ -123,7 +137,8 @@ TEST_P(CudaGemm, MatchesCpuFloat64) {
   expect_output("c", dt, out.download(*be.gpu), ref, view, op_tolerance(dt));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, CudaGemm, ::testing::ValuesIn(gemm_params()), gemm_name);
+INSTANTIATE_TEST_SUITE_P(Ops, CudaGemm, ::testing::ValuesIn(in_dtypes(kGemmCases, kDtypes)),
+                         in_dtype_test_name<GemmCase>);
 
 TEST(CudaGemmChecks, RejectsFloat64AndBadLeadingDimension) {
   LAGA_REQUIRE_GPU();
@@ -168,17 +183,8 @@ const CopyCase kCopyCases[] = {
     {"sum_over_one", 1, 7, 9, false, true, CopyMode::Sum},
 };
 
-struct CopyParam {
-  CopyCase c;
-  DType dtype;
-};
-void PrintTo(const CopyParam& p, std::ostream* os) { *os << p.c.name << "_" << dtype_tag(p.dtype); }
-std::vector<CopyParam> copy_params() {
-  std::vector<CopyParam> out;
-  for (const auto& c : kCopyCases)
-    for (DType t : {DType::F32, DType::BF16, DType::F64}) out.push_back({c, t});
-  return out;
-}
+using CopyParam = InDtype<CopyCase>;
+const DType kCopyDtypes[] = {DType::F32, DType::BF16, DType::F64};
 
 class CudaCopy : public ::testing::TestWithParam<CopyParam> {};
 
@@ -218,10 +224,8 @@ TEST_P(CudaCopy, MatchesCpuFloat64) {
   expect_output("dst", dt, dst.download(*be.gpu), ref, view, dt == DType::F64 ? 0.0 : op_tolerance(dt));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, CudaCopy, ::testing::ValuesIn(copy_params()),
-                         [](const ::testing::TestParamInfo<CopyParam>& i) {
-                           return std::string(i.param.c.name) + "_" + dtype_tag(i.param.dtype);
-                         });
+INSTANTIATE_TEST_SUITE_P(Ops, CudaCopy, ::testing::ValuesIn(in_dtypes(kCopyCases, kCopyDtypes)),
+                         in_dtype_test_name<CopyCase>);
 
 // gather_result() hands host buffers to the single-rank communicator, which copies them with Backend::copy.
 TEST(CudaCopyHost, AssignBetweenHostAndDeviceBuffers) {
@@ -323,17 +327,7 @@ const NormCase kNormCases[] = {
     {"deepseek_rows_warp_per_row", 203, 1536, 8, 0, 16, 8},
     {"latent_rows_warp_per_row", 45, 512, 64, 8, 0, 0},
 };
-struct NormParam {
-  NormCase c;
-  DType dtype;
-};
-void PrintTo(const NormParam& p, std::ostream* os) { *os << p.c.name << "_" << dtype_tag(p.dtype); }
-std::vector<NormParam> norm_params() {
-  std::vector<NormParam> out;
-  for (const auto& c : kNormCases)
-    for (DType t : kDtypes) out.push_back({c, t});
-  return out;
-}
+using NormParam = InDtype<NormCase>;
 
 class CudaRmsNorm : public ::testing::TestWithParam<NormParam> {};
 
@@ -380,10 +374,8 @@ TEST_P(CudaRmsNorm, ForwardAndBackwardMatchCpuFloat64) {
   expect_output("dgamma", dt, dgamma.download(*be.gpu), dgamma_ref, g_view, op_tolerance(dt));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, CudaRmsNorm, ::testing::ValuesIn(norm_params()),
-                         [](const ::testing::TestParamInfo<NormParam>& i) {
-                           return std::string(i.param.c.name) + "_" + dtype_tag(i.param.dtype);
-                         });
+INSTANTIATE_TEST_SUITE_P(Ops, CudaRmsNorm, ::testing::ValuesIn(in_dtypes(kNormCases, kDtypes)),
+                         in_dtype_test_name<NormCase>);
 
 // ================================================================ RoPE
 
@@ -399,17 +391,7 @@ const RopeCase kRopeCases[] = {
     {"far_positions", 20, 1, 2, 64, 100000, 0.9},
     {"wide_heads_many", 9, 1, 19, 192, 7, 1.0},
 };
-struct RopeParam {
-  RopeCase c;
-  DType dtype;
-};
-void PrintTo(const RopeParam& p, std::ostream* os) { *os << p.c.name << "_" << dtype_tag(p.dtype); }
-std::vector<RopeParam> rope_params() {
-  std::vector<RopeParam> out;
-  for (const auto& c : kRopeCases)
-    for (DType t : kDtypes) out.push_back({c, t});
-  return out;
-}
+using RopeParam = InDtype<RopeCase>;
 
 // RoPE's frequencies for a rotary dim at theta = 10000: 10000^(-2i/dim), i < dim/2.
 std::vector<double> rope_inv_freq(i64 dim) {
@@ -500,10 +482,8 @@ TEST_P(CudaRope, InPlaceMatchesCpuFloat64) {
   expect_output("x", dt, x.download(*be.gpu), ref, view, 2 * op_tolerance(dt));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, CudaRope, ::testing::ValuesIn(rope_params()),
-                         [](const ::testing::TestParamInfo<RopeParam>& i) {
-                           return std::string(i.param.c.name) + "_" + dtype_tag(i.param.dtype);
-                         });
+INSTANTIATE_TEST_SUITE_P(Ops, CudaRope, ::testing::ValuesIn(in_dtypes(kRopeCases, kDtypes)),
+                         in_dtype_test_name<RopeCase>);
 
 // RoPE with the all-to-all's buffer of one chunk per group of heads on one side (the block's queries under a2a):
 // rows of `heads` heads of width w = 24 + dim in the local layout, the last dim columns of each rotated. With
