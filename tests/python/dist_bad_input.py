@@ -37,6 +37,15 @@ def main():
     results.append(expect_error("wrong dtype on rank 1",
                                 lambda: mod(torch.zeros(1, 8, d, dtype=torch.float64 if rank == 1 else torch.float32)),
                                 "parameters are torch.float32" if rank == 1 else "rank(s) [1] refused"))
+    # Rank 1 alone computes in a dtype laga has no kernels for, as under torch.autocast(dtype=torch.float16) on
+    # CUDA (the autocast state stood in for: this suite runs on CPU ranks, where autocast leaves the parameters'
+    # dtype).
+    if rank == 1:
+        mod._compute_dtype = lambda x: torch.float16
+    results.append(expect_error("autocast float16 on rank 1", lambda: mod(torch.zeros(1, 8, d)),
+                                "torch.autocast(dtype=torch.float16)" if rank == 1 else "rank(s) [1] refused"))
+    if rank == 1:
+        del mod._compute_dtype
     # The ranks' chunks differ in length.
     results.append(expect_error("chunks differ", lambda: mod(torch.zeros(1, 8 + rank, d)), "the ranks' inputs differ"))
     # Heads not divisible by the group size in a2a: refused at construction, on every rank.

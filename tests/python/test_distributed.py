@@ -40,7 +40,7 @@ def test_bad_input_refused_on_every_rank():
     rc, out = torchrun(2, "dist_bad_input.py", timeout=300)
     print(out)
     assert rc == 0, out[-4000:]
-    assert out.count("5 passed, 0 failed") == 2
+    assert out.count("6 passed, 0 failed") == 2
 
 
 @pytest.mark.parametrize("extra", [[], ["--compile"], ["--checkpoint"]], ids=["eager", "compiled", "checkpointed"])
