@@ -171,27 +171,6 @@ __device__ __forceinline__ void warp_mma_ra(float (&acc)[MT][NT][4], const u32 (
 // ---------------------------------------------------------------- warpgroup GEMMs (wgmma)
 // Issued, committed and waited for in place (the accumulators are ready on return). Warp w of the group holds
 // rows 64 mt + 16 (w % 4).. of each m64 tile in the mma.sync C layout. Every tile is in the swz_k64 layout.
-template <int N, int kScaleB = 1>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t da, std::uint64_t db, int accumulate) {
-  static_assert(N == 32 || N == 64 || N == 128, "wgmma SS shapes in use: n32, n64, n128");
-  static_assert(kScaleB == 1 || N == 64, "a negated B in use at n64 only");
-  if constexpr (N == 32)
-    wgmma_m64n32k16(d, da, db, accumulate);
-  else if constexpr (N == 64)
-    wgmma_m64n64k16<kScaleB>(d, da, db, accumulate);
-  else
-    wgmma_m64n128k16(d, da, db, accumulate);
-}
-template <int N>
-__device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 8][4], const u32 (&a)[4], std::uint64_t db, int accumulate) {
-  static_assert(N == 128 || N == 192 || N == 256, "wgmma RS shapes in use: n128, n192, n256");
-  if constexpr (N == 128)
-    wgmma_m64n128k16_rs_tb(d, a, db, accumulate);
-  else if constexpr (N == 192)
-    wgmma_m64n192k16_rs_tb(d, a, db, accumulate);
-  else
-    wgmma_m64n256k16_rs_tb(d, a, db, accumulate);
-}
 template <int NT>
 __device__ __forceinline__ void reg_fence_all(float (&acc)[NT][4]) {
 #pragma unroll
@@ -203,21 +182,6 @@ __device__ __forceinline__ void reg_fence_all(float (&acc)[MT][NT][4]) {
   for (int mt = 0; mt < MT; ++mt) reg_fence_all(acc[mt]);
 }
 
-template <int N>
-__device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 8][4], std::uint64_t da, std::uint64_t db, int accumulate) {
-  static_assert(N == 32 || N == 64 || N == 128 || N == 192 || N == 256,
-                "wgmma SS transposed-B shapes in use: n32, n64, n128, n192, n256");
-  if constexpr (N == 32)
-    wgmma_m64n32k16_ss_tb(d, da, db, accumulate);
-  else if constexpr (N == 64)
-    wgmma_m64n64k16_ss_tb(d, da, db, accumulate);
-  else if constexpr (N == 128)
-    wgmma_m64n128k16_ss_tb(d, da, db, accumulate);
-  else if constexpr (N == 192)
-    wgmma_m64n192k16_ss_tb(d, da, db, accumulate);
-  else
-    wgmma_m64n256k16_ss_tb(d, da, db, accumulate);
-}
 // The descriptor of the same operand `bytes` further on (a k step, an m tile, a slab): the start address is the
 // descriptor's low 14 bits in 16-byte units and no shared-memory address reaches their top, so an add to the low
 // word never carries. A wgmma's descriptors then cost an add each rather than the address's mask, shift and merge
@@ -250,7 +214,7 @@ __device__ __forceinline__ void warpgroup_mma_nt_async(float (&acc)[MT][N / 8][4
     const std::uint64_t db = desc_advance(db0, u32((kk / 4) * N * 128 + (kk % 4) * 32));
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
-      wgmma_ss<N, kScaleB>(acc[mt], desc_advance(da0, u32((kk / 4) * kRowsA * 128 + mt * 64 * 128 + (kk % 4) * 32)),
+      wgmma_ss<N, 0, 0, kScaleB>(acc[mt], desc_advance(da0, u32((kk / 4) * kRowsA * 128 + mt * 64 * 128 + (kk % 4) * 32)),
                            db, kFromAcc || kk > 0 ? 1 : 0);
   }
   wgmma_commit();
@@ -299,7 +263,7 @@ __device__ __forceinline__ void warpgroup_mma_ss_tb_async(float (&acc)[MT][N / 8
     const std::uint64_t db = desc_advance(db0, u32(ks * 16 * 128));
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
-      wgmma_ss_tb<N>(acc[mt], desc_advance(da0, u32((ks / 4) * kRowsA * 128 + mt * 64 * 128 + (ks % 4) * 32)), db, 1);
+      wgmma_ss<N, 0, 1>(acc[mt], desc_advance(da0, u32((ks / 4) * kRowsA * 128 + mt * 64 * 128 + (ks % 4) * 32)), db, 1);
   }
   wgmma_commit();
 }
@@ -322,10 +286,7 @@ __device__ __forceinline__ void warpgroup_mma_tt2_n_async(float (&acc)[N / 8][4]
     for (int ks = 0; ks < KS; ++ks) {
       const std::uint64_t da = desc_advance(da0, u32(ks * 16 * 128));
       const std::uint64_t db = desc_advance(db0, u32(ks * 16 * 128));
-      if constexpr (N == 32)
-        wgmma_m64n32k16_ss_tt(acc, da, db, accumulate || ks > 0 ? 1 : 0);
-      else
-        wgmma_m64n64k16_ss_tt(acc, da, db, accumulate || ks > 0 ? 1 : 0);
+      wgmma_ss<N, 1, 1>(acc, da, db, accumulate || ks > 0 ? 1 : 0);
     }
   };
   if constexpr (kBoth) product(s_a1, s_b1, false);

@@ -663,28 +663,27 @@ inline float wgmma_elem(std::uint64_t desc, int row, int k) {
   emu::check_smem(emu::tl_block->smem + phys, 2, 2);
   return bf16_to_float(bf16{smem_b16(phys)});
 }
-template <int N>
-inline void emu_wgmma_ss(float (&d)[N / 8][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate,
-                         int scale_b = 1) {
+// Element (row, k) of an operand's K-major tile, or (kTrans) element (k, row) of its MN-major one.
+template <int kTrans>
+inline float wgmma_operand(std::uint64_t desc, int row, int k);
+template <int kTransA, int kTransB, int N>
+inline void emu_wgmma_ss(float (&d)[N / 8][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate, int scale_b) {
   const int t = int(threadIdx.x) % 128, w = t / 32, lane = t % 32;
   for (int n = 0; n < N / 8; ++n)
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * w + lane / 4 + 8 * (e >> 1), col = 8 * n + 2 * (lane % 4) + (e & 1);
       double acc = 0;
-      for (int k = 0; k < 16; ++k) acc += double(wgmma_elem(desc_a, row, k)) * double(wgmma_elem(desc_b, col, k));
+      for (int k = 0; k < 16; ++k)
+        acc += double(wgmma_operand<kTransA>(desc_a, row, k)) * double(wgmma_operand<kTransB>(desc_b, col, k));
       d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + scale_b * acc);
     }
 }
-template <int kScaleB = 1>
-inline void wgmma_m64n64k16(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int acc) {
+// SS with each operand K-major (0) or MN-major (1), and RS with B transposed, at any N (flash_mma.cuh's names).
+template <int N, int kTransA, int kTransB, int kScaleB = 1>
+inline void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b, int acc) {
+  static_assert((kTransA == 0 || kTransA == 1) && (kTransB == 0 || kTransB == 1), "K-major (0) or MN-major (1)");
   static_assert(kScaleB == 1 || kScaleB == -1, "wgmma's B scale is 1 or -1");
-  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss<64>(d, a, b, acc, kScaleB); });
-}
-inline void wgmma_m64n32k16(float (&d)[4][4], std::uint64_t a, std::uint64_t b, int acc) {
-  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss<32>(d, a, b, acc); });
-}
-inline void wgmma_m64n128k16(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int acc) {
-  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss<128>(d, a, b, acc); });
+  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss<kTransA, kTransB, N>(d, a, b, acc, kScaleB); });
 }
 }  // namespace laga::cuda::flash
 
@@ -701,6 +700,10 @@ inline float wgmma_elem_mn(std::uint64_t desc, int k, int n) {
   const u32 phys = addr ^ (((addr >> 7) & 7u) << 4);
   emu::check_smem(emu::tl_block->smem + phys, 2, 2);
   return bf16_to_float(bf16{smem_b16(phys)});
+}
+template <int kTrans>
+inline float wgmma_operand(std::uint64_t desc, int row, int k) {
+  return kTrans ? wgmma_elem_mn(desc, k, row) : wgmma_elem(desc, row, k);
 }
 template <int N>
 inline void emu_wgmma_rs_tb(float (&d)[N / 8][4], const u32 (&a)[4], std::uint64_t desc_b, int accumulate) {
@@ -726,73 +729,15 @@ inline void emu_wgmma_rs_tb(float (&d)[N / 8][4], const u32 (&a)[4], std::uint64
       d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
     }
 }
-inline void wgmma_m64n128k16_rs_tb(float (&d)[16][4], const u32 (&a)[4], std::uint64_t b, int acc) {
+template <int N>
+inline void wgmma_rs_tb(float (&d)[N / 8][4], const u32 (&a)[4], std::uint64_t b, int acc) {
   wgmma_issue([&d, a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], b, acc] {
     const u32 a[4] = {a0, a1, a2, a3};
-    emu_wgmma_rs_tb<128>(d, a, b, acc);
-  });
-}
-inline void wgmma_m64n192k16_rs_tb(float (&d)[24][4], const u32 (&a)[4], std::uint64_t b, int acc) {
-  wgmma_issue([&d, a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], b, acc] {
-    const u32 a[4] = {a0, a1, a2, a3};
-    emu_wgmma_rs_tb<192>(d, a, b, acc);
-  });
-}
-inline void wgmma_m64n256k16_rs_tb(float (&d)[32][4], const u32 (&a)[4], std::uint64_t b, int acc) {
-  wgmma_issue([&d, a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], b, acc] {
-    const u32 a[4] = {a0, a1, a2, a3};
-    emu_wgmma_rs_tb<256>(d, a, b, acc);
+    emu_wgmma_rs_tb<N>(d, a, b, acc);
   });
 }
 }  // namespace laga::cuda::flash
 
-namespace laga::cuda::flash {
-template <int N>
-inline void emu_wgmma_ss_tb(float (&d)[N / 8][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate) {
-  const int t = int(threadIdx.x) % 128, w = t / 32, lane = t % 32;
-  for (int n = 0; n < N / 8; ++n)
-    for (int e = 0; e < 4; ++e) {
-      const int row = 16 * w + lane / 4 + 8 * (e >> 1), col = 8 * n + 2 * (lane % 4) + (e & 1);
-      double acc = 0;
-      for (int k = 0; k < 16; ++k) acc += double(wgmma_elem(desc_a, row, k)) * double(wgmma_elem_mn(desc_b, k, col));
-      d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
-    }
-}
-inline void wgmma_m64n128k16_ss_tb(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int acc) {
-  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tb<128>(d, a, b, acc); });
-}
-// Both operands MN-major: A element (row m, k) is at (k, m) of its tile.
-template <int N>
-inline void emu_wgmma_ss_tt(float (&d)[N / 8][4], std::uint64_t desc_a, std::uint64_t desc_b, int accumulate) {
-  const int t = int(threadIdx.x) % 128, w = t / 32, lane = t % 32;
-  for (int n = 0; n < N / 8; ++n)
-    for (int e = 0; e < 4; ++e) {
-      const int row = 16 * w + lane / 4 + 8 * (e >> 1), col = 8 * n + 2 * (lane % 4) + (e & 1);
-      double acc = 0;
-      for (int k = 0; k < 16; ++k) acc += double(wgmma_elem_mn(desc_a, k, row)) * double(wgmma_elem_mn(desc_b, k, col));
-      d[n][e] = float((accumulate ? double(d[n][e]) : 0.0) + acc);
-    }
-}
-inline void wgmma_m64n32k16_ss_tt(float (&d)[4][4], std::uint64_t a, std::uint64_t b, int acc) {
-  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tt<32>(d, a, b, acc); });
-}
-inline void wgmma_m64n192k16_ss_tb(float (&d)[24][4], std::uint64_t a, std::uint64_t b, int acc) {
-  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tb<192>(d, a, b, acc); });
-}
-inline void wgmma_m64n32k16_ss_tb(float (&d)[4][4], std::uint64_t a, std::uint64_t b, int acc) {
-  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tb<32>(d, a, b, acc); });
-}
-inline void wgmma_m64n64k16_ss_tb(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int acc) {
-  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tb<64>(d, a, b, acc); });
-}
-// Both operands MN-major at n64.
-inline void wgmma_m64n64k16_ss_tt(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int acc) {
-  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tt<64>(d, a, b, acc); });
-}
-inline void wgmma_m64n256k16_ss_tb(float (&d)[32][4], std::uint64_t a, std::uint64_t b, int acc) {
-  wgmma_issue([&d, a, b, acc] { emu_wgmma_ss_tb<256>(d, a, b, acc); });
-}
-}  // namespace laga::cuda::flash
 namespace laga::cuda::flash {
 inline float lo_bf16(u32 v) { return lo_f(v); }
 inline float hi_bf16(u32 v) { return hi_f(v); }
