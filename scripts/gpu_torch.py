@@ -470,18 +470,13 @@ def main():
         doc.setdefault("cuda_graph", []).append(g)
         print("cuda graph:", json.dumps(g), flush=True)
         torch.cuda.empty_cache()
-    try:
-        doc["autocast"] = autocast_check(args, 4096)
-    except Exception as e:  # noqa: BLE001
-        doc["autocast"] = {"error": repr(e)[:2000]}
-    print("autocast:", json.dumps(doc["autocast"]), flush=True)
-    torch.cuda.empty_cache()
-    try:
-        doc["saved_tensor_hooks"] = hooks_check(args, 4096)
-    except Exception as e:  # noqa: BLE001
-        doc["saved_tensor_hooks"] = {"error": repr(e)[:2000]}
-    print("saved-tensor hooks:", json.dumps(doc["saved_tensor_hooks"]), flush=True)
-    torch.cuda.empty_cache()
+    for key, check_fn in (("autocast", autocast_check), ("saved_tensor_hooks", hooks_check)):
+        try:
+            doc[key] = check_fn(args, 4096)
+        except Exception as e:  # noqa: BLE001  (recorded: a failed check is a finding, not a crash)
+            doc[key] = {"error": repr(e)[:2000]}
+        print(f"{key}:", json.dumps(doc[key]), flush=True)
+        torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     # Last: a process group set up before the timings slowed PyTorch's attention peer threefold there.
