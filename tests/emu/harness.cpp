@@ -162,14 +162,15 @@ std::vector<std::pair<std::string, i64>> run_bwd(const AttentionBwdParams& p, bo
 
 // The warp-specialised backward's grids checked against its default (a block per key block, the launcher's heads at a time):
 // persistent on `blocks` blocks running together (0: a block per key block), dQ in any order or not, the work
-// order's heads at a time (0: the default).
+// order's heads at a time (0: the launcher's; with 20 blocks at work and one row tile a key block, as
+// mha_192_128_head_groups has, it takes 32 heads at a time: its 34 (head, batch) pairs in a group of 32 and one of 2).
 struct BwdGrid {
   int blocks;
   bool any;
   int head_group;
 };
 const std::vector<BwdGrid> kBwdGrids = {{1, false, 0}, {2, false, 0}, {3, false, 0}, {0, false, 1}, {3, false, 2},
-                                        {2, true, 0}};
+                                        {2, true, 0}, {20, false, 0}};
 
 bool run_case(const Case& c) {
   const i64 group = c.q_heads / c.kv_heads;
@@ -267,7 +268,7 @@ bool run_case(const Case& c) {
     dq_any = dq, dk_any = dk, dv_any = dv;
     poison();
   }
-  // The warp-specialised backward's persistent grid on 1, 2 and 3 blocks running together (each walking several
+  // The warp-specialised backward's persistent grid on 1, 2, 3 and 20 blocks running together (each walking several
   // key blocks, the stages' and buffers' phases running on across them, the dQ counters waited for across
   // blocks) and the work order in groups of 1 and 2 heads (kBwdGrids): in the fixed order every grid must give the
   // default's bits; in any order (2 blocks) dK and dV the same bits and dQ within its rounding.
@@ -451,7 +452,7 @@ bool run_case(const Case& c) {
     std::printf("%-34s added in any order: %ld elements whose bits differ from the ordered run\n", "",
                 any_order_bits_differ);
   if (ws_bwd)
-    std::printf("%-34s warp-specialised backward on 1, 2, 3 blocks, 1 and 2 heads at a time%s: %ld of dq, dk, dv "
+    std::printf("%-34s warp-specialised backward on 1, 2, 3, 20 blocks, 1 and 2 heads at a time%s: %ld of dq, dk, dv "
                 "differ from the default; "
                 "in any order on 2: dq %.2e from the ordered run\n",
                 "", bwd_blocks_wrong ? " (NOT the blocks asked)" : "", bwd_blocks_bits_differ, edq_any_blocks.rel());
