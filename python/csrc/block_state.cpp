@@ -162,10 +162,11 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> Saved::backward(const at::Tensor
     for (const Exposed& e : exposed_) {
       const at::Tensor& t = saved[e.index];
       const char* name = laga::saved_name(e.name);
+      const laga::Shape shape(t.sizes().begin(), t.sizes().end());
       LAGA_REQUIRE(t.device() == r.device && t.is_contiguous() && to_laga(t.scalar_type()) == e.dtype &&
-                       laga::Shape(t.sizes().begin(), t.sizes().end()) == e.shape,
+                       shape == e.shape,
                    "saved tensor ", name, " came back as ", c10::toString(t.scalar_type()), " ",
-                   laga::shape_string(laga::Shape(t.sizes().begin(), t.sizes().end())), " on ", t.device().str(),
+                   laga::shape_string(shape), " on ", t.device().str(),
                    ": forward saved a contiguous ", laga::dtype_name(e.dtype), " ", laga::shape_string(e.shape),
                    " on ", r.device.str());
       if (!borrowed[e.index].defined()) borrowed[e.index] = r.borrow->borrow(t, name);

@@ -116,14 +116,19 @@ def test_gradcheck_float64():
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
+def step_results(mod, xi, y, dy):
+    """Backward of (y * dy).sum() from y = mod(xi) (mod's gradients zeroed first): y, dx and every parameter
+    gradient."""
+    mod.zero_grad(set_to_none=True)
+    (y * dy).sum().backward()
+    return {"y": y.detach(), "dx": xi.grad, **{k: p.grad for k, p in mod.named_parameters()}}
+
+
 def grads_of(mod, x, dy, wrap=None):
     """y, dx and every parameter gradient of one step, the module called through `wrap` (a checkpoint) if
     given."""
-    mod.zero_grad(set_to_none=True)
     xi = x.clone().requires_grad_(True)
-    y = wrap(mod, xi) if wrap else mod(xi)
-    (y * dy).sum().backward()
-    return {"y": y.detach(), "dx": xi.grad, **{k: p.grad for k, p in mod.named_parameters()}}
+    return step_results(mod, xi, wrap(mod, xi) if wrap else mod(xi), dy)
 
 
 @pytest.mark.parametrize("case", every_case(), ids=lambda c: f"{c[0][0]}-{c[0][1] or 'none'}-{c[0][2]}-{c[1]}-{c[2]}")
@@ -154,9 +159,7 @@ def test_saved_tensors_go_through_hooks(case):
     gc.collect()
     assert sum(packed) == saved_bytes + xi.numel() * xi.element_size(), (packed, saved_bytes)
     assert sum(r() is not None for r in handed) == 0  # x's copy and laga's tensors: only the hook's copies live
-    mod.zero_grad(set_to_none=True)
-    (y * dy).sum().backward()
-    got = {"y": y.detach(), "dx": xi.grad, **{k: p.grad for k, p in mod.named_parameters()}}
+    got = step_results(mod, xi, y, dy)
     for k, v in base.items():
         assert torch.equal(got[k], v), k
 
