@@ -12,30 +12,32 @@ namespace {
 
 class ProcessGroupCommunicator final : public laga::Communicator {
  public:
-  ProcessGroupCommunicator(c10::intrusive_ptr<c10d::ProcessGroup> pg, c10::Device device)
-      : pg_(std::move(pg)), device_(device) {}
-  int rank() const override { return pg_->getRank(); }
-  int size() const override { return pg_->getSize(); }
+  ProcessGroupCommunicator(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, std::string group_name,
+                           c10::Device device)
+      : group_(pg), group_name_(std::move(group_name)), rank_(pg->getRank()), size_(pg->getSize()),
+        device_(device) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   const char* name() const override { return "torch.distributed"; }
 
   void all_gather(const void* send, void* recv, std::size_t count, laga::DType dt) override {
     at::Tensor in = view(send, count, dt), out = view(recv, count * size(), dt);
-    pg_->_allgather_base(out, in)->wait();
+    group()->_allgather_base(out, in)->wait();
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, laga::DType dt) override {
     at::Tensor in = view(send, count * size(), dt), out = view(recv, count, dt);
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
-    pg_->_reduce_scatter_base(out, in, opts)->wait();
+    group()->_reduce_scatter_base(out, in, opts)->wait();
   }
   void all_to_all(const void* send, void* recv, std::size_t count, laga::DType dt) override {
     at::Tensor in = view(send, count * size(), dt), out = view(recv, count * size(), dt);
     std::vector<int64_t> even;  // empty split sizes: equal chunks
-    pg_->alltoall_base(out, in, even, even)->wait();
+    group()->alltoall_base(out, in, even, even)->wait();
   }
   void all_reduce(void* buf, std::size_t count, laga::DType dt) override {
     std::vector<at::Tensor> t{view(buf, count, dt)};
-    pg_->allreduce(t)->wait();
+    group()->allreduce(t)->wait();
   }
   // send to the successor, recv from the predecessor (batch_isend_irecv's pair): coalesced into one NCCL group
   // on the GPU (two ranks sending to each other would otherwise wait on each other), plain on gloo.
@@ -48,26 +50,38 @@ class ProcessGroupCommunicator final : public laga::Communicator {
     }
     std::vector<at::Tensor> out{view(send, count, dt)}, in{view(recv, count, dt)};
     constexpr int kTag = 0;
+    const c10::intrusive_ptr<c10d::ProcessGroup> pg = group();
     if (device_.is_cuda()) {
-      pg_->startCoalescing(c10::DeviceType::CUDA);
-      pg_->send(out, (r + 1) % P, kTag);
-      pg_->recv(in, (r - 1 + P) % P, kTag);
-      pg_->endCoalescing(c10::DeviceType::CUDA)->wait();
+      pg->startCoalescing(c10::DeviceType::CUDA);
+      pg->send(out, (r + 1) % P, kTag);
+      pg->recv(in, (r - 1 + P) % P, kTag);
+      pg->endCoalescing(c10::DeviceType::CUDA)->wait();
       return;
     }
-    c10::intrusive_ptr<c10d::Work> sent = pg_->send(out, (r + 1) % P, kTag);
-    c10::intrusive_ptr<c10d::Work> received = pg_->recv(in, (r - 1 + P) % P, kTag);
+    c10::intrusive_ptr<c10d::Work> sent = pg->send(out, (r + 1) % P, kTag);
+    c10::intrusive_ptr<c10d::Work> received = pg->recv(in, (r - 1 + P) % P, kTag);
     received->wait();
     sent->wait();
   }
-  void barrier() override { pg_->barrier()->wait(); }
+  void barrier() override { group()->barrier()->wait(); }
 
  private:
   at::Tensor view(const void* p, std::size_t count, laga::DType dt) const {
     return at::from_blob(const_cast<void*>(p), {static_cast<int64_t>(count)},
                          at::TensorOptions().dtype(to_torch(dt)).device(device_));
   }
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  // The group is the caller's: held weakly, so that torch.distributed.destroy_process_group() ends it while a
+  // module on it still lives (a strong hold kept it until the interpreter's exit, whose teardown of a gloo
+  // group whose peers had gone could hang), and a collective after that is refused by name.
+  c10::intrusive_ptr<c10d::ProcessGroup> group() const {
+    c10::intrusive_ptr<c10d::ProcessGroup> pg = group_.lock();
+    LAGA_REQUIRE(pg, "process group '", group_name_, "' was destroyed (torch.distributed.destroy_process_group) "
+                 "while laga's block on it lives: make the module again on a live group");
+    return pg;
+  }
+  c10::weak_intrusive_ptr<c10d::ProcessGroup> group_;
+  std::string group_name_;
+  int rank_, size_;
   c10::Device device_;
 };
 
@@ -77,7 +91,7 @@ std::unique_ptr<laga::Communicator> make_process_group_communicator(const std::s
                                                                     c10::Device device) {
   c10::intrusive_ptr<c10d::ProcessGroup> pg = c10d::resolve_process_group(group_name);
   LAGA_REQUIRE(pg, "process group '", group_name, "' is not registered");
-  return std::make_unique<ProcessGroupCommunicator>(std::move(pg), device);
+  return std::make_unique<ProcessGroupCommunicator>(pg, group_name, device);
 }
 
 }  // namespace laga_torch

@@ -1,7 +1,8 @@
 """laga: Multi-head Latent Attention for training under sequence parallelism, from PyTorch.
 
 ``laga.torch.MultiheadLatentAttention`` is the block as an ``nn.Module`` (Hugging Face DeepSeek-V3 parameter
-names); ``laga.plan(...)`` is the per-rank plan of ``laga plan --json`` as a dict; ``laga.config(...)``
+names); ``laga.hf.replace_attention(model, ...)`` puts it in place of a transformers DeepSeek-V2/V3 model's
+attention; ``laga.plan(...)`` is the per-rank plan of ``laga plan --json`` as a dict; ``laga.config(...)``
 resolves a preset name, a ``config.json`` path or a dict into the validated configuration;
 ``laga.rank_positions(...)`` says which tokens of the sequence each rank holds in a layout; ``laga.build_info()``
 says whether the extension has CUDA and cuDNN's attention.

@@ -10,7 +10,7 @@ from torch import nn
 
 import laga as _laga
 
-__all__ = ["MultiheadLatentAttention"]
+__all__ = ["MultiheadLatentAttention", "shard_sequence"]
 
 _FORMS = ("explicit", "absorbed", "laga")
 _LAYOUTS = ("a2a", "all_gather", "p2p")
@@ -41,6 +41,23 @@ def _saved_tensors_hooks_active():
     """Whether saved-tensor hooks are in force (torch.utils.checkpoint without reentrant autograd,
     torch.autograd.graph.save_on_cpu, any saved_tensors_hooks): where this PyTorch cannot tell, assume so."""
     return _top_saved_tensors_hooks is None or _top_saved_tensors_hooks(False) is not None
+
+
+_AGREE_GROUPS = {}
+
+
+def _agree_group_of(group):
+    """The CPU group over ``group``'s ranks for the input checks: the group itself where it is gloo (or MPI), else
+    one gloo group made once per group and shared by every module on it (a model of many layers makes one)."""
+    backend = str(dist.get_backend(group)).lower()
+    if "gloo" in backend or "mpi" in backend:
+        return group
+    made = _AGREE_GROUPS.get(group.group_name)
+    if made is None or made[0] is not group:  # a name reused after destroy_process_group is another group
+        made = (group, dist.new_group(ranks=dist.get_process_group_ranks(group), backend="gloo",
+                                      use_local_synchronization=True))
+        _AGREE_GROUPS[group.group_name] = made
+    return made[1]
 
 
 class _LatentAttention(torch.autograd.Function):
@@ -100,6 +117,22 @@ class _LatentAttention(torch.autograd.Function):
         return (None, dx, None, *out)
 
 
+def shard_sequence(tensor, layout="a2a", group=None, dim=1):
+    """This rank's tokens of a whole sequence, for the module's ``forward`` and whatever else is indexed by token
+    (input ids, labels, a loss mask): ``tensor`` indexed along ``dim`` (the sequence dimension, 1 for ``[batch,
+    seq, ...]``) at ``laga.rank_positions(layout, S, P, r)``, r and P this process's rank in ``group`` and its size
+    (None: one rank, the tensor itself). a2a and all_gather give a view of the consecutive chunk, p2p a copy of its
+    two chunks. Raises ValueError when the layout cannot split the sequence over the group."""
+    _choice("layout", layout, _LAYOUTS)
+    if group is None:
+        return tensor
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    positions = _laga.rank_positions(layout, tensor.size(dim), world, rank)
+    if layout != "p2p":
+        return tensor.narrow(dim, positions[0], len(positions))
+    return tensor.index_select(dim, torch.tensor(positions, device=tensor.device))
+
+
 class MultiheadLatentAttention(nn.Module):
     """Multi-head Latent Attention (DeepSeek-V2/V3) under sequence parallelism, run by laga.
 
@@ -148,8 +181,6 @@ class MultiheadLatentAttention(nn.Module):
                  absorbed_attention="mqa", kv_grad_reduce_fp32=False, overlap=False, attention_provider="auto",
                  timing=False, fuse_wgrad_accumulation=False, deterministic=True, device=None, dtype=None):
         super().__init__()
-        if isinstance(config, dict) and config.get("attention_bias"):
-            raise ValueError("attention_bias = true: laga's MLA block has no projection biases")
         cfg = _laga.config(config)
         _choice("form", form, _FORMS)
         _choice("layout", layout, _LAYOUTS)
@@ -174,9 +205,7 @@ class MultiheadLatentAttention(nn.Module):
             # The inputs' agreement before each forward (a few integers a rank) goes over a CPU group: over NCCL,
             # reading its result back would make the host wait for the GPU, the previous step's backward
             # included, at every step. Only the group's own ranks take part in making it.
-            backend = str(dist.get_backend(group)).lower()
-            self._agree_group = group if ("gloo" in backend or "mpi" in backend) else dist.new_group(
-                ranks=dist.get_process_group_ranks(group), backend="gloo", use_local_synchronization=True)
+            self._agree_group = _agree_group_of(group)
         else:
             self.rank, self.world, group_name = 0, 1, ""
         if layout == "a2a" and cfg["num_attention_heads"] % self.world:

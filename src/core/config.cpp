@@ -321,6 +321,23 @@ MlaConfig config_from_json(const std::string& json_text, const std::string& sour
   c.rms_norm_eps = opt_double(j, "rms_norm_eps", 1e-6, "", src);
   if (auto it = j.find("num_hidden_layers"); it != j.end() && !it->is_null())
     c.num_hidden_layers = as_long(*it, "num_hidden_layers", src);
+  // Fields of a Hugging Face config that would change the attention's result: the block computes one math
+  // (no projection biases, no dropout, RoPE on interleaved pairs as DeepSeek's and Kimi's checkpoints
+  // rotate them), so a config asking for another is refused rather than run differently.
+  auto flag = [&](const char* key, bool def) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return def;
+    if (!it->is_boolean()) type_error(src, key, *it, "true or false");
+    return it->get<bool>();
+  };
+  LAGA_REQUIRE(!flag("attention_bias", false), where(src),
+               ": attention_bias = true: laga's MLA block has no projection biases");
+  LAGA_REQUIRE(flag("rope_interleave", true), where(src),
+               ": rope_interleave = false: laga rotates RoPE's interleaved pairs (2i, 2i + 1), as DeepSeek's "
+               "checkpoints do (transformers' default, rope_interleave = true)");
+  const double dropout = opt_double(j, "attention_dropout", 0.0, "", src);
+  LAGA_REQUIRE(dropout == 0.0, where(src), ": attention_dropout = ", dropout,
+               ": laga's attention has no dropout (DeepSeek's configs train with 0.0)");
 
   // rope_scaling is the DeepSeek/Kimi key; transformers v5 writes rope_parameters (with rope_theta inside).
   const auto rs = j.find("rope_scaling");

@@ -357,6 +357,30 @@ TEST(ConfigJson, NumHiddenLayersIsReadAndWritten) {
   EXPECT_NE(msg.find("num_hidden_layers = 2.5"), std::string::npos) << msg;
 }
 
+// Keys of a Hugging Face config that change the attention's math: their DeepSeek values are read (and
+// accepted), any other is refused by name, never run as a different attention.
+TEST(ConfigJson, FieldsThatWouldChangeTheMathAreRefused) {
+  const std::string base = R"({"hidden_size": 64, "num_attention_heads": 2, "q_lora_rank": null,
+      "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8)";
+  auto with = [&](const std::string& extra) { return base + ", " + extra + "}"; };
+  EXPECT_NO_THROW(config_from_json(
+      with(R"("attention_bias": false, "rope_interleave": true, "attention_dropout": 0.0)"), "ok.json"));
+  EXPECT_NO_THROW(config_from_json(with(R"("attention_bias": null, "attention_dropout": 0)"), "ok.json"));
+  const struct {
+    const char* extra;
+    const char* says;
+  } cases[] = {{R"("attention_bias": true)", "attention_bias = true"},
+               {R"("rope_interleave": false)", "rope_interleave = false"},
+               {R"("attention_dropout": 0.1)", "attention_dropout = 0.1"},
+               {R"("attention_bias": "no")", "attention_bias = \"no\": must be true or false"},
+               {R"("attention_dropout": "0")", "attention_dropout = \"0\": must be a number"}};
+  for (const auto& c : cases) {
+    const std::string msg = error_of([&] { config_from_json(with(c.extra), "bad.json"); });
+    EXPECT_NE(msg.find(c.says), std::string::npos) << c.extra << ": " << msg;
+    EXPECT_NE(msg.find("bad.json"), std::string::npos) << msg;
+  }
+}
+
 TEST(ConfigJson, YarnDefaultsAreThoseOfHuggingFace) {
   const MlaConfig c = config_from_json(
       R"({"hidden_size": 64, "num_attention_heads": 2, "q_lora_rank": 32, "kv_lora_rank": 16,
