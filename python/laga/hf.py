@@ -4,6 +4,9 @@ checkpoints that load as them, such as Kimi-K2) for laga's ``MultiheadLatentAtte
 so that the model trains under sequence parallelism with each rank holding its tokens of every sequence
 (``laga.torch.shard_sequence``)."""
 
+import torch
+
+import laga
 from laga.torch import MultiheadLatentAttention, shard_sequence
 
 __all__ = ["LatentAttentionForTransformers", "replace_attention", "shard_sequence"]
@@ -29,8 +32,9 @@ class LatentAttentionForTransformers(MultiheadLatentAttention):
 
     ``forward(hidden_states, attention_mask=None, cache=None, ...)`` returns ``(output, None)``. The sequence is
     this rank's tokens ``laga.rank_positions(layout, S, P, r)``; RoPE is applied at those global positions, so the
-    model's own ``position_embeddings`` (computed for local positions) are not used. Attention is causal over the
-    whole sequence: an ``attention_mask`` tensor (padding) and a KV cache (generation) are refused."""
+    model's own ``position_embeddings`` (computed for local positions) are not used, and ``position_ids`` other than
+    the model's default or those global positions are refused (checked at the first call). Attention is causal
+    over the whole sequence: an ``attention_mask`` tensor (padding) and a KV cache (generation) are refused."""
 
     def __init__(self, attention, **options):
         if not _is_supported(attention):
@@ -49,8 +53,10 @@ class LatentAttentionForTransformers(MultiheadLatentAttention):
             if module is not None:
                 setattr(self, name, module)
         self.layer_idx = getattr(attention, "layer_idx", None)
+        self._positions_checked = False
 
-    def forward(self, hidden_states, attention_mask=None, cache=None, past_key_values=None, **kwargs):
+    def forward(self, hidden_states, attention_mask=None, cache=None, past_key_values=None, position_ids=None,
+                **kwargs):
         if cache is not None or past_key_values is not None:
             raise ValueError("a KV cache was passed (use_cache=True or past_key_values): laga's block trains over "
                              "whole sequences and keeps no cache; call the model with use_cache=False")
@@ -59,7 +65,23 @@ class LatentAttentionForTransformers(MultiheadLatentAttention):
                              "each whole sequence (no padding or packed-document masks); pass no attention_mask, "
                              "with an attention implementation that leaves the causal mask implicit ('sdpa', "
                              "which replace_attention sets where the model had 'eager')")
+        if position_ids is not None and not self._positions_checked:
+            self._check_positions(position_ids, hidden_states.size(1))
         return super().forward(hidden_states), None
+
+    def _check_positions(self, position_ids, s_local):
+        """Positions other than the model's default (0 .. s_local - 1 on every rank) or this rank's global ones,
+        such as packed documents' restarts, would be silently replaced by laga's: refused. Read once per module,
+        since reading them from a GPU waits for it."""
+        rows = position_ids.detach().reshape(-1, s_local).cpu()
+        default = torch.arange(s_local)
+        mine = torch.tensor(laga.rank_positions(self.layout, s_local * self.world, self.world, self.rank))
+        if not all(torch.equal(r, default) or torch.equal(r, mine) for r in rows.long()):
+            raise ValueError(f"position_ids {rows[0].tolist()[:8]}...: laga applies RoPE at this rank's global "
+                             f"positions in the {self.layout} layout (or takes the model's default 0 .. s_local - 1 "
+                             "as meaning them); other positions, such as packed documents' restarts, are not "
+                             "supported")
+        self._positions_checked = True
 
 
 def replace_attention(model, group=None, **options):

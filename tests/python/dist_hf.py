@@ -49,7 +49,10 @@ def main():
         if checkpoint:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             model.train()
-        mine, _ = loss_sum(model, laga.hf.shard_sequence(ids, layout, group), laga.hf.shard_sequence(labels, layout, group))
+        # The positions, where given, are the tokens' own (the global ones: laga applies RoPE at those).
+        positions = laga.hf.shard_sequence(torch.arange(ids.size(1))[None], layout, group) if checkpoint else None
+        mine, _ = loss_sum(model, laga.hf.shard_sequence(ids, layout, group),
+                           laga.hf.shard_sequence(labels, layout, group), positions)
         (mine / count).backward()
         total = mine.detach().clone()
         dist.all_reduce(total)

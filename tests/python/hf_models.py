@@ -40,9 +40,9 @@ def tokens(batch, seq, seed):
     return ids, labels
 
 
-def loss_sum(model, ids, labels):
-    """The sum of the cross-entropies at the positions given (their mean over a whole sequence is the model's
-    loss once divided by the count of labelled positions)."""
-    logits = model(input_ids=ids, use_cache=False).logits
+def loss_sum(model, ids, labels, position_ids=None):
+    """The sum of the cross-entropies at the tokens given (their mean over a whole sequence is the model's loss
+    once divided by the count of labelled positions)."""
+    logits = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
                                              reduction="sum"), logits

@@ -101,6 +101,11 @@ def test_what_laga_does_not_compute_is_refused():
         with pytest.raises(ValueError, match=says):
             laga.hf.replace_attention(other)
         assert [n for n, _ in other.named_modules()] == names  # left as it was
+    restart = torch.cat([torch.arange(8), torch.arange(8)])[None]  # two packed documents: transformers masks them
+    with pytest.raises(ValueError, match="packed"):
+        model(input_ids=ids, position_ids=restart)
+    with pytest.raises(ValueError, match="position_ids"):  # positions laga would not apply
+        model(input_ids=ids, position_ids=torch.arange(3, 19)[None])
     from transformers import LlamaConfig, LlamaForCausalLM
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2))
