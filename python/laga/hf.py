@@ -64,7 +64,8 @@ class LatentAttentionForTransformers(MultiheadLatentAttention):
             raise ValueError(f"attention_mask is a {type(attention_mask).__name__}: laga's attention is causal over "
                              "each whole sequence (no padding or packed-document masks); pass no attention_mask, "
                              "with an attention implementation that leaves the causal mask implicit ('sdpa', "
-                             "which replace_attention sets where the model had 'eager')")
+                             "which replace_attention sets where the model had 'eager'). Right-padded batches need "
+                             "no mask: no token sees the padding after it; label the padding -100")
         if position_ids is not None and not self._positions_checked:
             self._check_positions(position_ids, hidden_states.size(1))
         return super().forward(hidden_states), None

@@ -73,6 +73,26 @@ def test_gradient_checkpointing():
             assert rel_error(g, grads_ref[name]) < BOUND, (reentrant, name)
 
 
+def test_right_padding_needs_no_mask():
+    """A batch right-padded to one length: laga without a mask gives transformers' loss and gradients with its
+    padding mask (no token sees the padding after it; the padding's labels are -100)."""
+    ref = tiny_model(3)
+    model = copy.deepcopy(ref)
+    laga.hf.replace_attention(model)
+    ids, labels = tokens(2, 24, seed=6)
+    lengths = torch.tensor([24, 15])
+    pad = torch.arange(24)[None] >= lengths[:, None]
+    ids, labels = ids.masked_fill(pad, 0), labels.masked_fill(pad | (torch.arange(24)[None] == lengths[:, None] - 1), -100)
+    logits_ref = ref(input_ids=ids, attention_mask=(~pad).long(), use_cache=False).logits
+    loss_ref = torch.nn.functional.cross_entropy(logits_ref.flatten(0, 1), labels.flatten(), reduction="sum")
+    loss_ref.backward()
+    loss, _ = loss_sum(model, ids, labels)
+    loss.backward()
+    assert abs(loss.item() - loss_ref.item()) < BOUND * abs(loss_ref.item())
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert rel_error(p.grad, q.grad) < BOUND, name
+
+
 def test_eager_attention_implementation_becomes_sdpa():
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     model = tiny_model(3)
