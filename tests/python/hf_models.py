@@ -15,7 +15,7 @@ def tiny_model(version=3, yarn=True, seed=0, **config):
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
     fields = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=4, first_k_dense_replace=2, kv_lora_rank=32, qk_nope_head_dim=16,
-                  qk_rope_head_dim=8, v_head_dim=16, max_position_embeddings=256, tie_word_embeddings=False)
+                  qk_rope_head_dim=8, v_head_dim=16, max_position_embeddings=64, tie_word_embeddings=False)
     if yarn:
         fields["rope_parameters"] = dict(YARN)
     fields.update(config)
