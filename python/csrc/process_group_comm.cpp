@@ -70,9 +70,10 @@ class ProcessGroupCommunicator final : public laga::Communicator {
     return at::from_blob(const_cast<void*>(p), {static_cast<int64_t>(count)},
                          at::TensorOptions().dtype(to_torch(dt)).device(device_));
   }
-  // The group is the caller's: held weakly, so that torch.distributed.destroy_process_group() ends it while a
-  // module on it still lives (a strong hold kept it until the interpreter's exit, whose teardown of a gloo
-  // group whose peers had gone could hang), and a collective after that is refused by name.
+  // The group is the caller's: held weakly, so that its last reference is never laga's. Dropped by laga's
+  // destructor (a module outliving destroy_process_group, freed at the interpreter's exit) with Python's lock
+  // held, a gloo group's destructor joined gloo's threads while one of them waited for that lock to release a
+  // finished collective's tensors: a hang. A collective after the group is gone is refused by name.
   c10::intrusive_ptr<c10d::ProcessGroup> group() const {
     c10::intrusive_ptr<c10d::ProcessGroup> pg = group_.lock();
     LAGA_REQUIRE(pg, "process group '", group_name_, "' was destroyed (torch.distributed.destroy_process_group) "
