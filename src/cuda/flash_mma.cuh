@@ -115,8 +115,6 @@ __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r):
 template <int kTransA, int kTransB, int kScaleB = 1>
 __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], std::uint64_t desc_a, std::uint64_t desc_b,
                                                    int accumulate) {
-  static_assert((kTransA == 0 || kTransA == 1) && (kTransB == 0 || kTransB == 1), "K-major (0) or MN-major (1)");
-  static_assert(kScaleB == 1 || kScaleB == -1, "wgmma's B scale is 1 or -1");
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -133,8 +131,6 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], std::uint64
 template <int kTransA, int kTransB, int kScaleB = 1>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], std::uint64_t desc_a, std::uint64_t desc_b,
                                                    int accumulate) {
-  static_assert((kTransA == 0 || kTransA == 1) && (kTransB == 0 || kTransB == 1), "K-major (0) or MN-major (1)");
-  static_assert(kScaleB == 1 || kScaleB == -1, "wgmma's B scale is 1 or -1");
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -155,8 +151,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], std::uint64
 template <int kTransA, int kTransB, int kScaleB = 1>
 __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], std::uint64_t desc_a, std::uint64_t desc_b,
                                                     int accumulate) {
-  static_assert((kTransA == 0 || kTransA == 1) && (kTransB == 0 || kTransB == 1), "K-major (0) or MN-major (1)");
-  static_assert(kScaleB == 1 || kScaleB == -1, "wgmma's B scale is 1 or -1");
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -186,8 +180,6 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], std::uint
 template <int kTransA, int kTransB, int kScaleB = 1>
 __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[24][4], std::uint64_t desc_a, std::uint64_t desc_b,
                                                     int accumulate) {
-  static_assert((kTransA == 0 || kTransA == 1) && (kTransB == 0 || kTransB == 1), "K-major (0) or MN-major (1)");
-  static_assert(kScaleB == 1 || kScaleB == -1, "wgmma's B scale is 1 or -1");
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -222,8 +214,6 @@ __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[24][4], std::uint
 template <int kTransA, int kTransB, int kScaleB = 1>
 __device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[32][4], std::uint64_t desc_a, std::uint64_t desc_b,
                                                     int accumulate) {
-  static_assert((kTransA == 0 || kTransA == 1) && (kTransB == 0 || kTransB == 1), "K-major (0) or MN-major (1)");
-  static_assert(kScaleB == 1 || kScaleB == -1, "wgmma's B scale is 1 or -1");
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -384,6 +374,8 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs_tb(float (&d)[32][4], const 
 template <int N, int kTransA, int kTransB, int kScaleB = 1>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t da, std::uint64_t db, int accumulate) {
   static_assert(N == 32 || N == 64 || N == 128 || N == 192 || N == 256, "wgmma SS shapes in use: n32 .. n256");
+  static_assert((kTransA == 0 || kTransA == 1) && (kTransB == 0 || kTransB == 1), "K-major (0) or MN-major (1)");
+  static_assert(kScaleB == 1 || kScaleB == -1, "wgmma's B scale is 1 or -1");
   if constexpr (N == 32)
     wgmma_m64n32k16_ss<kTransA, kTransB, kScaleB>(d, da, db, accumulate);
   else if constexpr (N == 64)
