@@ -797,7 +797,8 @@ cmd_cudnn() {
   #      peer.json;
   #   p and c again in `rounds` rounds (4th argument), each round's documents in round-<r>/.
   #   s. `laga bench-attention` at the perf test's MHA shapes (a2a at P = 1 and 8: 128 and 16 heads; S = 32k, 8k),
-  #      10 warm-ups and 30 repeats, so that both providers run at the GPU's power limit as in training ->
+  #      10 warm-ups, then more for 2 s, and 30 repeats, so that both providers run at the GPU's power limit as in
+  #      training (each measurement after its own 2 s of load) ->
   #      attention-sustained.json, with the SM clock, power and throttle reasons sampled (smi-sustained.csv).
   # The machine may have two cuDNNs (the system's, and PyTorch's wheel's): laga is pointed at PyTorch's (the one its
   # SDPA runs), and the JSON documents record the version loaded. Everything in cudnn.tar.gz; a summary to stdout.
@@ -846,7 +847,7 @@ cmd_cudnn() {
       -lms 200 >"$out/smi-sustained.csv" 2>&1 &
     local smi=$!
     "$laga" bench-attention --model deepseek-v3 --seq 32768,8192 --sp 1,8 --layout a2a --repeat 30 --warmup 10 \
-      --out "$out/attention-sustained.json" 2>&1 | tee "$out/bench-attention-sustained.txt" | grep -vE '^done'
+      --warmup-seconds 2 --out "$out/attention-sustained.json" 2>&1 | tee "$out/bench-attention-sustained.txt" | grep -vE '^done'
     kill "$smi" 2>/dev/null
   fi
   # Parts p and c in `rounds` rounds (4th argument, default 1), each into round-<r>/ when more than one, the

@@ -27,6 +27,7 @@ expect_exit 2 "attention provider = 'x'" -- bench --model tiny --seq 16 --repeat
 expect_exit 0 "" -- run --model tiny --seq 16 --attention-provider laga
 expect_exit 0 "" -- run --model tiny --seq 16 --attention-provider auto
 expect_exit 0 "" -- bench-attention --help
+expect_exit 2 "warmup-seconds = -1: must be from 0 to 600" -- bench-attention --warmup-seconds -1
 expect_exit 0 "" -- plan --model deepseek-v3 --seq 16384 --sp 8 --kernel fused
 
 if [ "$failures" -ne 0 ]; then

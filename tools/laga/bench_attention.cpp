@@ -6,6 +6,7 @@
 // Shapes per (S, P), heads H the model's: a2a (H / P heads over the whole sequence, q_offset 0) and
 // all_gather (H heads, the last rank's S / P queries over S keys, q_offset S - S / P).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +39,10 @@ struct BenchAttentionOptions {
   std::vector<int> sp{8};
   std::vector<std::string> layout{"a2a", "all_gather"};
   int repeat = 5, warmup = 2, gpu = 0;
+  // After the warm-up runs, more until this much wall time has passed since the first: every measurement then
+  // starts from the clock and power its own load holds the GPU at (a short call's 10 warm-ups take milliseconds,
+  // a long one's a second).
+  double warmup_seconds = 0;
   std::string out;
 };
 
@@ -73,8 +78,17 @@ Tensor random_rows(Backend& be, i64 rows, i64 cols, std::mt19937_64& rng) {
 }
 
 template <typename F>
-double median_ms(Backend& be, F&& f, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) f();
+double median_ms(Backend& be, F&& f, const BenchAttentionOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < o.warmup; ++i) f();
+  if (o.warmup_seconds > 0) {
+    be.synchronize();
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < o.warmup_seconds) {
+      f();
+      be.synchronize();
+    }
+  }
+  const int reps = o.repeat;
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
     be.reset_marks();
@@ -160,7 +174,7 @@ std::string time_cudnn(Backend& be, const CudnnInfo& cudnn, const AttentionBwdPa
   auto timed = [&](const char* what, auto&& call, double& ms, std::int64_t* ws) {
     cuda_reset_scratch_peak(be, /*release=*/true);
     try {
-      ms = median_ms(be, call, o.warmup, o.repeat);
+      ms = median_ms(be, call, o);
       if (ws) *ws = workspace();
     } catch (const InvalidArgument& e) {
       ms = 0;
@@ -189,10 +203,10 @@ json time_shape(Backend& be, const CudnnInfo& cudnn, const Shape& s, i64 d_qk, i
   AttentionTiming t{.dtype = "bfloat16", .d_qk = d_qk, .d_v = d_v, .heads = s.heads, .q_len = s.q_len,
                     .kv_len = s.kv_len};
   cuda_set_attention_provider(be, AttentionProvider::Laga);
-  t.laga_fwd_ms = median_ms(be, [&] { be.attention_forward(p); }, o.warmup, o.repeat);
-  t.laga_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o.warmup, o.repeat);
+  t.laga_fwd_ms = median_ms(be, [&] { be.attention_forward(p); }, o);
+  t.laga_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o);
   cuda_set_attention_deterministic(be, false);  // dQ added in any order
-  t.laga_nondeterministic_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o.warmup, o.repeat);
+  t.laga_nondeterministic_bwd_ms = median_ms(be, [&] { be.attention_backward(p); }, o);
   cuda_set_attention_deterministic(be, true);
   const std::string cudnn_error = time_cudnn(be, cudnn, p, t, o);
   json j = {{"layout", s.layout},         {"S", s.S},
@@ -261,7 +275,9 @@ void write_document(const BenchAttentionOptions& o, const json& points, int back
                         "auto_bwd_nondeterministic). Regenerate on the GPU with the command below."},
               {"command", env_prefix + "laga bench-attention --model " + o.model + " --seq " + joined(o.seq) + " --sp " +
                               joined(o.sp) + " --layout " + joined(o.layout) + " --repeat " +
-                              std::to_string(o.repeat) + " --warmup " + std::to_string(o.warmup) + " --out FILE"},
+                              std::to_string(o.repeat) + " --warmup " + std::to_string(o.warmup) +
+                              (o.warmup_seconds > 0 ? " --warmup-seconds " + fmt("%g", o.warmup_seconds) : "") +
+                              " --out FILE"},
               {"machine", {{"device_name", cuda_device_name(o.gpu)}, {"cudnn", cudnn_report()}}},
               {"commit", LAGA_BUILD_COMMIT},
               {"dirty", LAGA_BUILD_DIRTY < 0 ? json(nullptr) : json(LAGA_BUILD_DIRTY == 1)},
@@ -277,9 +293,11 @@ void write_document(const BenchAttentionOptions& o, const json& points, int back
 
 int run_bench_attention(const BenchAttentionOptions& o) {
   const MlaConfig cfg = resolve_model(o.model);
-  LAGA_REQUIRE(cuda_available(), "bench-attention: no usable GPU (or laga was built without CUDA)");
   LAGA_REQUIRE(o.repeat >= 1 && o.warmup >= 0, "repeat = ", o.repeat, ", warmup = ", o.warmup,
                ": repeat must be >= 1 and warmup >= 0");
+  LAGA_REQUIRE(o.warmup_seconds >= 0 && o.warmup_seconds <= 600, "warmup-seconds = ", o.warmup_seconds,
+               ": must be from 0 to 600");
+  LAGA_REQUIRE(cuda_available(), "bench-attention: no usable GPU (or laga was built without CUDA)");
   const i64 d_qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, d_v = cfg.v_head_dim;
   const std::vector<Shape> shapes = shapes_of(o, cfg.num_attention_heads);
   const CudnnInfo cudnn = cuda_cudnn_info();
@@ -312,6 +330,10 @@ std::function<int()> add_bench_attention(CLI::App& app, CLI::App*& sub) {
   sub->add_option("--layout", o->layout, "a2a, all_gather (comma separated)")->delimiter(',')->capture_default_str();
   sub->add_option("--repeat", o->repeat, "Timed repeats (median)")->capture_default_str();
   sub->add_option("--warmup", o->warmup, "Untimed runs first")->capture_default_str();
+  sub->add_option("--warmup-seconds", o->warmup_seconds,
+                  "Then more untimed runs until this many seconds have passed, before each measurement (the GPU "
+                  "at the clock its load holds it at, as in training)")
+      ->capture_default_str();
   sub->add_option("--gpu", o->gpu, "CUDA device index")->capture_default_str();
   sub->add_option("--out", o->out, "The table as JSON");
   return [o] { return run_bench_attention(*o); };
