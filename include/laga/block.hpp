@@ -238,8 +238,11 @@ enum class Saved {
 const char* saved_name(Saved);
 
 // What forward keeps for backward. The tensors are flagged as saved in the allocator under saved_name().
+// keep = false: a forward no backward follows (inference, evaluation without gradients) keeps nothing, each tensor
+// freed when forward is done with it.
 struct SavedContext {
   std::map<Saved, Tensor> tensors;
+  bool keep = true;
   void save(Saved name, const Tensor& t);
   const Tensor& get(Saved name) const;
   // Drops tensors backward no longer needs (so the peak is what an autograd engine's would be).

@@ -73,10 +73,16 @@ class Allocator {
 class CpuAllocator final : public Allocator {
  public:
   Device device() const override { return Device::Cpu; }
+  // Tests: fill memory with 0xFF bytes (NaN in every float type) as it is freed, so that a read after the free,
+  // even from code the sanitizers do not instrument (BLAS), gives NaN or another tensor's values, not the old ones.
+  void set_poison_freed(bool on) { poison_freed_ = on; }
 
  protected:
   void* raw_allocate(std::size_t bytes) override;
   void raw_free(void* ptr) override;
+
+ private:
+  bool poison_freed_ = false;
 };
 
 // No storage: counts bytes only.

@@ -102,8 +102,8 @@ laga::MlaWeights Block::borrow_weights(Resources& r, const std::vector<at::Tenso
   return out;
 }
 
-std::tuple<at::Tensor, c10::intrusive_ptr<Saved>, std::vector<at::Tensor>> Block::forward(
-    const at::Tensor& x, const std::vector<at::Tensor>& weights, bool expose) {
+c10::intrusive_ptr<Saved> Block::run_forward(const at::Tensor& x, const std::vector<at::Tensor>& weights, bool keep,
+                                             at::Tensor& y) {
   LAGA_REQUIRE(x.dim() == 3, "x has ", x.dim(), " dimensions: expected [s, batch, hidden_size]");
   LAGA_REQUIRE(x.is_contiguous(), "x must be contiguous");
   opts_.dtype = to_laga(x.scalar_type());
@@ -117,14 +117,23 @@ std::tuple<at::Tensor, c10::intrusive_ptr<Saved>, std::vector<at::Tensor>> Block
   laga::MlaWeights w = borrow_weights(*r, weights, opts_.dtype);
   laga::Tensor xb = r->borrow->borrow(x, "x");
   auto saved = c10::make_intrusive<Saved>(c10::intrusive_ptr<Block>::unsafe_reclaim_from_nonowning(this), r, std::move(mla));
+  saved->ctx_.keep = keep;
   r->comm->clear();
-  laga::Tensor y = saved->mla_->forward(saved->context(), xb, w);
+  y = as_torch(saved->mla_->forward(saved->context(), xb, w), r->device, r);
   shape_ = shape;
   fwd_ = saved->mla_->forward_stats();
   saved_ = r->alloc->saved_tensors();
   saved_bytes_ = r->alloc->saved_bytes();
+  return saved;
+}
+
+std::tuple<at::Tensor, c10::intrusive_ptr<Saved>, std::vector<at::Tensor>> Block::forward(
+    const at::Tensor& x, const std::vector<at::Tensor>& weights, bool expose) {
+  at::Tensor y;
+  c10::intrusive_ptr<Saved> saved = run_forward(x, weights, /*keep=*/true, y);
   std::vector<at::Tensor> exposed;
   if (expose) {
+    const std::shared_ptr<Resources>& r = saved->res_;
     std::vector<const laga::Tensor*> distinct;
     for (const auto& [name, t] : saved->ctx_.tensors) {
       auto same = [&t](const laga::Tensor* u) {
@@ -140,7 +149,18 @@ std::tuple<at::Tensor, c10::intrusive_ptr<Saved>, std::vector<at::Tensor>> Block
     saved->n_exposed_ = exposed.size();
     saved->ctx_.clear();  // the PyTorch tensors hold the memory now, and only they
   }
-  return {as_torch(y, r->device, r), saved, exposed};
+  return {y, saved, exposed};
+}
+
+at::Tensor Block::forward_no_grad(const at::Tensor& x, const std::vector<at::Tensor>& weights) {
+  at::Tensor y;
+  const c10::intrusive_ptr<Saved> saved = run_forward(x, weights, /*keep=*/false, y);
+  // The step is this forward alone: it kept nothing, and no backward follows.
+  saved_.clear();
+  saved_bytes_ = 0;
+  bwd_ = laga::PassStats{};
+  traffic_ = saved->res_->comm->records();
+  return y;
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> Saved::backward(const at::Tensor& dy, const at::Tensor& x,

@@ -44,6 +44,9 @@ class Block : public torch::CustomClassHolder {
   // such as activation checkpointing's or offloading's see them) and hands them to backward.
   std::tuple<at::Tensor, c10::intrusive_ptr<Saved>, std::vector<at::Tensor>> forward(
       const at::Tensor& x, const std::vector<at::Tensor>& weights, bool expose);
+  // A forward no backward follows (torch.no_grad, inference): keeps nothing (laga::SavedContext::keep), each
+  // activation freed as soon as forward is done with it; the last step is this forward alone.
+  at::Tensor forward_no_grad(const at::Tensor& x, const std::vector<at::Tensor>& weights);
   // The last forward's and backward's figures as laga::rank_report writes a rank's run (JSON).
   std::string stats_json() const;
   // Whether the next steps are timed (MlaBlock::set_timing).
@@ -52,6 +55,9 @@ class Block : public torch::CustomClassHolder {
  private:
   friend class Saved;
   std::shared_ptr<Resources> resources(c10::Device device);
+  // Forward's shared part: y, and what it kept (nothing unless `keep`).
+  c10::intrusive_ptr<Saved> run_forward(const at::Tensor& x, const std::vector<at::Tensor>& weights, bool keep,
+                                        at::Tensor& y);
   laga::MlaWeights borrow_weights(Resources& r, const std::vector<at::Tensor>& weights, laga::DType dtype) const;
 
   laga::MlaConfig cfg_;

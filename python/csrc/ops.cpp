@@ -41,6 +41,11 @@ std::tuple<at::Tensor, c10::intrusive_ptr<Saved>, std::vector<at::Tensor>> mla_f
   return translating([&] { return block->forward(x, weights, expose); });
 }
 
+at::Tensor mla_forward_no_grad(const c10::intrusive_ptr<Block>& block, const at::Tensor& x,
+                               std::vector<at::Tensor> weights) {
+  return translating([&] { return block->forward_no_grad(x, weights); });
+}
+
 std::tuple<at::Tensor, std::vector<at::Tensor>> mla_backward(const c10::intrusive_ptr<Saved>& saved,
                                                              const at::Tensor& dy, const at::Tensor& x,
                                                              std::vector<at::Tensor> weights,
@@ -104,6 +109,8 @@ TORCH_LIBRARY(laga, m) {
   m.def("mla_forward(__torch__.torch.classes.laga.Block block, Tensor x, Tensor[] weights, bool expose) -> "
         "(Tensor, __torch__.torch.classes.laga.Saved, Tensor[])",
         &laga_torch::mla_forward);
+  m.def("mla_forward_no_grad(__torch__.torch.classes.laga.Block block, Tensor x, Tensor[] weights) -> Tensor",
+        &laga_torch::mla_forward_no_grad);
   m.def("mla_backward(__torch__.torch.classes.laga.Saved saved, Tensor dy, Tensor x, Tensor[] weights, Tensor[] main_grads, "
         "bool retain, Tensor[] saved_tensors) -> "
         "(Tensor, Tensor[])",

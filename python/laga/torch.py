@@ -168,7 +168,10 @@ class MultiheadLatentAttention(nn.Module):
     partial: their sum over the group is the gradient of the whole sequence, as for any weight replicated
     over a sequence-parallel group; ``reduce_gradients()`` (or a data-parallel reducer over the group) sums
     them. ``last_step`` is laga's accounting of the last forward and backward (saved tensors by name,
-    peaks, traffic, FLOPs; seconds with timing=True). Under ``torch.compile`` the block runs eagerly between the
+    peaks, traffic, FLOPs; seconds with timing=True). A forward no backward can follow (under ``torch.no_grad()``
+    or ``torch.inference_mode()``, or where neither the input nor any parameter requires a gradient) keeps
+    nothing: each activation is freed as soon as the forward is done with it (``last_step`` then shows no saved
+    tensor and no backward). Under ``torch.compile`` the block runs eagerly between the
     compiled graphs (its forward is excluded from tracing: one graph break). Under saved-tensor hooks
     (``torch.utils.checkpoint(..., use_reentrant=False)``, ``torch.autograd.graph.save_on_cpu``) what forward
     keeps goes through autograd's ``save_for_backward``, so the hooks drop, recompute or move it. Under
@@ -337,7 +340,12 @@ class MultiheadLatentAttention(nn.Module):
         params = self._hf_params()
         dtype = self._compute_dtype(x)
         cast = dtype if any(t.dtype != dtype for t in [x, *params]) else None
-        y = _LatentAttention.apply(self, x, cast, *params)
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
+            y = _LatentAttention.apply(self, x, cast, *params)
+        else:  # no backward can follow (no_grad, inference_mode, nothing that needs a gradient): keep nothing
+            if cast is not None:
+                x, params = x.to(cast), [p.to(cast) for p in params]
+            y = torch.ops.laga.mla_forward_no_grad(self._block, x, list(params))
         return y.transpose(0, 1)
 
     def reduce_gradients(self):

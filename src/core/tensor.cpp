@@ -1,13 +1,15 @@
 #include "laga/tensor.hpp"
 
+#include <malloc.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "laga/backend.hpp"
 #include "laga/errors.hpp"
-#include <chrono>
-#include <cstring>
 
 namespace laga {
 
@@ -104,7 +106,10 @@ void* CpuAllocator::raw_allocate(std::size_t bytes) {
   return std::aligned_alloc(64, rounded);
 }
 
-void CpuAllocator::raw_free(void* ptr) { std::free(ptr); }
+void CpuAllocator::raw_free(void* ptr) {
+  if (poison_freed_) std::memset(ptr, 0xFF, malloc_usable_size(ptr));
+  std::free(ptr);
+}
 
 std::string shape_string(const Shape& s) {
   std::ostringstream os;

@@ -636,12 +636,13 @@ struct BlockImpl {
   Tensor query_forward(SavedContext& ctx, const Tensor& x, const MlaWeights& w) {
     const void* q_in = x.data();
     std::int64_t in = d;
+    Tensor c_q;  // the up-projection's input, alive until it has run (forward may keep nothing: SavedContext::keep)
     if (cfg.q_lora_rank) {
       Tensor q_down = empty({T, rq_in}, "q_down");
       linear({.rows = T, .in = d, .out = rq_in, .x = x.data(), .ldx = d, .w = w.q_a_proj.data(), .ldw = d,
               .y = q_down.data(), .ldy = rq_in});
       Tensor q_rstd = Tensor(be.allocator(), accum_dtype(dt), {T}, "q_rstd");
-      Tensor c_q = empty({T, rq_in}, "c_q");
+      c_q = empty({T, rq_in}, "c_q");
       {
         Timer timer{*this, OpPhase::Projections};
         be.rmsnorm_forward(RmsNormArgs{.dtype = dt, .rows = T, .cols = rq_in, .eps = cfg.rms_norm_eps, .x = q_down.data(),

@@ -217,6 +217,7 @@ const char* saved_name(Saved s) {
 }
 
 void SavedContext::save(Saved name, const Tensor& t) {
+  if (!keep) return;
   LAGA_CHECK(!tensors.count(name), "tensor '", saved_name(name), "' saved twice");
   t.mark_saved(saved_name(name));
   tensors[name] = t;

@@ -164,6 +164,40 @@ def test_saved_tensors_go_through_hooks(case):
         assert torch.equal(got[k], v), k
 
 
+@pytest.mark.parametrize("case", every_case(), ids=lambda c: f"{c[0][0]}-{c[0][1] or 'none'}-{c[0][2]}-{c[1]}-{c[2]}")
+def test_forward_without_gradients_keeps_nothing(case):
+    """Where no backward can follow (torch.no_grad, torch.inference_mode, nothing that requires a gradient) the
+    block keeps nothing: the output bits of a training forward, no saved tensor and a forward peak no higher
+    than the training forward's; the next training step is unchanged."""
+    (form, recompute, absorbed), layout, kernel = case
+    cfg = configs()["tiny"]
+    mod = lt.MultiheadLatentAttention(cfg, form=form, layout=layout, kernel=kernel, recompute=recompute,
+                                      absorbed_attention=absorbed, dtype=torch.float64)
+    x = seeded((2, 16, cfg["hidden_size"]), 3, torch.float64)
+    dy = seeded((2, 16, cfg["hidden_size"]), 4, torch.float64)
+    base = grads_of(mod, x, dy)
+    kept = mod.last_step
+    assert kept["saved_bytes"] > 0
+    frozen = [torch.no_grad, torch.inference_mode]
+    for context in frozen:
+        with context():
+            y = mod(x.clone().requires_grad_(context is torch.no_grad))
+        step = mod.last_step
+        assert not y.requires_grad and torch.equal(y, base["y"]), context.__name__
+        assert step["saved_bytes"] == 0 and step["saved"] == [], (context.__name__, step["saved"])
+        assert 0 < step["peak_forward_bytes"] <= kept["peak_forward_bytes"], context.__name__
+        assert step["peak_backward_bytes"] == 0 and sum(step["flops_backward"].values()) == 0
+    for p in mod.parameters():  # nothing requires a gradient: the same
+        p.requires_grad_(False)
+    y = mod(x)
+    assert not y.requires_grad and torch.equal(y, base["y"]) and mod.last_step["saved_bytes"] == 0
+    for p in mod.parameters():
+        p.requires_grad_(True)
+    got = grads_of(mod, x, dy)
+    for k, v in base.items():
+        assert torch.equal(got[k], v), k
+
+
 def test_saved_tensors_hooks_and_retain_graph():
     """Under saved-tensor hooks autograd owns what forward kept: a second backward through a retained graph runs
     (and adds the same gradient again), without retain_graph autograd refuses it."""

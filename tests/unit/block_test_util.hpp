@@ -90,6 +90,8 @@ class SingleRank {
       : cfg_(cfg), opts_(opts), shape_{.batch = batch, .seq = seq, .ranks = 1, .rank = 0},
         be_(make_cpu_backend()), inner_(make_single_rank_communicator(*be_)), counted_(*inner_),
         block_(cfg_, opts_, shape_, *be_, counted_) {
+    // A read of freed memory (a raw pointer outliving its tensor) gives NaN or other values, not the old ones.
+    dynamic_cast<CpuAllocator&>(be_->allocator()).set_poison_freed(true);
     w_ = make_weights(cfg_, opts_.dtype, *be_, seed);
     x_ = make_shard(cfg_, shape_, opts_.dtype, *be_, seed, DataStream::X, opts_.layout);
     dy_ = make_shard(cfg_, shape_, opts_.dtype, *be_, seed, DataStream::Dy, opts_.layout);

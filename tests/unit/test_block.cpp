@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "block_test_util.hpp"
@@ -478,6 +479,93 @@ TEST_P(SavedBytes, AccountingIsConsistentAndBackwardReleasesEverything) {
   const RankRun rr = run_rank(cfg, opts, BlockShape{.batch = kBatch, .seq = kSeq}, *be, *single, 7);
   EXPECT_TRUE(same_records(rr.saved, runs[0].list)) << records_string(rr.saved);
   EXPECT_EQ(rr.saved_bytes, runs[0].bytes);
+}
+
+// A forward no backward follows (SavedContext::keep = false: inference, evaluation) keeps nothing: no saved
+// tensor, every activation freed by its end, a peak no higher than a keeping forward's, the same output bits.
+TEST_P(SavedBytes, ForwardWithoutBackwardKeepsNothing) {
+  const SavedParam& p = GetParam();
+  const MlaConfig cfg = tiny();
+  const BlockOptions opts = p.variant.options(p.layout, p.kernel, p.dtype);
+  SingleRank rank(cfg, opts, kBatch, kSeq);
+  Allocator& alloc = rank.backend().allocator();  // freed memory poisoned (SingleRank): a read after a free shows
+  const std::size_t live0 = alloc.live_bytes();
+
+  SavedContext kept;
+  const std::vector<unsigned char> y_kept =
+      raw_bytes(rank.backend(), rank.block().forward(kept, rank.x(), rank.weights()));
+  const std::size_t kept_peak = rank.block().forward_stats().peak_bytes;
+  ASSERT_GT(alloc.saved_bytes(), 0u);
+  kept.clear();
+  ASSERT_EQ(alloc.live_bytes(), live0);
+
+  SavedContext none;
+  none.keep = false;
+  Tensor y = rank.block().forward(none, rank.x(), rank.weights());
+  EXPECT_TRUE(none.tensors.empty());
+  EXPECT_TRUE(alloc.saved_tensors().empty()) << records_string(alloc.saved_tensors());
+  EXPECT_EQ(alloc.live_bytes(), live0) << "activations alive after a forward that keeps nothing";
+  EXPECT_LE(rank.block().forward_stats().peak_bytes, kept_peak);
+  EXPECT_EQ(raw_bytes(rank.backend(), y), y_kept);
+}
+
+// The same at P = 4 (ranks as threads) in every layout, the ring's included, with and without overlapped
+// collectives: each rank's forward that keeps nothing gives the keeping forward's bits and leaves no activation.
+TEST(ForwardWithoutBackward, KeepsNothingAtSeveralRanks) {
+  constexpr int kRanks = 4;
+  const MlaConfig cfg = tiny();
+  for (Layout layout : {Layout::A2A, Layout::AllGather, Layout::P2P})
+    for (const Variant& v : variants_for(layout))
+      for (AttentionKernel kernel : kAllKernels)
+        for (bool overlap : {false, true}) {
+          BlockOptions opts = v.options(layout, kernel, DType::F64);
+          opts.overlap = overlap;
+          const BlockShape shape0{.batch = kBatch, .seq = 32, .ranks = kRanks, .rank = 0};
+          try {
+            validate(cfg, opts, shape0);
+          } catch (const InvalidArgument&) {
+            continue;  // a combination the block refuses (the ring's eager kernel)
+          }
+          const std::string name = v.name() + "_" + layout_tag(layout) + "_" + kernel_name(kernel) +
+                                   (overlap ? "_overlap" : "");
+          SCOPED_TRACE(name);
+          auto comms = make_thread_group(kRanks);
+          std::vector<std::unique_ptr<Backend>> backends;
+          for (int r = 0; r < kRanks; ++r) backends.push_back(make_cpu_backend());
+          std::vector<std::string> failures(kRanks);
+          std::vector<std::thread> threads;
+          const int blas_threads = set_cpu_blas_threads(1);
+          for (int r = 0; r < kRanks; ++r)
+            threads.emplace_back([&, r] {
+              try {
+                Backend& be = *backends[r];
+                BlockShape shape = shape0;
+                shape.rank = r;
+                CountingCommunicator counted(*comms[r]);
+                MlaBlock block(cfg, opts, shape, be, counted);
+                const MlaWeights w = make_weights(cfg, opts.dtype, be, 7);
+                const Tensor x = make_shard(cfg, shape, opts.dtype, be, 7, DataStream::X, layout);
+                Allocator& alloc = be.allocator();
+                dynamic_cast<CpuAllocator&>(alloc).set_poison_freed(true);
+                const std::size_t live0 = alloc.live_bytes();
+                SavedContext kept;
+                const std::vector<unsigned char> y_kept = raw_bytes(be, block.forward(kept, x, w));
+                kept.clear();
+                SavedContext none;
+                none.keep = false;
+                const std::vector<unsigned char> y = raw_bytes(be, block.forward(none, x, w));
+                if (y != y_kept) failures[r] = "rank " + std::to_string(r) + ": y differs from the keeping forward's";
+                else if (alloc.saved_bytes() != 0 || alloc.live_bytes() != live0)
+                  failures[r] = "rank " + std::to_string(r) + ": " + std::to_string(alloc.live_bytes() - live0) +
+                                " bytes alive after the forward";
+              } catch (const std::exception& e) {
+                failures[r] = "rank " + std::to_string(r) + ": " + e.what();
+              }
+            });
+          for (auto& t : threads) t.join();
+          set_cpu_blas_threads(blas_threads);
+          for (const std::string& f : failures) EXPECT_TRUE(f.empty()) << f;
+        }
 }
 
 INSTANTIATE_TEST_SUITE_P(P1, SavedBytes, ::testing::ValuesIn(saved_params()),
