@@ -18,7 +18,8 @@
 5. autocast: the module with float32 parameters under torch.autocast(bfloat16) (S = 4096) against a bfloat16
    module on the rounded parameters: the same bits, and both steps' times;
 6. saved_tensor_hooks: the module's step (LAGA, S = 4096) under activation checkpointing (non-reentrant) and under
-   save_on_cpu against the plain step: the same bits, and the device memory its forward leaves allocated;
+   save_on_cpu against the plain step: the same bits, and the device memory its forward leaves allocated; and a
+   forward under torch.no_grad (which keeps nothing): the plain forward's output bits, its peak;
 7. nccl_group: the module over a one-rank NCCL process group against the module without one.
 
     python3 scripts/gpu_torch.py --cli build/laga --out torch_gpu.json [--seqs 4096,16384] [--model deepseek-v3]
@@ -162,8 +163,8 @@ def graph_check(args, seq, reps=20):
 def hooks_check(args, seq):
     """The module's step (LAGA) as it is, under activation checkpointing (non-reentrant) and under
     torch.autograd.graph.save_on_cpu: the output and every gradient bitwise against the plain step's, and the
-    device memory the forward leaves allocated (its output and what is kept for backward) and the step's peak,
-    both above what was allocated before it."""
+    device memory the forward leaves allocated (its output and what is kept for backward), the forward's peak and
+    the step's, all above what was allocated before it; then a forward under torch.no_grad against the plain one."""
     torch.manual_seed(0)
     mod = lt.MultiheadLatentAttention(args.model, form="laga", dtype=torch.bfloat16, device="cuda")
     x, dy, _ = module_inputs(mod, seq, mod.config["hidden_size"])
@@ -185,15 +186,30 @@ def hooks_check(args, seq):
             y = forward()
             torch.cuda.synchronize()
             held = torch.cuda.memory_allocated() - start
+            forward_peak = torch.cuda.max_memory_allocated() - start
             y.backward(dy)
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() - start
         got = [y.detach(), x.grad] + [p.grad for p in mod.parameters()]
         if results is None:
             results = [t.clone() for t in got]
-        out[name] = {"held_after_forward_bytes": held, "peak_bytes_above_start": peak,
+        out[name] = {"held_after_forward_bytes": held, "forward_peak_bytes_above_start": forward_peak,
+                     "peak_bytes_above_start": peak,
                      "bitwise_equal_to_plain": all(torch.equal(a, b) for a, b in zip(results, got))}
         del y, got
+    # A forward no backward follows (evaluation): it keeps nothing, the plain forward's bits.
+    for _ in range(2):
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            y = mod(x)
+        torch.cuda.synchronize()
+        out["no_grad_forward"] = {"held_after_forward_bytes": torch.cuda.memory_allocated() - start,
+                                  "forward_peak_bytes_above_start": torch.cuda.max_memory_allocated() - start,
+                                  "saved_bytes": mod.last_step["saved_bytes"],
+                                  "bitwise_equal_to_plain": torch.equal(y, results[0])}
+        del y
     return {"seq": seq, "form": "laga", **out}
 
 
@@ -381,6 +397,9 @@ def cli_block(args, form, recompute, absorbed, seq):
                 "peak_forward_bytes": r["peak_forward_bytes"], "peak_backward_bytes": r["peak_backward_bytes"]}
 
 
+PARTS = ("check", "bench", "graph", "autocast", "hooks", "nccl")  # the numbered parts of the docstring, in order
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cli", required=True)
@@ -395,21 +414,26 @@ def main():
                     help="the variants to time (default: every one)")
     ap.add_argument("--nondeterministic", action="store_true",
                     help="the module and laga run with cuDNN's non-deterministic attention backward (SDPA's)")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help=f"what to run, comma separated (default every part: {','.join(PARTS)})")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= set(PARTS):
+        ap.error(f"--parts {args.parts}: each must be one of {', '.join(PARTS)}")
     cfg = laga.config(args.model)
     doc = {"machine": {"device": torch.cuda.get_device_name(0), "host": platform.node(), "torch": torch.__version__,
                        # the carried build's commit and tree state, as `scripts/gpu.sh` exports them from BUILD
                        "commit": os.environ.get("LAGA_BUILD_COMMIT") or os.environ.get("LAGA_COMMIT", ""),
                        "dirty": {"0": False, "1": True}.get(os.environ.get("LAGA_BUILD_DIRTY", ""))},
            "command": " ".join(sys.argv), "model": args.model, "check": [], "bench": []}
-    for form in ("explicit", "laga"):
+    for form in ("explicit", "laga") if "check" in parts else ():
         try:
             doc["check"].append(check(args, form, args.check_seq))
         except Exception as e:  # noqa: BLE001  (recorded; the bench still runs)
             doc["check"].append({"form": form, "error": repr(e)[:2000]})
         print(json.dumps(doc["check"][-1]), flush=True)
-    for seq in [int(s) for s in args.seqs.split(",")]:
+    for seq in [int(s) for s in args.seqs.split(",")] if "bench" in parts else []:
         point = {"seq": seq, "variants": {}}
         try:
             sdpa = SdpaMLA(cfg, torch.bfloat16, "cuda")
@@ -462,7 +486,7 @@ def main():
         doc["bench"].append(point)
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
-    for seq in (4096,):
+    for seq in (4096,) if "graph" in parts else ():
         try:
             g = graph_check(args, seq)
         except Exception as e:  # noqa: BLE001  (recorded: a capture laga cannot take is a finding, not a crash)
@@ -470,7 +494,8 @@ def main():
         doc.setdefault("cuda_graph", []).append(g)
         print("cuda graph:", json.dumps(g), flush=True)
         torch.cuda.empty_cache()
-    for key, check_fn in (("autocast", autocast_check), ("saved_tensor_hooks", hooks_check)):
+    for key, check_fn in [(k, f) for part, k, f in (("autocast", "autocast", autocast_check),
+                                                      ("hooks", "saved_tensor_hooks", hooks_check)) if part in parts]:
         try:
             doc[key] = check_fn(args, 4096)
         except Exception as e:  # noqa: BLE001  (recorded: a failed check is a finding, not a crash)
@@ -480,11 +505,12 @@ def main():
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     # Last: a process group set up before the timings slowed PyTorch's attention peer threefold there.
-    try:
-        doc["nccl_group"] = nccl_group_check(args)
-    except Exception as e:  # noqa: BLE001
-        doc["nccl_group"] = {"error": repr(e)[:2000]}
-    print("nccl group:", json.dumps(doc["nccl_group"]), flush=True)
+    if "nccl" in parts:
+        try:
+            doc["nccl_group"] = nccl_group_check(args)
+        except Exception as e:  # noqa: BLE001
+            doc["nccl_group"] = {"error": repr(e)[:2000]}
+        print("nccl group:", json.dumps(doc["nccl_group"]), flush=True)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
 
