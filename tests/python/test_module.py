@@ -131,17 +131,22 @@ def grads_of(mod, x, dy, wrap=None):
     return step_results(mod, xi, wrap(mod, xi) if wrap else mod(xi), dy)
 
 
+def tiny_case(case):
+    """The tiny configuration's module for one case of every_case() in float64, an input and an output gradient."""
+    (form, recompute, absorbed), layout, kernel = case
+    cfg = configs()["tiny"]
+    mod = lt.MultiheadLatentAttention(cfg, form=form, layout=layout, kernel=kernel, recompute=recompute,
+                                      absorbed_attention=absorbed, dtype=torch.float64)
+    return mod, seeded((2, 16, cfg["hidden_size"]), 3, torch.float64), seeded((2, 16, cfg["hidden_size"]), 4,
+                                                                              torch.float64)
+
+
 @pytest.mark.parametrize("case", every_case(), ids=lambda c: f"{c[0][0]}-{c[0][1] or 'none'}-{c[0][2]}-{c[1]}-{c[2]}")
 def test_saved_tensors_go_through_hooks(case):
     """Under saved-tensor hooks laga hands what forward keeps to autograd: the hooks see every byte laga
     counts as saved, laga keeps none of it (the tensors it handed over die once the hook has packed a copy),
     and backward runs on what the hooks give back, to the same bits as without hooks."""
-    (form, recompute, absorbed), layout, kernel = case
-    cfg = configs()["tiny"]
-    mod = lt.MultiheadLatentAttention(cfg, form=form, layout=layout, kernel=kernel, recompute=recompute,
-                                      absorbed_attention=absorbed, dtype=torch.float64)
-    x = seeded((2, 16, cfg["hidden_size"]), 3, torch.float64)
-    dy = seeded((2, 16, cfg["hidden_size"]), 4, torch.float64)
+    mod, x, dy = tiny_case(case)
     base = grads_of(mod, x, dy)
     params = {id(p) for p in mod.parameters()}
     packed, handed = [], []
@@ -169,12 +174,7 @@ def test_forward_without_gradients_keeps_nothing(case):
     """Where no backward can follow (torch.no_grad, torch.inference_mode, nothing that requires a gradient) the
     block keeps nothing: the output bits of a training forward, no saved tensor and a forward peak no higher
     than the training forward's; the next training step is unchanged."""
-    (form, recompute, absorbed), layout, kernel = case
-    cfg = configs()["tiny"]
-    mod = lt.MultiheadLatentAttention(cfg, form=form, layout=layout, kernel=kernel, recompute=recompute,
-                                      absorbed_attention=absorbed, dtype=torch.float64)
-    x = seeded((2, 16, cfg["hidden_size"]), 3, torch.float64)
-    dy = seeded((2, 16, cfg["hidden_size"]), 4, torch.float64)
+    mod, x, dy = tiny_case(case)
     base = grads_of(mod, x, dy)
     kept = mod.last_step
     assert kept["saved_bytes"] > 0
