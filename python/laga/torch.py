@@ -71,7 +71,10 @@ class _LatentAttention(torch.autograd.Function):
     What forward keeps for backward: by default laga holds it and frees each tensor as soon as its backward no
     longer needs it. Under saved-tensor hooks (activation checkpointing, offloading) laga hands it to autograd
     instead (save_for_backward), so that the hooks can drop, recompute or move it like any other saved tensor,
-    and backward takes back what they return."""
+    and backward takes back what they return. The parameters themselves are not handed to the hooks (the module
+    holds them anyway: offloading would copy every weight to the host and back each step); backward refuses them
+    if they were modified in place since forward, as autograd does for what it saves. Their casts under autocast
+    are the step's own tensors and go through the hooks."""
 
     @staticmethod
     def forward(ctx, module, x, dtype, *params):
@@ -83,14 +86,30 @@ class _LatentAttention(torch.autograd.Function):
         ctx.module = module
         ctx.saved = saved
         ctx.n_params = len(params)
-        ctx.save_for_backward(x, *params, *kept)
+        if dtype is None:  # the module's own parameters: held here, their versions checked in backward
+            ctx.params, ctx.param_versions = list(params), [p._version for p in params]
+            ctx.save_for_backward(x, *kept)
+        else:
+            ctx.params = None
+            ctx.save_for_backward(x, *params, *kept)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, *rest = ctx.saved_tensors
-        params, kept = rest[:ctx.n_params], [t.contiguous() for t in rest[ctx.n_params:]]
+        if ctx.params is None:
+            params, rest = rest[:ctx.n_params], rest[ctx.n_params:]
+        else:
+            params = ctx.params
+            for p, version in zip(params, ctx.param_versions):
+                if p._version != version:
+                    name = next(n for n, q in ctx.module.named_parameters() if q is p)
+                    raise RuntimeError(f"one of the variables needed for gradient computation has been modified by "
+                                       f"an inplace operation: parameter {name} of laga's MultiheadLatentAttention is "
+                                       f"at version {p._version}; expected version {version} instead (its forward "
+                                       "used the values it had then)")
+        kept = [t.contiguous() for t in rest]
         # main_grad and the flags live on the module's parameters (autograd may hand back copies: the casts under
         # autocast, detached ones under activation checkpointing).
         owners = ctx.module._hf_params()

@@ -144,17 +144,18 @@ def tiny_case(case):
 @pytest.mark.parametrize("case", every_case(), ids=lambda c: f"{c[0][0]}-{c[0][1] or 'none'}-{c[0][2]}-{c[1]}-{c[2]}")
 def test_saved_tensors_go_through_hooks(case):
     """Under saved-tensor hooks laga hands what forward keeps to autograd: the hooks see every byte laga
-    counts as saved, laga keeps none of it (the tensors it handed over die once the hook has packed a copy),
-    and backward runs on what the hooks give back, to the same bits as without hooks."""
+    counts as saved and the input, no parameter (an offloading hook would copy every weight to the host and back),
+    laga keeps none of it (the tensors it handed over die once the hook has packed a copy), and backward runs on
+    what the hooks give back, to the same bits as without hooks."""
     mod, x, dy = tiny_case(case)
     base = grads_of(mod, x, dy)
     params = {id(p) for p in mod.parameters()}
     packed, handed = [], []
 
     def pack(t):
-        if id(t) not in params:
-            packed.append(t.numel() * t.element_size())
-            handed.append(weakref.ref(t))
+        assert id(t) not in params, "a parameter went through the saved-tensor hooks"
+        packed.append(t.numel() * t.element_size())
+        handed.append(weakref.ref(t))
         return t.clone()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -196,6 +197,24 @@ def test_forward_without_gradients_keeps_nothing(case):
     got = grads_of(mod, x, dy)
     for k, v in base.items():
         assert torch.equal(got[k], v), k
+
+
+@pytest.mark.parametrize("hooks", [False, True], ids=["plain", "hooks"])
+def test_parameter_modified_in_place_before_backward_is_refused(hooks):
+    """A parameter changed in place between forward and backward (its forward used the old values) is refused by
+    backward, with or without saved-tensor hooks, as autograd refuses what it saved."""
+    cfg = configs()["tiny"]
+    mod = lt.MultiheadLatentAttention(cfg, dtype=torch.float64)
+    x = seeded((2, 16, cfg["hidden_size"]), 1, torch.float64).requires_grad_(True)
+    if hooks:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            y = mod(x)
+    else:
+        y = mod(x)
+    with torch.no_grad():
+        mod.o_proj.weight.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation: parameter o_proj.weight"):
+        y.sum().backward()
 
 
 def test_saved_tensors_hooks_and_retain_graph():
