@@ -494,8 +494,9 @@ def main():
         doc.setdefault("cuda_graph", []).append(g)
         print("cuda graph:", json.dumps(g), flush=True)
         torch.cuda.empty_cache()
-    for key, check_fn in [(k, f) for part, k, f in (("autocast", "autocast", autocast_check),
-                                                      ("hooks", "saved_tensor_hooks", hooks_check)) if part in parts]:
+    for part, key, check_fn in (("autocast", "autocast", autocast_check), ("hooks", "saved_tensor_hooks", hooks_check)):
+        if part not in parts:
+            continue
         try:
             doc[key] = check_fn(args, 4096)
         except Exception as e:  # noqa: BLE001  (recorded: a failed check is a finding, not a crash)

@@ -21,6 +21,7 @@ import glob
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -949,9 +950,10 @@ def peer_section(results_dir, schema):
     if sustained:
         md += ["### Attention under sustained load", "",
                "The same comparison at the perf test's MHA shapes (a2a at P = 1: 128 heads, and at P = 8: 16 "
-               "heads; S = 32k, then 8k), each figure the median of 30 calls after 10 untimed ones, so that both "
-               "providers run while the GPU is held at its power limit, as in a training run (the table above, "
-               "5 calls after 2, partly reads a cooler GPU's higher clock). From " +
+               "heads; S = 32k, then 8k), each figure the median of " + attention_calls_text(sustained) +
+               ", so that both providers run while the GPU is held at its power limit, as in a training run (the "
+               "table above, " + attention_calls_text(table, short=True) + ", partly reads a cooler GPU's higher "
+               "clock). From " +
                attention_source("bench/results/peer/attention-sustained.json", sustained) + ". `-`: cuDNN's "
                "deterministic backward did not run (its workspace, 2 bytes per head, query and key, exceeds the "
                "GPU's memory).", ""] + attention_rows(sustained["points"]) + [""]
@@ -965,6 +967,18 @@ def attention_doc(path):
     with open(path) as f:
         doc = json.load(f)
     return doc if doc["points"] else None
+
+
+def attention_calls_text(doc, short=False):
+    """How a bench-attention document timed each figure, from its command: "30 calls after 10 untimed ones" (with
+    `--warmup-seconds T`: "... untimed ones and T s of them in all"); short: "5 calls after 2"."""
+    def option(name, default):
+        m = re.search(rf"--{name} (\S+)", doc["command"])
+        return m.group(1) if m else default
+    repeat, warmup, seconds = option("repeat", "5"), option("warmup", "2"), option("warmup-seconds", None)
+    if short:
+        return f"{repeat} calls after {warmup}" + (f" and {seconds} s of warm-up" if seconds else "")
+    return f"{repeat} calls after {warmup} untimed ones" + (f" and more for {seconds} s in all" if seconds else "")
 
 
 def attention_source(rel, doc):
