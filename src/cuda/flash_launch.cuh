@@ -14,8 +14,10 @@
 //                                                           576/512 with V inside K and dv_in_dk: flash_bwd_vk_kernel
 //   int row_splits()                                        576/512 dK/dV row splits: 0 chooses (dkdv_row_splits)
 //   bool warp_specialized_forward()                         192/128: flash_fwd_ws_kernel, else flash_fwd_kernel
-//   int forward_blocks()                                    flash_fwd_ws_kernel's persistent grid: 0 one block per
-//                                                           SM, n > 0 at most n (never more than its row tiles)
+//   int forward_blocks()                                    flash_fwd_ws_kernel's persistent grid: 0 chooses
+//                                                           (forward_grid_blocks: one block per SM, or fewer that
+//                                                           whole head groups fill), n > 0 at most n (never more
+//                                                           than its row tiles)
 //   int forward_head_group()                                flash_fwd_ws_kernel's work order: the row tiles of n
 //                                                           (kv head, batch) pairs at a time, 0 kForwardHeadGroup
 //   bool warp_specialized_backward()                        192/128 with fused dQ, MHA, aligned views:
@@ -150,6 +152,33 @@ inline int backward_head_group(int asked, bool ordered, i64 resident, i64 row_ti
   return int(group);
 }
 
+// flash_fwd_ws_kernel's persistent grid: at most `asked` blocks where the launcher asks, else one per SM, or fewer
+// where every row tile sees about as many keys as the others (the lightest at least 3/4 of the heaviest: a short
+// query range far into the keys, as the all_gather rank's S / P queries over S keys). There the blocks take a
+// group's row tiles at about the same time and walk its heads' K and V together, a few key tiles apart, while L2
+// holds them; on one block per SM a wave holds a group and part of the next (132 blocks, 128 row tiles a group at
+// DeepSeek-V3's all_gather rank of 32k), and that part's row tiles start a whole walk apart, a wave later, so
+// L2 must hold its heads' K and V from first key to last. So the grid is the most blocks <= the SMs that whole
+// groups fill (a multiple of a group's row tiles, or a divisor of them where a group has more row tiles than
+// SMs), if that keeps at least 7/8 of the SMs (src/cuda/NOTES.md version 41).
+inline i64 forward_grid_blocks(int asked, int multiprocessors, i64 items, i64 group_items, i64 lightest_keys,
+                               i64 heaviest_keys) {
+  const i64 sms = multiprocessors;
+  if (asked > 0) return std::min<i64>(items, asked);
+  i64 blocks = sms;
+  if (group_items >= 1 && 4 * lightest_keys >= 3 * heaviest_keys) {
+    i64 whole = 0;
+    if (group_items <= sms) {
+      whole = sms / group_items * group_items;
+    } else {
+      const i64 waves = ceil_div(group_items, sms);
+      if (group_items % waves == 0) whole = group_items / waves;
+    }
+    if (8 * whole >= 7 * sms) blocks = whole;
+  }
+  return std::min<i64>(items, blocks);
+}
+
 // A persistent grid's ticket counter (ItemSlots), zeroed before its launch.
 template <class L>
 unsigned* zeroed_tickets(L& launcher) {
@@ -171,11 +200,14 @@ void forward_impl(L& launcher, const AttentionFwdParams& p) {
         using Tr = typename K::FwdWs;
         const i64 items = flash_grid(ceil_div(rows, Tr::kBlockM), p);
         if (items == 0) return;
-        const int want = launcher.forward_blocks();
-        launch_nonempty(launcher, flash_fwd_ws_kernel<Tr, kAligned>, "flash_fwd_ws_kernel",
-            std::min<i64>(items, want > 0 ? want : launcher.multiprocessors()), Tr::kThreads,
-            std::size_t(Tr::kSmemBytes), p, int(items), zeroed_tickets(launcher),
-            head_group(launcher.forward_head_group(), kForwardHeadGroup));
+        const int heads = head_group(launcher.forward_head_group(), kForwardHeadGroup);
+        const i64 row_tiles = ceil_div(rows, Tr::kBlockM), group = p.q_heads / p.kv_heads;
+        const i64 blocks = forward_grid_blocks(launcher.forward_blocks(), launcher.multiprocessors(), items,
+            row_tiles * std::min<i64>(heads, p.kv_heads * p.batch),
+            visible_keys((std::min<i64>(Tr::kBlockM, rows) - 1) / group, p.q_offset, p.kv_len),
+            visible_keys(p.q_len - 1, p.q_offset, p.kv_len));
+        launch_nonempty(launcher, flash_fwd_ws_kernel<Tr, kAligned>, "flash_fwd_ws_kernel", blocks, Tr::kThreads,
+            std::size_t(Tr::kSmemBytes), p, int(items), zeroed_tickets(launcher), heads);
         return;
       }
     }

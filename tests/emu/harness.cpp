@@ -495,6 +495,47 @@ int check_backward_head_groups() {
   return fails;
 }
 
+// The forward's persistent grid chosen by the launch code (forward_grid_blocks) at DeepSeek-V3's rank shapes on an
+// H200's 132 SMs, 4 heads a group: one block per SM where row tiles see many and few keys (the a2a rank, causal
+// from key 0); at the all_gather rank (128 heads, the last S / 8 queries over S keys: every row tile sees 7/8 of
+// the keys or more) the 128 blocks that 4 heads' 4 to 32 row tiles of 128 rows fill; what the launcher asks for
+// always; never more blocks than row tiles.
+int check_forward_grid_blocks() {
+  struct Want {
+    const char* shape;
+    i64 heads, q_len, kv_len, q_offset;
+    int asked;
+    i64 blocks;
+  };
+  const Want wants[] = {{"a2a 4k", 16, 4096, 4096, 0, 0, 132},
+                        {"a2a 32k", 16, 32768, 32768, 0, 0, 132},
+                        {"a2a P = 1, 8k", 128, 8192, 8192, 0, 0, 132},
+                        {"all_gather 4k", 128, 512, 4096, 3584, 0, 128},
+                        {"all_gather 8k", 128, 1024, 8192, 7168, 0, 128},
+                        {"all_gather 16k", 128, 2048, 16384, 14336, 0, 128},
+                        {"all_gather 32k", 128, 4096, 32768, 28672, 0, 128},
+                        {"all_gather 32k, 132 asked", 128, 4096, 32768, 28672, 132, 132},
+                        {"all_gather 64k (64 a group)", 128, 8192, 65536, 57344, 0, 128},
+                        {"all_gather, 3 heads (<= 7/8 SMs)", 3, 4096, 32768, 28672, 0, 96},
+                        {"all_gather, 5 tiles a group", 5, 128, 8192, 8064, 0, 5},
+                        {"half the keys seen by the first rows", 128, 2048, 4096, 2048, 0, 132}};
+  using Tr = FwdWsTraits<192, 128>;
+  int fails = 0;
+  for (const Want& w : wants) {
+    const i64 tiles = ceil_div(w.q_len, i64(Tr::kBlockM));
+    const i64 group_items = tiles * std::min<i64>(kForwardHeadGroup, w.heads);
+    const i64 got = forward_grid_blocks(w.asked, kMultiprocessors, tiles * w.heads, group_items,
+                                        laga::visible_keys(std::min<i64>(Tr::kBlockM, w.q_len) - 1, w.q_offset, w.kv_len),
+                                        laga::visible_keys(w.q_len - 1, w.q_offset, w.kv_len));
+    if (got != w.blocks) {
+      std::printf("forward_grid_blocks(%s) = %ld, want %ld: FAIL\n", w.shape, long(got), long(w.blocks));
+      ++fails;
+    }
+  }
+  std::printf("%-34s %s\n", "forward_grid_blocks", fails ? "FAIL" : "OK");
+  return fails;
+}
+
 int main(int argc, char** argv) {
   const Case cases[] = {
       {"mha_192_128_dense", 1, 96, 96, 2, 2, 192, 128, 0, false, false, 1},
@@ -557,7 +598,7 @@ int main(int argc, char** argv) {
       {"vkq_576_512_fixed_splits16", 1, 12, 100, 16, 1, 576, 512, 88, false, true, 16, true, true, true},
       {"vkq_576_512_gqa_batch2_splits3", 2, 24, 90, 4, 2, 576, 512, 66, true, true, 3, true, true, true},
   };
-  int fails = argc > 1 ? 0 : check_backward_head_groups();
+  int fails = argc > 1 ? 0 : check_backward_head_groups() + check_forward_grid_blocks();
   for (const auto& c : cases) {
     if (argc > 1 && std::string(c.name).find(argv[1]) == std::string::npos) continue;
     fails += !run_case(c);

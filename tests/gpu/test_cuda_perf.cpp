@@ -273,21 +273,26 @@ constexpr HeadGroupShape kHeadGroupShapes[] = {
 
 // LAGA_PERF_HEAD_GROUPS: the head groups the two tests below time, in this order, one round (a comma-separated
 // list of counts >= 0, such as "16,8,4,0"; 0: the launcher's choice, named `heads0`; unset: each test's own
-// rounds). LAGA_PERF_SHAPES: only the shapes whose name contains it (unset: all eight).
-std::vector<int> head_groups_or(std::vector<int> fallback) {
-  const char* env = std::getenv("LAGA_PERF_HEAD_GROUPS");
+// rounds). LAGA_PERF_SHAPES: only the shapes whose name contains it (unset: all eight). Both lists, and the forward
+// grid test's LAGA_PERF_FORWARD_BLOCKS, are read by counts_from_env: the counts in the variable `var`, else
+// `fallback`.
+std::vector<int> counts_from_env(const char* var, std::vector<int> fallback) {
+  const char* env = std::getenv(var);
   if (env == nullptr) return fallback;
-  std::vector<int> groups;
+  std::vector<int> counts;
   const char* at = env;
   for (;;) {
     char* end = nullptr;
     const long n = std::strtol(at, &end, 10);
-    LAGA_REQUIRE(end != at && n >= 0 && n <= 1 << 20 && (*end == ',' || *end == '\0'), "LAGA_PERF_HEAD_GROUPS = '",
-                 env, "': it must be a comma-separated list of head counts >= 0 (0: the launcher's choice)");
-    groups.push_back(int(n));
-    if (*end == '\0') return groups;
+    LAGA_REQUIRE(end != at && n >= 0 && n <= 1 << 20 && (*end == ',' || *end == '\0'), var, " = '", env,
+                 "': it must be a comma-separated list of counts >= 0 (0: the launcher's choice)");
+    counts.push_back(int(n));
+    if (*end == '\0') return counts;
     at = end + 1;
   }
+}
+std::vector<int> head_groups_or(std::vector<int> fallback) {
+  return counts_from_env("LAGA_PERF_HEAD_GROUPS", std::move(fallback));
 }
 
 // f(backend, params, forward FLOPs, backward FLOPs, shape name) on each shape's problem (o and lse written once).
@@ -319,6 +324,26 @@ TEST(CudaPerf, DISABLED_AttentionMha192ForwardHeadGroups) {
       print(name, ms, fwd_flops);
     }
     cuda_set_flash_forward_head_group(be, 0);
+  });
+}
+
+// The forward's persistent grid (cuda_set_flash_forward_blocks) at the same shapes: the launcher's choice (0:
+// forward_grid_blocks, fewer blocks than SMs where every row tile sees about as many keys, at the all_gather rank)
+// against one block per SM, in turn: `_fwd_blocks<n>`. LAGA_PERF_FORWARD_BLOCKS: the grids to time, in this order
+// (a comma-separated list of counts >= 0; unset: 0, SMs, 0, SMs, 0, SMs).
+TEST(CudaPerf, DISABLED_AttentionMha192ForwardGrid) {
+  LAGA_REQUIRE_GPU();
+  const int sms = cuda_multiprocessor_count(0);
+  std::vector<int> grids = counts_from_env("LAGA_PERF_FORWARD_BLOCKS", {0, sms, 0, sms, 0, sms});
+  for_head_group_shapes([&](Backend& be, const AttentionBwdParams& p, double fwd_flops, double, const char* shape) {
+    for (const int blocks : grids) {
+      cuda_set_flash_forward_blocks(be, blocks);
+      const double ms = median_ms(be, [&] { be.attention_forward(p); }, perf_reps());
+      char name[96];
+      std::snprintf(name, sizeof(name), "%s_fused_fwd_blocks%d", shape, blocks);
+      print(name, ms, fwd_flops);
+    }
+    cuda_set_flash_forward_blocks(be, 0);
   });
 }
 
