@@ -791,7 +791,7 @@ cmd_cudnn() {
   #   p. `laga bench --device cuda --phantom`, DeepSeek-V3, a2a, P = 8, fused, LAGA and explicit per provider (laga,
   #      cudnn, auto; each again with --nondeterministic), then absorbed with laga's kernels, the weight
   #      gradients in bf16 as the peer's (--grad-dtype bfloat16), 10 timed passes after 3 ->
-  #      h200-block-<provider>[-nondet].json, h200-block-laga-absorbed.json;
+  #      block-<provider>[-nondet].json, block-laga-absorbed.json;
   #   c. scripts/peer_torch_block.py: the same rank in plain PyTorch (SDPA), explicit and LAGA, eager and with
   #      torch.compile around the attention, 10 timed passes after 5 (SDPA's backward settles after several) ->
   #      peer.json;
@@ -865,7 +865,7 @@ cmd_cudnn() {
       # shellcheck disable=SC2086
       "$laga" bench --device cuda --phantom --model deepseek-v3 --seq "$seqs" --sp 8 --layout a2a --kernel fused \
         --form laga,explicit --attention-provider "$provider" $flag --grad-dtype bfloat16 --repeat 10 --warmup 3 \
-        --out "$1/h200-block-$run.json" \
+        --out "$1/block-$run.json" \
         >"$1/bench-$run.txt" 2>&1
       echo "exit $?"; tail -12 "$1/bench-$run.txt"
     done
@@ -874,7 +874,7 @@ cmd_cudnn() {
     stamp "bench laga-absorbed"
     "$laga" bench --device cuda --phantom --model deepseek-v3 --seq "$seqs" --sp 8 --layout a2a --kernel fused \
       --form absorbed --attention-provider laga --grad-dtype bfloat16 --repeat 10 --warmup 3 \
-      --out "$1/h200-block-laga-absorbed.json" >"$1/bench-laga-absorbed.txt" 2>&1
+      --out "$1/block-laga-absorbed.json" >"$1/bench-laga-absorbed.txt" 2>&1
     echo "exit $?"; tail -6 "$1/bench-laga-absorbed.txt"
   }
   peer_doc() {  # $1: the folder

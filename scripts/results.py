@@ -131,7 +131,7 @@ def sources(docs, results_dir):
     for rdir in peer_round_dirs(peer_dir):
         sub = os.path.relpath(rdir, peer_dir)
         sub = "" if sub == "." else sub + "/"
-        for path in sorted(glob.glob(os.path.join(rdir, "h200-block-*.json"))):
+        for path in sorted(glob.glob(os.path.join(rdir, "block-*.json"))):
             with open(path) as f:
                 rows.append(bench_row(f"bench/results/peer/{sub}{os.path.basename(path)}", json.load(f),
                                       f"{sub}{os.path.basename(path)}"))
@@ -160,7 +160,7 @@ def sources(docs, results_dir):
 
 def peer_round_dirs(peer_dir):
     """The folders of the PyTorch peer comparison's rounds (round-1/, round-2/, ... each with peer.json and the
-    h200-block-*.json documents), or the peer folder itself for a single round; [] when there is none."""
+    block-*.json documents), or the peer folder itself for a single round; [] when there is none."""
     rounds = sorted((d for d in glob.glob(os.path.join(peer_dir, "round-*"))
                      if os.path.exists(os.path.join(d, "peer.json"))),
                     key=lambda d: int(os.path.basename(d).split("-")[1]))
@@ -797,7 +797,7 @@ def peer_section(results_dir, schema):
         with open(os.path.join(rdir, "peer.json")) as f:
             peer = json.load(f)
         docs = {}
-        for path in sorted(glob.glob(os.path.join(rdir, "h200-block-*.json"))):
+        for path in sorted(glob.glob(os.path.join(rdir, "block-*.json"))):
             doc, errors = check_bench.check_file(path, schema)
             if errors:
                 raise SystemExit(f"{path} does not validate:\n  " + "\n  ".join(errors[:20]))
