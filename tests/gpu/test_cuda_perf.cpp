@@ -62,8 +62,9 @@ TEST(CudaPerf, DISABLED_GemmBf16AndF32) {
 // One causal attention problem at MLA's dims, timed forward and backward (median of `reps` after a warm-up).
 // FLOPs per unmasked (query, key, head), the convention of src/cuda/NOTES.md: forward 2 (d_qk + d_v), backward
 // 2 (3 d_qk + 2 d_v) (the backward's recompute of Q K^T counted). v_in_k: absorbed MLA, V = K[..., :d_v].
-// Inputs are random rows uploaded once (at most 256 tokens) and repeated down the sequence by the backend's
-// broadcast copy, so that 32k-token problems need no host-side generation of gigabytes.
+// Inputs are random blocks uploaded once (at most 256 rows x 4096 columns) and repeated down the sequence and
+// across the columns by the backend's broadcast copy, so that 32k-token or many-head problems need no host-side
+// generation of gigabytes.
 struct AttnShape {
   const char* name;
   i64 seq, heads, kv_heads, dqk, dv;
@@ -71,14 +72,20 @@ struct AttnShape {
 };
 
 Tensor tiled_random(Backend& be, DType dt, i64 rows, i64 cols, std::mt19937_64& rng) {
-  const i64 block = std::min<i64>(rows, 256), full = rows / block, tail = rows - full * block;
-  Tensor src = random_tensor(be, dt, {block, cols}, rng);
+  const i64 block = std::min<i64>(rows, 256), width = std::min<i64>(cols, 4096);
+  Tensor src = random_tensor(be, dt, {block, width}, rng);
   Tensor t(be.allocator(), dt, {rows, cols}, "t", MemoryKind::External);
-  be.copy(CopyArgs{.dtype = dt, .batch = full, .rows = block, .cols = cols, .src = src.data(), .src_ld = cols,
-                   .src_batch_stride = 0, .dst = t.data(), .dst_ld = cols, .dst_batch_stride = block * cols});
-  if (tail > 0)
-    be.copy(CopyArgs{.dtype = dt, .rows = tail, .cols = cols, .src = src.data(), .src_ld = cols,
-                     .dst = static_cast<char*>(t.data()) + full * block * cols * i64(dtype_size(dt)), .dst_ld = cols});
+  const i64 esize = i64(dtype_size(dt));
+  // Rows [r, r + n) from the block's first n rows: whole widths as one batched copy, then the columns left.
+  for (i64 r = 0; r < rows; r += block) {
+    const i64 n = std::min(block, rows - r), full = cols / width, rest = cols - full * width;
+    char* dst = static_cast<char*>(t.data()) + r * cols * esize;
+    be.copy(CopyArgs{.dtype = dt, .batch = full, .rows = n, .cols = width, .src = src.data(), .src_ld = width,
+                     .src_batch_stride = 0, .dst = dst, .dst_ld = cols, .dst_batch_stride = width});
+    if (rest > 0)
+      be.copy(CopyArgs{.dtype = dt, .rows = n, .cols = rest, .src = src.data(), .src_ld = width,
+                       .dst = dst + full * width * esize, .dst_ld = cols});
+  }
   return t;
 }
 
@@ -345,6 +352,30 @@ TEST(CudaPerf, DISABLED_AttentionMha192ForwardGrid) {
     }
     cuda_set_flash_forward_blocks(be, 0);
   });
+}
+
+// What a row tile costs the forward beyond its key tiles: heads of one 128-query row tile each (the last 128 of
+// kv_len = 128 n keys), so that every row tile walks n key tiles (the last one the causal diagonal), and SMs x
+// 1024 / n heads, the same work at every n and whole waves of the persistent grid. Time per call t(n) = A + B / n
+// gives F = B / (A - c) key tiles a row tile (c: the call's own overhead, small against ~2 ms). LAGA_PERF_ROW_TILES:
+// the n to time (default 4, 8, 16, 32, 64, 128, 256), each in three rounds: `_fwd_rowtile_n<n>`.
+TEST(CudaPerf, DISABLED_AttentionMha192ForwardRowTileCost) {
+  LAGA_REQUIRE_GPU();
+  auto be = make_cuda_backend(0);
+  auto rng = rng_for_test();
+  const int sms = cuda_multiprocessor_count(0);
+  const std::vector<int> tiles = counts_from_env("LAGA_PERF_ROW_TILES", {4, 8, 16, 32, 64, 128, 256});
+  for (const int n : tiles) LAGA_REQUIRE(n >= 1 && 1024 % n == 0, "LAGA_PERF_ROW_TILES: ", n, " must divide 1024");
+  for (int round = 0; round < 3; ++round)
+    for (const int n : tiles) {
+      const i64 heads = i64(sms) * (1024 / n), kv_len = 128 * i64(n);
+      const AttnProblem problem(*be, heads, heads, 192, 128, false, 128, kv_len, AttentionKernel::Fused, rng);
+      const double ms = median_ms(*be, [&] { be->attention_forward(problem.p); }, perf_reps());
+      char name[96];
+      std::snprintf(name, sizeof(name), "mha_192_128_h%lld_q128_kv%lld_fwd_rowtile_n%d", (long long)heads,
+                    (long long)kv_len, n);
+      print(name, ms, 2.0 * (192 + 128) * problem.pairs);
+    }
 }
 
 // The backward in groups of 16, 8, 32 heads and the launcher's choice (0: 8, or more in the fixed order where a
