@@ -156,10 +156,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // `ordered`: only key block 0, which stores, and the others add in whichever order they come), then the three
   // slabs as they come, by one bulk operation each (a store for key block 0, an add after it), then count this
   // half once its writes are done (not `ordered`: key block 0 only). Slab n of the key block (3 t + s) is in
-  // buffer n % 2; a buffer goes back as soon as its bulk operation has read it (before the next slab is waited
-  // for: the computing warpgroup's third slab of a step goes into the first one's buffer, and would otherwise wait
-  // for the second's hand-over too), except where no slab of the key block follows to use it, so that arrivals and
-  // syncs pair up; each key block starts by giving both buffers (read by then).
+  // buffer n % 2; a buffer goes back once its bulk operation has read it (slab n's when slab n + 1 is issued, the
+  // step's last at the step's end, before the wait for the writes), except where no slab of the key block follows
+  // to use it, so that arrivals and syncs pair up; each key block starts by giving both buffers (read by then).
   auto add_dq = [&](const Keys& kt, int ltid) {
     const i64 block = kt.block, tile_base = kt.tile_base;
     const int n_tiles = kt.n_tiles;
@@ -189,10 +188,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           else
             bulk_reduce_add(dst + s * 2 * kSlabFloats, s_dq(h, n & 1), kSlab);
           bulk_commit();
-          bulk_wait_read<0>();  // slab n's source read (a few hundred cycles; its writes take longer)
         }
-        give_back(n);
+        if (s > 0) {
+          if (lane == 0) bulk_wait_read<1>();  // slab n - 1's group (groups complete in order)
+          give_back(n - 1);
+        }
       }
+      // The step's last buffer goes back once read, before the wait for the writes (which outlasts a slab).
+      if (lane == 0) bulk_wait_read<0>();
+      give_back(3 * t + 2);
       // Count this half as added once its writes are done: for the key blocks after this one (ordered), or
       // for those after key block 0 and for the conversion, which reads a tile only where it was stored to.
       if (lane == 0 && (ordered || block == 0)) {
