@@ -356,9 +356,11 @@ TEST(CudaPerf, DISABLED_AttentionMha192ForwardGrid) {
 
 // What a row tile costs the forward beyond its key tiles: heads of one 128-query row tile each (the last 128 of
 // kv_len = 128 n keys), so that every row tile walks n key tiles (the last one the causal diagonal), and SMs x
-// 1024 / n heads, the same work at every n and whole waves of the persistent grid. Time per call t(n) = A + B / n
-// gives F = B / (A - c) key tiles a row tile (c: the call's own overhead, small against ~2 ms). LAGA_PERF_ROW_TILES:
-// the n to time (default 4, 8, 16, 32, 64, 128, 256), each in three rounds: `_fwd_rowtile_n<n>`.
+// 1024 / n heads, the same work at every n and whole waves of the persistent grid. Every head reads the same K and
+// V (head stride 0), which stay in L2: with a head's own K and V each tile would come once from HBM and the sweep
+// would time HBM (80 KB per 10.5 MFLOP). Time per call t(n) = A + B / n gives F = B / (A - c) key tiles a row tile
+// (c: the call's own overhead, small against ~2 ms). LAGA_PERF_ROW_TILES: the n to time (default 4, 8, 16, 32,
+// 64, 128, 256), each in three rounds: `_fwd_rowtile_n<n>`.
 TEST(CudaPerf, DISABLED_AttentionMha192ForwardRowTileCost) {
   LAGA_REQUIRE_GPU();
   auto be = make_cuda_backend(0);
@@ -369,7 +371,8 @@ TEST(CudaPerf, DISABLED_AttentionMha192ForwardRowTileCost) {
   for (int round = 0; round < 3; ++round)
     for (const int n : tiles) {
       const i64 heads = i64(sms) * (1024 / n), kv_len = 128 * i64(n);
-      const AttnProblem problem(*be, heads, heads, 192, 128, false, 128, kv_len, AttentionKernel::Fused, rng);
+      AttnProblem problem(*be, heads, heads, 192, 128, false, 128, kv_len, AttentionKernel::Fused, rng);
+      problem.p.k_head_stride = problem.p.v_head_stride = 0;  // one head's K and V for all
       const double ms = median_ms(*be, [&] { be->attention_forward(problem.p); }, perf_reps());
       char name[96];
       std::snprintf(name, sizeof(name), "mha_192_128_h%lld_q128_kv%lld_fwd_rowtile_n%d", (long long)heads,
